@@ -1,0 +1,33 @@
+# Every target does its own set-up: a .venv built from pyproject.toml, nothing installed by hand.
+PY      := .venv/bin/python
+STAMP   := .venv/.installed
+# 8 simulated CPU devices so mesh code runs the same way it does on a pod slice.
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE = 1
+export TRANSFORMERS_OFFLINE = 1
+
+.PHONY: demo test test-fast bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m rossjax.cli demo --workdir=runs/demo
+
+# The whole suite (what CI runs). Two xdist workers: one per core.
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+
+# Inner loop: skip tests marked slow.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m "not slow" tests
+
+bench: $(STAMP)
+	$(PY) -m rossjax.bench model
+
+clean:
+	rm -rf .venv runs

@@ -1,0 +1,5 @@
+import sys
+
+from rossjax.bench import main
+
+sys.exit(main())

@@ -1,0 +1,86 @@
+"""`rossjax <command> --config=configs/<recipe>.py --config.x=y [--workdir=DIR] [args]`.
+
+One config system: an ml-collections `get_config()` file plus `--config.x=y` overrides, parsed
+here once for every command. Commands are resolved lazily so `rossjax curate` never imports jax.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# command -> "module:function"; each function takes the argv after the command name.
+COMMANDS = {
+    "demo": "rossjax.demo:main",
+    "curate": "rossjax.curate.pipeline:main",
+    "inspect": "rossjax.curate.view:main",
+    "select": "rossjax.curate.select_cli:main",
+    "mix": "rossjax.curate.mixture:main",
+    "train": "rossjax.train.sft:main",
+    "export": "rossjax.train.export:main",
+    "extract": "rossjax.probes.activations:main",
+    "probe-sweep": "rossjax.probes.sweep:main",
+    "grpo": "rossjax.train.grpo:main",
+    "eval-generator": "rossjax.train.eval_generator:main",
+    "bench": "rossjax.bench:main",
+}
+
+
+class UsageError(ValueError):
+    """A command line or config that cannot run; the message is one sentence for the user."""
+
+
+def parse_config(argv, *, default_config: str | None = None, extra_flags=None):
+    """Parse `--config=FILE --config.a.b=v --workdir=DIR` (plus `extra_flags`) from argv.
+
+    Returns (config, flags, positional_args). `extra_flags` is a callable(flag_values) that
+    defines command-specific absl flags. An unknown `--config.x` names the field in the error.
+    """
+    from absl import flags
+    from ml_collections import config_flags
+
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", default_config, "ml-collections config file.",
+                                    flag_values=fv, lock_config=True)
+    flags.DEFINE_string("workdir", None, "Directory for outputs, checkpoints and metrics.",
+                        flag_values=fv)
+    if extra_flags is not None:
+        extra_flags(fv)
+    try:
+        rest = fv(["rossjax"] + list(argv))[1:]
+    except flags.Error as e:  # absl's message already names the flag and the config field
+        raise UsageError(str(e).splitlines()[0]) from None
+    cfg = fv.config if fv["config"].present or default_config else None
+    return cfg, fv, rest
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(__doc__.strip())
+        print("\ncommands: " + ", ".join(sorted(COMMANDS)))
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"rossjax: unknown command {name!r}; commands: {', '.join(sorted(COMMANDS))}",
+              file=sys.stderr)
+        return 2
+    module, func = COMMANDS[name].split(":")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("rossjax"):
+            print(f"rossjax: command {name!r} is not available in this build ({e.name} missing)",
+                  file=sys.stderr)
+            return 2
+        raise
+    try:
+        return int(getattr(mod, func)(rest) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        # Bad input is reported as one sentence naming the file and field, not a stack trace.
+        print(f"rossjax {name}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
