@@ -1,0 +1,245 @@
+"""Rollout records: read JSONL (plain or .gz) and Parquet, validate every row.
+
+A row that cannot be used never stops a run: `iter_records` yields it with a one-sentence reason
+("rollouts.jsonl row 7: messages[2].role 'robot' is not one of ...") and moves on, so the
+pipeline can put it in the `invalid` bucket and the report still adds up to the input count.
+The record layout is the "Rollout record" of DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from typing import Iterator, NamedTuple
+
+ROLES = ("system", "user", "assistant", "tool")
+STATUSES = ("accept", "revise", "drop")
+# Which rendered part of a message a selector's `line`/`quote` refer to (default: content).
+SELECTOR_PARTS = ("content", "reasoning", "tool_calls")
+
+
+class Row(NamedTuple):
+    row: int  # 1-based position in the file
+    record: dict | None
+    reason: str | None
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x) -> bool:
+    return (_is_int(x) or isinstance(x, float)) and not (isinstance(x, float) and math.isnan(x))
+
+
+def _tname(x) -> str:
+    return "null" if x is None else type(x).__name__
+
+
+def _check_tool_call(tc, where: str) -> str | None:
+    if not isinstance(tc, dict):
+        return f"{where} must be an object, got {_tname(tc)}"
+    fn = tc.get("function", tc)  # OpenAI style {"type","function":{...}} or flat {"name","arguments"}
+    if not isinstance(fn, dict):
+        return f"{where}.function must be an object, got {_tname(fn)}"
+    if not isinstance(fn.get("name"), str) or not fn.get("name"):
+        return f"{where}.name must be a non-empty string"
+    args = fn.get("arguments", {})
+    if not isinstance(args, (dict, str)):
+        return f"{where}.arguments must be an object or a JSON string, got {_tname(args)}"
+    return None
+
+
+def _check_message(i: int, m) -> str | None:
+    w = f"messages[{i}]"
+    if not isinstance(m, dict):
+        return f"{w} must be an object, got {_tname(m)}"
+    role = m.get("role")
+    if role not in ROLES:
+        return f"{w}.role {role!r} is not one of {', '.join(ROLES)}"
+    content = m.get("content")
+    if content is not None and not isinstance(content, str):
+        return f"{w}.content must be a string, got {_tname(content)}"
+    if content is None and not (role == "assistant" and m.get("tool_calls")):
+        return f"{w}.content is missing"
+    for key in ("reasoning", "tool_calls"):
+        if m.get(key) is not None and role != "assistant":
+            return f"{w}.{key} is only allowed on assistant messages, not {role}"
+    if m.get("reasoning") is not None and not isinstance(m["reasoning"], str):
+        return f"{w}.reasoning must be a string, got {_tname(m['reasoning'])}"
+    tcs = m.get("tool_calls")
+    if tcs is not None:
+        if not isinstance(tcs, list):
+            return f"{w}.tool_calls must be a list, got {_tname(tcs)}"
+        for j, tc in enumerate(tcs):
+            err = _check_tool_call(tc, f"{w}.tool_calls[{j}]")
+            if err:
+                return err
+    for key in ("name", "tool_call_id"):
+        if m.get(key) is not None and not isinstance(m[key], str):
+            return f"{w}.{key} must be a string, got {_tname(m[key])}"
+    return None
+
+
+def _check_selector(kind: str, j: int, s, n_messages: int) -> str | None:
+    w = f"annotation.{kind}[{j}]"
+    if not isinstance(s, dict):
+        return f"{w} must be an object, got {_tname(s)}"
+    msg = s.get("message")
+    if not _is_int(msg):
+        return f"{w}.message must be an integer, got {_tname(msg)}"
+    if not 0 <= msg < n_messages:
+        return f"{w}.message {msg} points at a message that does not exist ({n_messages} messages)"
+    if kind == "keep":
+        for key in ("start", "end"):
+            if not isinstance(s.get(key), str) or not s[key]:
+                return f"{w}.{key} must be a non-empty string"
+        return None
+    if kind == "omissions":
+        for key in ("after", "note"):
+            if s.get(key) is not None and not isinstance(s[key], str):
+                return f"{w}.{key} must be a string, got {_tname(s[key])}"
+        return None
+    line = s.get("line")
+    if not _is_int(line) or line < 1:
+        return f"{w}.line must be an integer >= 1, got {line!r}"
+    if s.get("quote") is not None and (not isinstance(s["quote"], str) or not s["quote"]):
+        return f"{w}.quote must be a non-empty string"
+    occ = s.get("occurrence", 0)
+    if not _is_int(occ) or occ < 0:
+        return f"{w}.occurrence must be an integer >= 0, got {occ!r}"
+    if s.get("part", "content") not in SELECTOR_PARTS:
+        return f"{w}.part {s.get('part')!r} is not one of {', '.join(SELECTOR_PARTS)}"
+    return None
+
+
+def _check_annotation(a, n_messages: int) -> str | None:
+    if not isinstance(a, dict):
+        return f"annotation must be an object, got {_tname(a)}"
+    status = a.get("status", "accept")
+    if status not in STATUSES:
+        return f"annotation.status {status!r} is not one of {', '.join(STATUSES)}"
+    for kind in ("keep", "exclude", "protect", "omissions"):
+        sels = a.get(kind)
+        if sels is None:
+            continue
+        if not isinstance(sels, list):
+            return f"annotation.{kind} must be a list, got {_tname(sels)}"
+        for j, s in enumerate(sels):
+            err = _check_selector(kind, j, s, n_messages)
+            if err:
+                return err
+    return None
+
+
+def validate_record(obj) -> str | None:
+    """Return None for a usable rollout record, else a reason naming the offending field."""
+    if not isinstance(obj, dict):
+        return f"record must be a JSON object, got {_tname(obj)}"
+    if not isinstance(obj.get("id"), str) or not obj["id"]:
+        return "id must be a non-empty string"
+    task = obj.get("task")
+    if task is not None:
+        if not isinstance(task, dict):
+            return f"task must be an object, got {_tname(task)}"
+        for key in ("id", "domain", "prompt"):
+            if task.get(key) is not None and not isinstance(task[key], str):
+                return f"task.{key} must be a string, got {_tname(task[key])}"
+    src = obj.get("source")
+    if src is not None:
+        if not isinstance(src, dict):
+            return f"source must be an object, got {_tname(src)}"
+        if src.get("step") is not None and not _is_int(src["step"]):
+            return f"source.step must be an integer, got {_tname(src['step'])}"
+    msgs = obj.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        return "messages must be a non-empty list"
+    for i, m in enumerate(msgs):
+        err = _check_message(i, m)
+        if err:
+            return err
+    tids = obj.get("token_ids")
+    if tids is not None:
+        if not isinstance(tids, list) or not tids:
+            return "token_ids must be a non-empty list of integers"
+        for k, t in enumerate(tids):
+            if not _is_int(t) or t < 0:
+                return f"token_ids[{k}] must be a non-negative integer, got {t!r}"
+    if obj.get("reward") is not None and not _is_num(obj["reward"]):
+        return f"reward must be a number, got {_tname(obj['reward'])}"
+    ver = obj.get("verifier")
+    if ver is not None:
+        if not isinstance(ver, dict):
+            return f"verifier must be an object, got {_tname(ver)}"
+        if ver.get("passed") is not None and not isinstance(ver["passed"], bool):
+            return f"verifier.passed must be true, false or null, got {ver['passed']!r}"
+        for key in ("name", "evidence"):
+            if ver.get(key) is not None and not isinstance(ver[key], str):
+                return f"verifier.{key} must be a string, got {_tname(ver[key])}"
+    if obj.get("annotation") is not None:
+        return _check_annotation(obj["annotation"], len(msgs))
+    return None
+
+
+def _parquet_rows(path: str) -> Iterator[object]:
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        for rec in batch.to_pylist():
+            # Parquet has no "absent": drop nulls so optional fields read like JSON's missing keys.
+            yield _drop_nulls(rec)
+
+
+def _drop_nulls(x):
+    if isinstance(x, dict):
+        return {k: _drop_nulls(v) for k, v in x.items() if v is not None}
+    if isinstance(x, list):
+        return [_drop_nulls(v) for v in x]
+    return x
+
+
+def _json_rows(path: str) -> Iterator[object]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="strict") as f:
+        for line in f:
+            yield line
+
+
+def iter_records(path: str) -> Iterator[Row]:
+    """Yield one `Row` per record (JSONL: `row` is the 1-based line number; blank lines skipped)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such rollout file")
+    name = os.path.basename(path)
+    if path.endswith(".parquet"):
+        for k, rec in enumerate(_parquet_rows(path), start=1):
+            err = validate_record(rec)
+            yield Row(k, None, f"{name} row {k}: {err}") if err else Row(k, rec, None)
+        return
+    if not path.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
+        raise ValueError(f"{path}: rollout files must be .jsonl, .jsonl.gz or .parquet")
+    k = 0
+    it = _json_rows(path)
+    while True:
+        try:
+            line = next(it)
+        except StopIteration:
+            return
+        except UnicodeDecodeError as e:
+            # A bad byte breaks the text stream; report it as the next row and stop reading.
+            yield Row(k + 1, None, f"{name} row {k + 1}: line is not valid UTF-8 ({e.reason})")
+            return
+        k += 1
+        if line.endswith("\n"):
+            line = line[:-1]
+        if not line.strip():  # blank lines are not rows; `row` stays the line number
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield Row(k, None, f"{name} row {k}: line is not valid JSON ({e.msg} at column {e.colno})")
+            continue
+        err = validate_record(obj)
+        yield Row(k, None, f"{name} row {k}: {err}") if err else Row(k, obj, None)
