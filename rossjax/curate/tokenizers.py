@@ -114,6 +114,10 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return self._bytes[token_id]
 
+    def token_byte_lengths(self, ids) -> np.ndarray:
+        """int64[n] UTF-8 byte length of each token (vectorised `len(token_bytes(id))`)."""
+        return self._lens[np.asarray(ids, np.int64)]
+
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         tb = self._bytes
         return b"".join(tb[i] for i in ids)
