@@ -17,8 +17,8 @@ _EXPORTS = {
     "render_chat": "rossjax.curate.chat",
     "compile_rollout": "rossjax.curate.masks",
     "CompiledExample": "rossjax.curate.masks",
-    "fingerprint": "rossjax.curate.fingerprint",
-    "select": "rossjax.curate.select",
+    "fingerprint": "rossjax.curate.routes",
+    "select": "rossjax.curate.selection",
 }
 _SUBPACKAGES = ("verifiers", "sandbox", "pipeline", "packing", "report")
 
