@@ -1,0 +1,166 @@
+"""Decoder building blocks (Flax linen): RMSNorm, RoPE, GQA attention, SwiGLU MLP, Block.
+
+Every parameter carries logical axis names (see rossjax/sharding.py for the rules that map them
+to mesh axes). Numerics follow transformers: RMSNorm and softmax in float32, RoPE with the
+rotate-half convention, scores scaled by head_dim**-0.5 after the q.k product.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from rossjax.models.config import ModelConfig
+
+# Large finite negative instead of -inf: a fully masked row (never produced by our masks, but
+# cheap insurance) then gives a uniform softmax instead of NaN.
+_MASK_VALUE = -1e30
+
+
+def _kernel_init(cfg: ModelConfig, names):
+    return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), names)
+
+
+def _zeros(names):
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+class RMSNorm(nn.Module):
+    cfg: ModelConfig
+    axis_name: str = "norm"
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                                                 (self.axis_name,)),
+                           (x.shape[-1],), jnp.dtype(self.cfg.param_dtype))
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.cfg.rms_eps)
+        # transformers casts back to the input dtype before multiplying by the weight.
+        dt = jnp.dtype(self.cfg.dtype)
+        return y.astype(dt) * scale.astype(dt)
+
+
+def rope_cos_sin(cfg: ModelConfig, positions):
+    """positions [b, s] int -> (cos, sin) [b, s, head_dim] float32 (halves duplicated, as in HF)."""
+    inv = jnp.asarray(cfg.inv_freq())
+    freqs = positions.astype(jnp.float32)[..., None] * inv
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x, cos, sin):
+    """x [b, s, n, hd]; cos/sin [b, s, hd]. Computed in float32, returned in x.dtype."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rot * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+def attention(q, k, v, mask):
+    """Grouped-query attention without repeating k/v.
+
+    q [b, s, H, hd], k/v [b, t, K, hd], mask [b, s, t] bool (True = may attend).
+    Scores and softmax in float32; returns [b, s, H, hd] in q.dtype.
+    """
+    b, s, h, hd = q.shape
+    n_kv = k.shape[2]
+    qg = q.reshape(b, s, n_kv, h // n_kv, hd)
+    scores = jnp.einsum("bskgd,btkd->bkgst", qg, k, preferred_element_type=jnp.float32)
+    scores = scores * (hd ** -0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
+    return out.reshape(b, s, h, hd)
+
+
+class Attention(nn.Module):
+    cfg: ModelConfig
+
+    def _proj(self, n, names, bias, name):
+        cfg = self.cfg
+        return nn.DenseGeneral(
+            features=(n, cfg.head_dim), axis=-1, use_bias=bias, name=name,
+            kernel_init=_kernel_init(cfg, ("embed",) + names), bias_init=_zeros(names),
+            dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
+
+    @nn.compact
+    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None):
+        """x [b, s, d]. With kv_cache=(k, v) [b, T, K, hd], the new keys/values are written at
+        slots [cache_index, cache_index + s) and attention runs over all T slots."""
+        cfg = self.cfg
+        q = self._proj(cfg.n_heads, ("heads", "head_dim"), cfg.qkv_bias, "q")(x)
+        k = self._proj(cfg.n_kv_heads, ("kv_heads", "head_dim"), cfg.qkv_bias, "k")(x)
+        v = self._proj(cfg.n_kv_heads, ("kv_heads", "head_dim"), cfg.qkv_bias, "v")(x)
+        if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim, before RoPE
+            q = RMSNorm(cfg, axis_name="head_dim", name="q_norm")(q)
+            k = RMSNorm(cfg, axis_name="head_dim", name="k_norm")(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        new_cache = None
+        if kv_cache is not None:
+            kc, vc = kv_cache
+            k = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), (0, cache_index, 0, 0))
+            v = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), (0, cache_index, 0, 0))
+            new_cache = (k, v)
+            k, v = k.astype(q.dtype), v.astype(q.dtype)
+        out = attention(q, k, v, mask)
+        out = nn.DenseGeneral(
+            features=cfg.d_model, axis=(-2, -1), use_bias=cfg.o_bias, name="o",
+            kernel_init=_kernel_init(cfg, ("heads", "head_dim", "embed")), bias_init=_zeros(("norm",)),
+            dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))(out)
+        return out, new_cache
+
+
+class MLP(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.cfg
+
+        def dense(features, names, name):
+            return nn.DenseGeneral(
+                features=features, use_bias=cfg.mlp_bias, name=name,
+                kernel_init=_kernel_init(cfg, names),
+                bias_init=_zeros((names[-1],) if names[-1] != "embed" else ("norm",)),
+                dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
+
+        gate = dense(cfg.ffn_dim, ("embed", "mlp"), "gate")(x)
+        up = dense(cfg.ffn_dim, ("embed", "mlp"), "up")(x)
+        return dense(cfg.d_model, ("mlp", "embed"), "down")(nn.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(.))."""
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None):
+        h, new_cache = Attention(self.cfg, name="attn")(RMSNorm(self.cfg, name="attn_norm")(x),
+                                                        cos, sin, mask, kv_cache, cache_index)
+        x = x + h
+        x = x + MLP(self.cfg, name="mlp")(RMSNorm(self.cfg, name="mlp_norm")(x))
+        return x, new_cache
+
+
+class Embed(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens):
+        cfg = self.cfg
+        table = self.param("embedding", _kernel_init(cfg, ("vocab", "embed")),
+                           (cfg.vocab_size, cfg.d_model), jnp.dtype(cfg.param_dtype))
+        return jnp.take(table, tokens, axis=0).astype(jnp.dtype(cfg.dtype))
+
+
+class LMHead(nn.Module):
+    """The untied LM head kernel [d_model, vocab] (tied models use the embedding transposed)."""
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self):
+        return self.param("kernel", _kernel_init(self.cfg, ("embed", "vocab")),
+                          (self.cfg.d_model, self.cfg.vocab_size), jnp.dtype(self.cfg.param_dtype))

@@ -1,0 +1,236 @@
+"""The decoder, applied functionally: params pytree in, arrays out.
+
+Params layout (stable; hf.py maps it to Hugging Face names):
+    {"embed":      {"embedding": [vocab, d]},
+     "layers":     Block params stacked on a leading [n_layers] axis:
+                   {"attn_norm": {"scale"}, "attn": {"q", "k", "v", "o", ["q_norm", "k_norm"]},
+                    "mlp_norm": {"scale"}, "mlp": {"gate", "up", "down"}},
+     "final_norm": {"scale": [d]},
+     "lm_head":    {"kernel": [d, vocab]}}          # absent when cfg.tie_embeddings
+
+Hidden-state convention (matches transformers' `output_hidden_states`): index 0 is the token
+embeddings, index i in 1..L-1 is the raw residual stream after block i (1-based), and index L is
+the output of the last block *after the final RMSNorm* — exactly `hidden_states(...)`.
+
+Masking: a token attends to earlier-or-equal positions in the row that carry the same segment id
+(so padding, given segment id 0, only ever attends to padding and never leaks into real tokens).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from rossjax.models.config import ModelConfig
+from rossjax.models.layers import Block, Embed, LMHead, RMSNorm, rope_cos_sin
+
+_REMAT = {"full": jax.checkpoint_policies.nothing_saveable,
+          "dots": jax.checkpoint_policies.checkpoint_dots,
+          "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}
+
+
+def _dummies(cfg: ModelConfig):
+    dt = jnp.dtype(cfg.dtype)
+    x = jnp.zeros((1, 1, cfg.d_model), dt)
+    cs = jnp.zeros((1, 1, cfg.head_dim), jnp.float32)
+    return x, cs, cs, jnp.ones((1, 1, 1), bool)
+
+
+def _init_boxed(cfg: ModelConfig, rng, *, stacked: bool):
+    """Init with nn.LogicallyPartitioned boxes; `stacked=False` gives one un-stacked Block."""
+    k_emb, k_layers, k_head = jax.random.split(rng, 3)
+    x, cos, sin, mask = _dummies(cfg)
+    block_init = lambda r: Block(cfg).init(r, x, cos, sin, mask)["params"]
+    params = {"embed": Embed(cfg).init(k_emb, jnp.zeros((1, 1), jnp.int32))["params"]}
+    if stacked:
+        params["layers"] = jax.vmap(lambda r: nn.unbox(block_init(r)))(
+            jax.random.split(k_layers, cfg.n_layers))
+    else:
+        params["layers"] = block_init(k_layers)
+    params["final_norm"] = RMSNorm(cfg).init(k_head, x)["params"]
+    if not cfg.tie_embeddings:
+        params["lm_head"] = LMHead(cfg).init(k_head)["params"]
+    return params
+
+
+def init_params(cfg: ModelConfig, rng):
+    """Random init (normal(initializer_range) kernels and embeddings, ones for norms, zero biases)."""
+    return jax.jit(lambda r: nn.unbox(_init_boxed(cfg, r, stacked=True)))(rng)
+
+
+def logical_axes(cfg: ModelConfig):
+    """Pytree (same structure as params) of PartitionSpecs holding logical axis names."""
+    boxed = jax.eval_shape(lambda r: _init_boxed(cfg, r, stacked=False), jax.random.key(0))
+    specs = nn.get_partition_spec(boxed)
+    is_spec = lambda s: isinstance(s, jax.sharding.PartitionSpec)
+    specs["layers"] = jax.tree.map(lambda s: jax.sharding.PartitionSpec("layers", *s),
+                                   specs["layers"], is_leaf=is_spec)
+    return specs
+
+
+def lm_head(cfg: ModelConfig, params):
+    """The output projection [d_model, vocab] (the embedding transposed when tied)."""
+    if cfg.tie_embeddings:
+        return params["embed"]["embedding"].T
+    return params["lm_head"]["kernel"]
+
+
+def compute_logits(cfg: ModelConfig, params, hidden):
+    """float32 logits from final hidden states [..., d]; chunked losses should call this per chunk."""
+    head = lm_head(cfg, params).astype(hidden.dtype)
+    return jnp.einsum("...d,dv->...v", hidden, head, preferred_element_type=jnp.float32)
+
+
+def default_positions(segment_ids):
+    """Positions that restart at 0 at every segment boundary (packed rows)."""
+    b, s = segment_ids.shape
+    idx = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+    start = jnp.concatenate([jnp.ones((b, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], 1)
+    return idx - jax.lax.cummax(jnp.where(start, idx, 0), axis=1)
+
+
+def _masks(cfg, q_seg, kv_seg, q_idx, kv_idx, q_pos, kv_pos):
+    """(base, sliding) boolean masks [b, s, t]; sliding is None unless some layers use a window."""
+    base = (kv_idx[None, None, :] <= q_idx[None, :, None]) & (q_seg[:, :, None] == kv_seg[:, None, :])
+    windows = set(cfg.layer_windows())
+    if windows == {0}:
+        return base, None
+    w = max(windows)
+    sliding = base & ((q_pos[:, :, None] - kv_pos[:, None, :]) < w)
+    if 0 not in windows:  # every layer slides (Mistral): one mask suffices
+        return sliding, None
+    return base, sliding
+
+
+def _stack(cfg: ModelConfig, layers, x, cos, sin, masks, *, collect: bool, kv=None, cache_index=None):
+    """Run all blocks. Returns (x, per-layer outputs [L, b, s, d] or None, new kv or None)."""
+    block = Block(cfg)
+    base, sliding = masks
+    is_sliding = jnp.asarray([w > 0 for w in cfg.layer_windows()])
+
+    def body(h, xs):
+        p, slide, layer_kv = xs
+        m = base if sliding is None else jnp.where(slide, sliding, base)
+        h, new_kv = block.apply({"params": p}, h, cos, sin, m, layer_kv, cache_index)
+        return h, (h if collect else None, new_kv)
+
+    if cfg.remat_policy != "none":
+        body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
+    xs = (layers, is_sliding, kv)
+    if cfg.scan_layers:
+        x, (outs, new_kv) = jax.lax.scan(body, x, xs)
+        return x, outs, new_kv
+    per_layer = []
+    for i in range(cfg.n_layers):
+        x, out = body(x, jax.tree.map(lambda a: a[i], xs))
+        per_layer.append(out)
+    outs, new_kv = jax.tree.map(lambda *a: jnp.stack(a), *per_layer) if per_layer else (None, None)
+    return x, outs, new_kv
+
+
+def _prepare(tokens, positions, segment_ids):
+    tokens = jnp.asarray(tokens, jnp.int32)
+    seg = (jnp.ones(tokens.shape, jnp.int32) if segment_ids is None
+           else jnp.asarray(segment_ids, jnp.int32))
+    pos = default_positions(seg) if positions is None else jnp.asarray(positions, jnp.int32)
+    return tokens, pos, seg
+
+
+def _trunk(cfg, params, tokens, positions, segment_ids, collect):
+    tokens, pos, seg = _prepare(tokens, positions, segment_ids)
+    x = Embed(cfg).apply({"params": params["embed"]}, tokens)
+    cos, sin = rope_cos_sin(cfg, pos)
+    idx = jnp.arange(tokens.shape[1], dtype=jnp.int32)
+    masks = _masks(cfg, seg, seg, idx, idx, pos, pos)
+    emb = x
+    x, outs, _ = _stack(cfg, params["layers"], x, cos, sin, masks, collect=collect)
+    h = RMSNorm(cfg).apply({"params": params["final_norm"]}, x)
+    return emb, outs, h
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _hidden_states(params, tokens, positions, segment_ids, *, cfg):
+    return _trunk(cfg, params, tokens, positions, segment_ids, collect=False)[2]
+
+
+def hidden_states(cfg: ModelConfig, params, tokens, positions=None, segment_ids=None):
+    """Final-normed hidden states [b, s, d] (cfg.dtype), i.e. the LM head's input."""
+    return _hidden_states(params, tokens, positions, segment_ids, cfg=cfg)
+
+
+def _check_layers(cfg: ModelConfig, hidden_layers) -> tuple[int, ...]:
+    n = cfg.n_layers
+    out = []
+    for i in hidden_layers:
+        if not isinstance(i, int) or not -(n + 1) <= i <= n:
+            raise ValueError(f"forward: field 'hidden_layers' entry {i!r} is not a layer index in "
+                             f"[0, {n}] (or a negative index).")
+        out.append(i % (n + 1))
+    return tuple(sorted(set(out)))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "hidden_layers"))
+def _forward(params, tokens, positions, segment_ids, *, cfg, hidden_layers):
+    collect = any(0 < i < cfg.n_layers for i in hidden_layers)
+    emb, outs, h = _trunk(cfg, params, tokens, positions, segment_ids, collect)
+    hidden = {}
+    for i in hidden_layers:
+        hidden[i] = emb if i == 0 else h if i == cfg.n_layers else outs[i - 1]
+    return compute_logits(cfg, params, h), hidden
+
+
+def forward(cfg: ModelConfig, params, tokens, positions=None, segment_ids=None, hidden_layers=()):
+    """Logits [b, s, vocab] float32 and {layer index: [b, s, d]} for `hidden_layers`.
+
+    positions default to 0.. restarting at each segment; segment_ids default to one segment per
+    row. Padding: give it segment id 0 (it then attends only to itself) and ignore its outputs.
+    Negative `hidden_layers` count from the end (-1 == n_layers); keys are the normalized indices.
+    """
+    requested = list(hidden_layers)
+    layers = _check_layers(cfg, requested)
+    logits, hidden = _forward(params, tokens, positions, segment_ids, cfg=cfg, hidden_layers=layers)
+    return logits, {i: hidden[i % (cfg.n_layers + 1)] for i in requested}
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None):
+    """Empty KV cache: k/v [L, b, max_len, K, hd], slot validity `mask` [b, max_len] (all False)
+    and the RoPE position stored in each slot `pos` [b, max_len] (used by sliding windows)."""
+    dt = jnp.dtype(dtype or cfg.dtype)
+    shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+    return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt),
+            "mask": jnp.zeros((batch, max_len), bool), "pos": jnp.zeros((batch, max_len), jnp.int32)}
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _forward_cached(params, tokens, positions, cache, cache_index, token_mask, *, cfg):
+    tokens = jnp.asarray(tokens, jnp.int32)
+    positions = jnp.asarray(positions, jnp.int32)
+    b, t = tokens.shape
+    tm = jnp.ones((b, t), bool) if token_mask is None else jnp.asarray(token_mask, bool)
+    ci = jnp.asarray(cache_index, jnp.int32)
+    kv_mask = jax.lax.dynamic_update_slice(cache["mask"], tm, (0, ci))
+    kv_pos = jax.lax.dynamic_update_slice(cache["pos"], positions, (0, ci))
+    q_idx = ci + jnp.arange(t, dtype=jnp.int32)
+    kv_idx = jnp.arange(kv_mask.shape[1], dtype=jnp.int32)
+    # Same-segment rule with segment = validity: real tokens see only valid slots.
+    masks = _masks(cfg, tm.astype(jnp.int32), kv_mask.astype(jnp.int32), q_idx, kv_idx,
+                   positions, kv_pos)
+    x = Embed(cfg).apply({"params": params["embed"]}, tokens)
+    cos, sin = rope_cos_sin(cfg, positions)
+    x, _, (k, v) = _stack(cfg, params["layers"], x, cos, sin, masks, collect=False,
+                          kv=(cache["k"], cache["v"]), cache_index=ci)
+    h = RMSNorm(cfg).apply({"params": params["final_norm"]}, x)
+    return compute_logits(cfg, params, h), {"k": k, "v": v, "mask": kv_mask, "pos": kv_pos}
+
+
+def forward_cached(cfg: ModelConfig, params, tokens, positions, cache, cache_index, token_mask=None):
+    """Run tokens [b, t] at cache slots [cache_index, cache_index + t) for every row.
+
+    Writes their keys/values, validity (`token_mask` [b, t], default all True; pass False for
+    left padding) and positions into the cache, and attends causally by slot over valid slots.
+    Returns (logits [b, t, vocab] float32, new cache). jit-able; cache_index may be traced.
+    """
+    return _forward_cached(params, tokens, positions, cache, cache_index, token_mask, cfg=cfg)
