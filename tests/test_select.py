@@ -1,0 +1,140 @@
+"""Selection: honesty ordering on known route families, quotas, k-center against a slow
+reference, similar/topology/groups semantics, bad input."""
+
+import numpy as np
+import pytest
+
+from rossjax.bench.select import family_routes, synth_traces
+from rossjax.curate import select as exported_select
+from rossjax.curate.routes import fingerprint
+from rossjax.curate.selection import (
+    Clustering, _largest_remainder, cluster_pool, select)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    # 40 route families with skewed sizes: random picks follow the skew, diverse should not.
+    w = 1.0 / np.arange(1, 41) ** 1.3
+    texts, fam = synth_traces(1500, family_routes(40, seed=5), seed=6, weights=w / w.sum())
+    fps, routes = fingerprint(texts, return_routes=True)
+    return fps, fam, routes
+
+
+def test_exported_from_package():
+    assert exported_select is select
+
+
+def test_diverse_covers_more_families_than_random_than_similar(pool):
+    fps, fam, _ = pool
+    for seed in (0, 1):
+        cover = {m: len(np.unique(fam[select(fps, 40, m, seed=seed)]))
+                 for m in ("diverse", "random", "similar")}
+        assert cover["diverse"] > cover["random"] > cover["similar"], cover
+
+
+def test_deterministic_and_sorted(pool):
+    fps = pool[0]
+    a = select(fps, 50, "diverse", seed=3)
+    np.testing.assert_array_equal(a, select(fps, 50, "diverse", seed=3))
+    assert a.dtype == np.int64 and len(np.unique(a)) == 50 and np.all(np.diff(a) > 0)
+
+
+def test_largest_remainder_reference():
+    sizes = np.array([7, 1, 0, 12, 5])
+    for budget in range(0, 26):
+        share = _largest_remainder(sizes, budget)
+        assert share.sum() == budget and np.all(share <= sizes)
+        exact = budget * sizes / sizes.sum()
+        assert np.all(np.abs(share - exact) < 1)
+
+
+def slow_kcenter(x, start, q):
+    chosen = [start]
+    while len(chosen) < q:
+        best, best_d = None, -1.0
+        for i in range(len(x)):
+            if i in chosen:
+                continue
+            d = min(float(((x[i] - x[c]) ** 2).sum()) for c in chosen)
+            if d > best_d:
+                best, best_d = i, d
+        chosen.append(best)
+    return sorted(chosen)
+
+
+def test_diverse_matches_slow_reference_per_cluster():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 5)).astype(np.float32)
+    labels = np.repeat([0, 1, 2], [30, 20, 10])
+    centers = np.stack([x[labels == c].mean(0) for c in range(3)])
+    dist = ((x - centers[labels]) ** 2).sum(1)
+    cl = Clustering(centers, labels, dist)
+    got = select(x, 12, "diverse", clustering=cl)
+    quota = _largest_remainder(np.array([30, 20, 10]), 12)
+    want = []
+    for c in range(3):
+        idx = np.flatnonzero(labels == c)
+        start = int(np.argmin(dist[idx]))
+        want += [int(idx[i]) for i in slow_kcenter(x[idx], start, int(quota[c]))]
+    np.testing.assert_array_equal(got, sorted(want))
+
+
+def test_similar_stays_in_largest_cluster_then_spills():
+    rng = np.random.default_rng(1)
+    blobs = [rng.normal(size=(n, 4)) * 0.1 + off for n, off in ((50, 0.0), (20, 3.0), (30, 10.0))]
+    x = np.concatenate(blobs).astype(np.float32)
+    cl = cluster_pool(x, 3, seed=0)
+    big = cl.labels[0]
+    s = select(x, 30, "similar", clustering=cl)
+    assert np.all(cl.labels[s] == big)
+    d = ((x - cl.centers[big]) ** 2).sum(1)
+    inside = np.flatnonzero(cl.labels == big)
+    assert set(s) == set(inside[np.argsort(d[inside])[:30]])
+    s = select(x, 60, "similar", clustering=cl)
+    assert set(s) >= set(range(50)) and set(s[s >= 50]) <= set(range(50, 70))  # spills to the near blob
+
+
+def test_topology_one_per_route_first(pool):
+    fps, fam, routes = pool
+    n_routes = len(np.unique(routes))
+    s = select(fps, n_routes, "topology", routes=routes, seed=2)
+    assert len(np.unique(routes[s])) == n_routes
+    s = select(fps, n_routes + 10, "topology", routes=routes)
+    assert len(np.unique(routes[s])) == n_routes
+    with pytest.raises(ValueError, match="needs routes"):
+        select(fps, 10, "topology")
+
+
+@pytest.mark.parametrize("method", ["diverse", "similar", "random"])
+def test_per_group_quota(pool, method):
+    fps = pool[0]
+    groups = np.array([f"p{i % 100}" for i in range(len(fps))])
+    s = select(fps, 150, method, groups=groups, per_group=2, seed=4)
+    assert len(s) == 150
+    assert np.bincount(np.unique(groups, return_inverse=True)[1][s]).max() <= 2
+    with pytest.raises(ValueError, match="exceeds the 200 rows allowed by per_group=2"):
+        select(fps, 201, method, groups=groups, per_group=2)
+
+
+def test_bad_input(pool):
+    fps = pool[0]
+    with pytest.raises(ValueError, match="budget 1501 is larger than the pool of 1500 rows"):
+        select(fps, 1501)
+    with pytest.raises(ValueError, match="non-negative integer"):
+        select(fps, -1)
+    with pytest.raises(ValueError, match="clusters must be >= 1"):
+        select(fps, 10, "diverse", clusters=0)
+    with pytest.raises(ValueError, match="unknown selection method"):
+        select(fps, 10, "best")
+    bad = fps.copy()
+    bad[7, 3] = np.nan
+    with pytest.raises(ValueError, match="fingerprints row 7 has a non-finite value"):
+        select(bad, 10)
+    with pytest.raises(ValueError, match="2-D"):
+        select(fps[0], 1)
+    assert select(fps, 0).shape == (0,)
+    # documented: more clusters than rows is clamped to the pool size
+    assert len(select(fps[:5], 3, "diverse", clusters=50)) == 3
+    # identical rows do not break k-means++ or k-center
+    same = np.ones((20, 8), np.float32)
+    assert len(select(same, 5, "diverse", clusters=3)) == 5
