@@ -138,3 +138,65 @@ def test_bad_input(pool):
     # identical rows do not break k-means++ or k-center
     same = np.ones((20, 8), np.float32)
     assert len(select(same, 5, "diverse", clusters=3)) == 5
+
+
+def _cfg(arg=None, **kw):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("select_routes", "configs/select_routes.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg = mod.get_config(arg)
+    cfg.update(kw)
+    return cfg
+
+
+def test_select_cli_writes_subset_report_and_png(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "sel"
+    # through the real command line (parse_config reads the process's own argv)
+    subprocess.run([sys.executable, "-m", "rossjax.cli", "select", "--config=configs/select_routes.py:runlocal",
+                    f"--config.output={out}", "--config.only_passed=True"], check=True)
+    report = json.loads((out / "report.json").read_text())
+    lines = open("data/select/sample.jsonl").read().splitlines()
+    chosen = (out / "selected.jsonl").read_text().splitlines()
+    assert len(chosen) == 12 and set(chosen) <= set(lines)       # rows copied verbatim
+    recs = [json.loads(c) for c in chosen]
+    assert all(r["verifier"]["passed"] for r in recs)
+    assert [r["id"] for r in recs] == report["selected_ids"]
+    tasks = [r["task"]["id"] for r in recs]
+    assert max(tasks.count(t) for t in tasks) <= 2                 # per_group=2 in :runlocal
+    assert report["pool"]["skipped"] == {"not_passed": 4}
+    m = report["methods"]
+    assert set(m) == {"diverse", "similar", "random", "topology"}
+    for key in ("mean_pairwise_distance", "distinct_label_sequences", "clusters_covered",
+                "rows_per_problem"):
+        assert key in m["diverse"]
+    assert m["diverse"]["mean_pairwise_distance"] > m["similar"]["mean_pairwise_distance"]
+    assert (out / "selection.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_select_cli_parquet_and_errors(tmp_path):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rossjax.curate.select_cli import run
+
+    recs = [json.loads(line) for line in open("data/select/sample.jsonl")][:20]
+    for r in recs:
+        r.pop("steps", None)
+    src = tmp_path / "pool.parquet"
+    pq.write_table(pa.Table.from_pylist(recs), src)
+    out = tmp_path / "o"
+    run(_cfg(input=str(src), output=str(out), budget=5, compare="random", plot=False))
+    got = pq.read_table(out / "selected.parquet").to_pylist()
+    assert len(got) == 5 and {g["id"] for g in got} <= {r["id"] for r in recs}
+    with pytest.raises(ValueError, match="budget 50 is larger than the 20 usable records"):
+        run(_cfg(input=str(src), output=str(out), budget=50))
+    with pytest.raises(ValueError, match="unknown selection method 'best'"):
+        run(_cfg(input=str(src), output=str(out), method="best"))

@@ -1,0 +1,179 @@
+"""`rossjax select --config=configs/select_routes.py`: fingerprint records, select, report.
+
+Reads rollout records, fingerprints each route, selects `budget` rows with `method`, copies the
+chosen rows verbatim into the output in the input's own format, and writes report.json plus a
+PNG scatter of a 2-D PCA projection of the pool against each compared method's choice.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+import numpy as np
+
+from rossjax.curate.routes import fingerprint, trace_text
+from rossjax.curate.selection import METHODS, cluster_pool, default_clusters, select
+
+_PAIR_SAMPLE = 2000
+
+
+def _field(record: dict, dotted: str):
+    cur = record
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def load_pool(path: str, only_passed: bool = False):
+    """(records, input row numbers, skipped {reason: count}) of the usable rows of `path`."""
+    from rossjax.curate.schema import iter_records
+
+    records, rows, skipped = [], [], {}
+    for r in iter_records(path):
+        if r.record is None:
+            skipped["invalid"] = skipped.get("invalid", 0) + 1
+            continue
+        if only_passed and _field(r.record, "verifier.passed") is not True:
+            skipped["not_passed"] = skipped.get("not_passed", 0) + 1
+            continue
+        t = trace_text(r.record)
+        if not (any(s.strip() for s in t) if isinstance(t, list) else t.strip()):
+            skipped["empty_trace"] = skipped.get("empty_trace", 0) + 1
+            continue
+        records.append(r.record)
+        rows.append(r.row)
+    return records, np.asarray(rows, np.int64), skipped
+
+
+def mean_pairwise_distance(x: np.ndarray, seed: int = 0) -> float:
+    """Mean Euclidean distance over distinct pairs (on a seeded sample of 2,000 rows if larger)."""
+    if len(x) < 2:
+        return 0.0
+    if len(x) > _PAIR_SAMPLE:
+        x = x[np.random.Generator(np.random.PCG64(seed)).choice(len(x), _PAIR_SAMPLE, replace=False)]
+    x = x.astype(np.float64)
+    sq = (x * x).sum(1)
+    d = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * x @ x.T, 0))
+    n = len(x)
+    return float(d.sum() / (n * (n - 1)))
+
+
+def _write_subset(path: str, rows: np.ndarray, out_dir: str) -> str:
+    """Copy the chosen input rows verbatim (JSONL line numbers / Parquet row numbers, 1-based)."""
+    want = set(int(r) for r in rows)
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        out = os.path.join(out_dir, "selected.parquet")
+        pq.write_table(pq.read_table(path).take(np.sort(rows) - 1), out)
+        return out
+    gz = path.endswith(".gz")
+    out = os.path.join(out_dir, "selected.jsonl" + (".gz" if gz else ""))
+    opener = gzip.open if gz else open
+    with opener(path, "rt", encoding="utf-8") as f, opener(out, "wt", encoding="utf-8") as g:
+        for k, line in enumerate(f, start=1):
+            if k in want:
+                g.write(line if line.endswith("\n") else line + "\n")
+    return out
+
+
+def _pca2(x: np.ndarray) -> np.ndarray:
+    mu = x.mean(0)
+    _, _, vt = np.linalg.svd((x - mu).astype(np.float64), full_matrices=False)
+    return (x - mu) @ vt[:2].T.astype(np.float32)
+
+
+def plot_selection(fps: np.ndarray, chosen: dict, path: str, seed: int = 0) -> None:
+    """One panel per method: the pool (grey) and the chosen rows (colour) on the pool's PCA plane."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xy = _pca2(fps) if len(fps) > 2 else np.zeros((len(fps), 2), np.float32)
+    show = np.arange(len(fps))
+    if len(show) > 20000:  # keep the PNG readable and small
+        show = np.random.Generator(np.random.PCG64(seed)).choice(len(fps), 20000, replace=False)
+    fig, axes = plt.subplots(1, len(chosen), figsize=(4 * len(chosen), 4), squeeze=False)
+    for ax, (name, idx) in zip(axes[0], chosen.items()):
+        ax.scatter(xy[show, 0], xy[show, 1], s=4, c="0.8", label=f"pool ({len(fps)})")
+        ax.scatter(xy[idx, 0], xy[idx, 1], s=8, c="tab:red", label=f"{name} ({len(idx)})")
+        ax.set_title(name)
+        ax.legend(loc="best", fontsize=7)
+    fig.suptitle("route fingerprints, PCA of the pool")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run(cfg) -> dict:
+    if not cfg.input or not cfg.output:
+        raise ValueError("select needs --config.input (records) and --config.output (a directory).")
+    compare = [m for m in str(cfg.compare).split(",") if m]
+    for m in [cfg.method] + compare:
+        if m not in METHODS:
+            raise ValueError(f"config.method/compare: unknown selection method {m!r}; choose from {METHODS}.")
+    records, rows, skipped = load_pool(cfg.input, cfg.only_passed)
+    if not records:
+        raise ValueError(f"{cfg.input}: no usable records to select from ({skipped or 'file is empty'}).")
+    if cfg.budget > len(records):
+        raise ValueError(f"config.budget {cfg.budget} is larger than the {len(records)} usable records "
+                         f"in {cfg.input}.")
+    fps, routes = fingerprint([trace_text(r) for r in records], cfg.domain, cfg.dim, cfg.seed,
+                              return_routes=True)
+    groups = None
+    if cfg.group_by:
+        vals = [_field(r, cfg.group_by) for r in records]
+        groups = np.array([str(v) if v is not None else f"<row {k}>" for k, v in zip(rows, vals)])
+    quota_groups = groups if cfg.per_group is not None else None
+    per_group = cfg.per_group if cfg.per_group is not None else 1
+    k = default_clusters(len(fps), cfg.budget) if cfg.clusters is None else cfg.clusters
+    clustering = cluster_pool(fps, k, cfg.seed)
+
+    def stats(idx):
+        out = {"rows": int(len(idx)),
+               "mean_pairwise_distance": mean_pairwise_distance(fps[idx], cfg.seed),
+               "distinct_label_sequences": int(len(np.unique(routes[idx]))),
+               "clusters_covered": int(len(np.unique(clustering.labels[idx])))}
+        if groups is not None:
+            counts = np.unique(groups[idx], return_counts=True)[1]
+            out["rows_per_problem"] = {"problems": int(len(counts)),
+                                       "max": int(counts.max()) if len(counts) else 0,
+                                       "mean": float(counts.mean()) if len(counts) else 0.0}
+        return out
+
+    chosen = {}
+    for m in dict.fromkeys([cfg.method] + compare):
+        chosen[m] = select(fps, cfg.budget, m, seed=cfg.seed, groups=quota_groups,
+                           per_group=per_group, routes=routes, clustering=clustering)
+    os.makedirs(cfg.output, exist_ok=True)
+    written = _write_subset(cfg.input, rows[chosen[cfg.method]], cfg.output)
+    report = {"input": cfg.input, "output": written, "method": cfg.method, "budget": cfg.budget,
+              "domain": cfg.domain, "seed": cfg.seed, "clusters": int(len(clustering.centers)),
+              "pool": {**stats(np.arange(len(fps))), "skipped": skipped},
+              "methods": {m: stats(idx) for m, idx in chosen.items()},
+              "selected_ids": [records[i].get("id") for i in chosen[cfg.method]]}
+    if cfg.plot:
+        plot_selection(fps, chosen, os.path.join(cfg.output, "selection.png"), cfg.seed)
+        report["plot"] = os.path.join(cfg.output, "selection.png")
+    with open(os.path.join(cfg.output, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    return report
+
+
+def main(argv=None) -> int:
+    from rossjax.cli import parse_config
+
+    cfg, _, _ = parse_config(list(argv or []), default_config="configs/select_routes.py")
+    report = run(cfg)
+    print(f"selected {report['budget']} of {report['pool']['rows']} rows with {report['method']} "
+          f"-> {report['output']}")
+    print(f"{'method':10s} {'mean dist':>9s} {'routes':>7s} {'clusters':>8s}")
+    for m, s in report["methods"].items():
+        print(f"{m:10s} {s['mean_pairwise_distance']:9.3f} {s['distinct_label_sequences']:7d} "
+              f"{s['clusters_covered']:8d}")
+    return 0
