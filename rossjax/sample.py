@@ -1,0 +1,237 @@
+"""Generation with a KV cache: one prefill, then a jitted `lax.while_loop` decode.
+
+    res = generate(cfg, params, [[1, 2, 3], [4, 5]], max_new_tokens=32, temperature=0.7,
+                   num_samples=8, seed=0, stop_ids=(eos,))
+    res.tokens[i * 8 + j, :res.lengths[i * 8 + j]]   # sample j of prompt i, prompt excluded
+
+Layout. Prompts are left-padded to a bucketed length P (padding slots are marked invalid in the
+cache, so they are never attended), the cache holds P + max_new_tokens slots, and every row
+decodes in lockstep at slot P + step while its RoPE position continues from its own prompt length.
+`num_samples` copies of a prompt share one prefill: the prefilled cache rows are repeated, which
+is what GRPO groups need. Rows of sample j of prompt i sit at i * num_samples + j.
+
+`logprobs` are log-softmax at temperature 1 of the *chosen* token under the unmodified logits
+(before temperature, top-k, top-p), i.e. the behaviour log-probs GRPO's importance ratio needs.
+A stop token is kept in the output and counted in `lengths`; after it a row emits padding (0)
+with log-prob 0, and the loop exits early once every row has stopped.
+
+Sampling with a mesh puts rows over the batch axes and heads over `tensor` (the param and cache
+shardings come from rossjax.sharding's logical rules); results equal the single-device run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from rossjax import models, sharding
+from rossjax.models import ModelConfig
+
+# Prompt lengths round up to one of these (then to multiples of 512) so a stream of
+# different-length prompts compiles a handful of programs, not one per length.
+_BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    tokens: np.ndarray        # int32 [n_prompts * num_samples, max_new_tokens], 0 after the end
+    logprobs: np.ndarray      # float32 [same], log p(chosen token) at temperature 1, 0 after the end
+    lengths: np.ndarray       # int32 [n_prompts * num_samples], stop token included
+    finish_reason: list       # "stop" | "length" per row
+
+    def sequences(self) -> list[list[int]]:
+        return [self.tokens[i, :n].tolist() for i, n in enumerate(self.lengths)]
+
+
+def bucket_length(n: int) -> int:
+    for b in _BUCKETS:
+        if n <= b:
+            return b
+    return -(-n // 512) * 512
+
+
+def _filter_logits(logits, temperature, top_k, top_p):
+    """Temperature, then top-k (0 = off), then nucleus top-p; dropped entries become the dtype min.
+
+    All three may be traced values, so one compiled sampler serves every sampling setting.
+    """
+    logits = logits / temperature
+    neg = jnp.finfo(logits.dtype).min
+    vocab = logits.shape[-1]
+    srt = jnp.sort(logits, axis=-1)[..., ::-1]
+    rank = jnp.arange(vocab)
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+    srt = jnp.where(rank < k, srt, neg)
+    probs = jax.nn.softmax(srt, axis=-1)
+    # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+    keep = ((jnp.cumsum(probs, axis=-1) - probs) < top_p) & (rank < k)
+    cutoff = jnp.min(jnp.where(keep, srt, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(logits < cutoff, neg, logits)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """Everything that fixes the compiled program (hashable: one Sampler per distinct spec)."""
+    cfg: ModelConfig
+    batch: int
+    prompt_len: int
+    max_new: int
+    num_samples: int
+    greedy: bool
+    n_stop: int
+    mesh: object = None
+
+
+class Sampler:
+    """The prefill + decode program for one shape, jitted once and reused across calls."""
+
+    def __init__(self, spec: _Spec):
+        self.spec = spec
+        cfg, mesh = spec.cfg, spec.mesh
+        if mesh is None:
+            self._fn = jax.jit(self._run)
+            return
+        rows = NamedSharding(mesh, sharding.logical_to_mesh_spec(P("batch", None), None,
+                                                                 (spec.batch, 1), mesh))
+        self._param_shardings = sharding.param_shardings(cfg, mesh)
+        self._cache_spec = self._cache_sharding(spec.batch * spec.num_samples)
+        n_out = spec.batch * spec.num_samples
+        repl = NamedSharding(mesh, P())
+        out2 = NamedSharding(mesh, sharding.logical_to_mesh_spec(P("batch", None), None, (n_out, 1), mesh))
+        out1 = NamedSharding(mesh, P(out2.spec[0]))
+        self._fn = jax.jit(self._run,
+                           in_shardings=(self._param_shardings, rows, rows, rows, repl, repl),
+                           out_shardings=(out2, out2, out1, out1))
+
+    def _cache_sharding(self, n_rows):
+        spec = self.spec
+        t = spec.prompt_len + spec.max_new
+        kv_shape = (spec.cfg.n_layers, n_rows, t, spec.cfg.n_kv_heads, spec.cfg.head_dim)
+        mk = lambda logical, shape: NamedSharding(
+            spec.mesh, sharding.logical_to_mesh_spec(P(*logical), None, shape, spec.mesh))
+        kv = mk(("layers", "batch", "length", "kv_heads", "head_dim"), kv_shape)
+        row = mk(("batch", "length"), (n_rows, t))
+        return {"k": kv, "v": kv, "mask": row, "pos": row}
+
+    def _constrain(self, cache):
+        if self.spec.mesh is None:
+            return cache
+        return jax.lax.with_sharding_constraint(cache, self._cache_spec)
+
+    def _run(self, params, tokens, positions, valid, rng, knobs):
+        """tokens/positions/valid [B, P] (left-padded) -> (tokens, logprobs [N, T], lengths, stopped)."""
+        s = self.spec
+        cfg, n_new = s.cfg, s.max_new
+        b, plen = tokens.shape
+        cache = models.init_cache(cfg, b, plen + n_new)
+        logits, cache = models.forward_cached(cfg, params, tokens, positions, cache, 0, valid)
+        last = logits[:, -1]                       # left padding: the last slot is always real
+        next_pos = jnp.max(jnp.where(valid, positions, -1), axis=1) + 1
+        if s.num_samples > 1:                      # GRPO groups: copy the prefilled rows
+            rep = lambda x, axis: jnp.repeat(x, s.num_samples, axis=axis)
+            cache = {"k": rep(cache["k"], 1), "v": rep(cache["v"], 1),
+                     "mask": rep(cache["mask"], 0), "pos": rep(cache["pos"], 0)}
+            last, next_pos = rep(last, 0), rep(next_pos, 0)
+        cache = self._constrain(cache)
+        n = last.shape[0]
+        temperature, top_k, top_p, stop = knobs
+
+        def cond(st):
+            i, _, _, _, _, done, _, _ = st
+            return (i < n_new) & ~jnp.all(done)
+
+        def body(st):
+            i, cache, last, out_tok, out_lp, done, lengths, pos = st
+            if s.greedy:
+                tok = jnp.argmax(last, axis=-1).astype(jnp.int32)
+            else:
+                filt = _filter_logits(last, temperature, top_k, top_p)
+                tok = jax.random.categorical(jax.random.fold_in(rng, i), filt).astype(jnp.int32)
+            lp = jnp.take_along_axis(jax.nn.log_softmax(last, axis=-1), tok[:, None], 1)[:, 0]
+            tok = jnp.where(done, 0, tok)
+            lp = jnp.where(done, 0.0, lp)
+            out_tok = jax.lax.dynamic_update_slice(out_tok, tok[:, None], (0, i))
+            out_lp = jax.lax.dynamic_update_slice(out_lp, lp[:, None], (0, i))
+            lengths = lengths + (~done).astype(jnp.int32)
+            done = done | jnp.any(tok[:, None] == stop[None, :], axis=1)
+            logits, cache = models.forward_cached(cfg, params, tok[:, None], pos[:, None], cache,
+                                                  plen + i)
+            return (i + 1, self._constrain(cache), logits[:, 0], out_tok, out_lp, done, lengths,
+                    pos + 1)
+
+        init = (jnp.int32(0), cache, last, jnp.zeros((n, n_new), jnp.int32),
+                jnp.zeros((n, n_new), jnp.float32), jnp.zeros((n,), bool),
+                jnp.zeros((n,), jnp.int32), next_pos)
+        _, _, _, out_tok, out_lp, done, lengths, _ = jax.lax.while_loop(cond, body, init)
+        return out_tok, out_lp, lengths, done
+
+    def __call__(self, params, tokens, positions, valid, rng, knobs):
+        if self.spec.mesh is not None:
+            params = jax.device_put(params, self._param_shardings)
+        return self._fn(params, tokens, positions, valid, rng, knobs)
+
+
+@functools.lru_cache(maxsize=32)
+def get_sampler(spec: _Spec) -> Sampler:
+    return Sampler(spec)
+
+
+def _batch_multiple(mesh) -> int:
+    if mesh is None:
+        return 1
+    spec = sharding.logical_to_mesh_spec(P("batch"), None, None, mesh)
+    axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],) if spec[0] else ()
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, stop_ids=(),
+             num_samples: int = 1, seed: int = 0, mesh=None) -> GenerationResult:
+    """Sample `num_samples` continuations of each prompt (lists of token ids, any lengths).
+
+    temperature 0 is greedy. Same seed and inputs give the same samples.
+    """
+    prompts = [list(map(int, p)) for p in prompts]
+    if not prompts:
+        raise ValueError("generate: field 'prompts' is empty.")
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"generate: prompts row {i} is empty; every prompt needs at least one token.")
+        if min(p) < 0 or max(p) >= cfg.vocab_size:
+            raise ValueError(f"generate: prompts row {i} holds a token id outside [0, {cfg.vocab_size}).")
+    if max_new_tokens < 1 or num_samples < 1:
+        raise ValueError("generate: fields 'max_new_tokens' and 'num_samples' must be >= 1.")
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        raise ValueError("generate: need temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
+
+    n = len(prompts)
+    # Pad the batch so each prompt's copies split evenly over the batch shards; dummy rows
+    # (one token) are dropped at the end.
+    mult = _batch_multiple(mesh)
+    b = -(-n // mult) * mult
+    plen = bucket_length(max(len(p) for p in prompts))
+    tokens = np.zeros((b, plen), np.int32)
+    positions = np.zeros((b, plen), np.int32)
+    valid = np.zeros((b, plen), bool)
+    for i in range(b):
+        p = prompts[i] if i < n else [0]
+        tokens[i, plen - len(p):] = p
+        positions[i, plen - len(p):] = np.arange(len(p))
+        valid[i, plen - len(p):] = True
+    stop = np.asarray([int(t) for t in stop_ids] or [-1], np.int32)
+    spec = _Spec(cfg, b, plen, int(max_new_tokens), int(num_samples), temperature == 0.0,
+                 len(stop), mesh)
+    knobs = (np.float32(max(temperature, 1e-6)), np.int32(top_k), np.float32(top_p), stop)
+    out_tok, out_lp, lengths, stopped = get_sampler(spec)(
+        params, tokens, positions, valid, jax.random.PRNGKey(seed), knobs)
+    keep = n * num_samples
+    out_tok, out_lp, lengths, stopped = (np.asarray(x)[:keep] for x in (out_tok, out_lp, lengths, stopped))
+    return GenerationResult(out_tok, out_lp, lengths,
+                            ["stop" if s else "length" for s in stopped])
