@@ -1,0 +1,167 @@
+"""`rossjax inspect DIR --id ID`: draw one compiled example so a person can check its mask by eye.
+
+Supervised tokens, eligible-but-excluded tokens and context are drawn differently, in an HTML
+page (written to DIR/inspect/ID.html, or --out) and in the terminal. DIR is a curated output dir
+(read with `rossjax.curate.pipeline.read_compiled`); a rollout file (.jsonl[.gz] / .parquet) works
+too and is compiled on the fly with --tokenizer/--template/--mask_mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import sys
+
+import numpy as np
+
+SUPERVISED, EXCLUDED, CONTEXT = "supervised", "excluded", "context"
+_ANSI = {SUPERVISED: "\x1b[1;32m", EXCLUDED: "\x1b[9;31m", CONTEXT: "\x1b[2m"}
+_RESET = "\x1b[0m"
+
+
+def _get(example, key, default=None):
+    return example.get(key, default) if isinstance(example, dict) else getattr(example, key, default)
+
+
+def token_classes(example) -> list[str]:
+    loss = np.asarray(_get(example, "loss_mask"), bool)
+    elig = np.asarray(_get(example, "eligible_mask"), bool)
+    if loss.shape != elig.shape:
+        raise ValueError(f"example {_get(example, 'id')}: loss_mask and eligible_mask differ in length")
+    return [SUPERVISED if lo else EXCLUDED if el else CONTEXT for lo, el in zip(loss, elig)]
+
+
+def token_texts(example, tokenizer) -> list[str]:
+    """Each token's text; bytes of a character split over tokens go with the token that ends it."""
+    out, pending = [], b""
+    for t in np.asarray(_get(example, "input_ids")).tolist():
+        pending += tokenizer.token_bytes(int(t))
+        try:
+            out.append(pending.decode("utf-8"))
+            pending = b""
+        except UnicodeDecodeError:
+            out.append("")  # an incomplete character: shown with the token that completes it
+    if pending:
+        out[-1] = pending.decode("utf-8", errors="replace")
+    return out
+
+
+def _summary(example, classes) -> str:
+    n = len(classes)
+    s, x = classes.count(SUPERVISED), classes.count(EXCLUDED)
+    status = _get(example, "status", "kept")
+    reason = _get(example, "reason")
+    head = f"{_get(example, 'id')}: {status}" + (f" ({reason})" if reason else "")
+    ter = x / (s + x) if s + x else 0.0
+    return f"{head} | {n} tokens, {s} supervised, {x} excluded eligible, TER {ter:.3f}"
+
+
+def render_terminal(example, tokenizer, color: bool = True) -> str:
+    classes = token_classes(example)
+    out = [_summary(example, classes)]
+    if not color:
+        out.append("legend: [+text+] supervised, [-text-] excluded eligible, plain text context")
+    body = []
+    run_cls, run = None, []
+
+    def flush():
+        if not run:
+            return
+        txt = "".join(run)
+        if color:
+            body.append(_ANSI[run_cls] + txt + _RESET)
+        else:
+            body.append({SUPERVISED: "[+{}+]", EXCLUDED: "[-{}-]", CONTEXT: "{}"}[run_cls].format(txt))
+
+    for cls, txt in zip(classes, token_texts(example, tokenizer)):
+        if cls != run_cls:
+            flush()
+            run_cls, run = cls, []
+        run.append(txt)
+    flush()
+    out.append("".join(body))
+    return "\n".join(out)
+
+
+_CSS = """body{font-family:sans-serif;margin:2em}pre{white-space:pre-wrap;font:13px/1.6 monospace}
+.supervised{background:#c8f7c5;border-bottom:2px solid #1a7f37}
+.excluded{background:#ffd6d6;text-decoration:line-through;color:#a40e26}
+.context{color:#777}.tok{border-right:1px dotted #bbb}.nl{color:#bbb}
+.legend span{padding:2px 6px;margin-right:8px}"""
+
+
+def render_html(example, tokenizer) -> str:
+    classes = token_classes(example)
+    ids = np.asarray(_get(example, "input_ids")).tolist()
+    spans = []
+    for k, (cls, txt, tid) in enumerate(zip(classes, token_texts(example, tokenizer), ids)):
+        shown = html.escape(txt).replace("\n", '<span class="nl">\u21b5</span>\n')
+        spans.append(f'<span class="tok {cls}" title="#{k} id={tid} {cls}">{shown}</span>')
+    prov = html.escape(json.dumps(_get(example, "provenance", {}) or {}, default=str))
+    title = html.escape(str(_get(example, "id")))
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+            f"<style>{_CSS}</style></head><body><h2>{title}</h2>"
+            f"<p>{html.escape(_summary(example, classes))}</p><p><code>{prov}</code></p>"
+            "<p class='legend'><span class='supervised'>supervised</span>"
+            "<span class='excluded'>excluded (eligible, not supervised)</span>"
+            "<span class='context'>context</span></p>"
+            f"<pre>{''.join(spans)}</pre></body></html>\n")
+
+
+def find_example(path: str, example_id: str, tokenizer, template: str, mask_mode: str):
+    if os.path.isdir(path):
+        from rossjax.curate.pipeline import read_compiled
+
+        for ex in read_compiled(path):
+            if ex["id"] == example_id:
+                return ex
+        raise ValueError(f"{path}: no compiled example with id {example_id!r} "
+                         "(withheld and invalid rows are listed in withheld.jsonl / invalid.jsonl)")
+    from rossjax.curate.masks import compile_rollout
+    from rossjax.curate.schema import iter_records
+
+    for row in iter_records(path):
+        if row.record is not None and row.record["id"] == example_id:
+            return compile_rollout(row.record, tokenizer, template=template, mask_mode=mask_mode)
+    raise ValueError(f"{path}: no valid record with id {example_id!r}")
+
+
+def _default_tokenizer(path: str) -> str:
+    """The tokenizer a curated dir was compiled with, if its report says so."""
+    rep = os.path.join(path, "report.json") if os.path.isdir(path) else ""
+    if rep and os.path.exists(rep):
+        with open(rep, encoding="utf-8") as f:
+            r = json.load(f)
+        for d in (r, r.get("config") or {}):
+            if isinstance(d.get("tokenizer"), str):
+                return d["tokenizer"]
+    return "qwen"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="rossjax inspect", description=__doc__.splitlines()[0])
+    ap.add_argument("path", help="curated output dir, or a rollout .jsonl/.parquet file")
+    ap.add_argument("--id", required=True, help="example id")
+    ap.add_argument("--out", help="HTML file to write (default DIR/inspect/ID.html)")
+    ap.add_argument("--tokenizer", help="tokenizer spec (default: the dir's, else qwen)")
+    ap.add_argument("--template", default="chatml")
+    ap.add_argument("--mask_mode", default="annotated")
+    ap.add_argument("--no-color", action="store_true")
+    args = ap.parse_args(argv)
+    from rossjax.curate.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(args.tokenizer or _default_tokenizer(args.path))
+    ex = find_example(args.path, args.id, tok, args.template, args.mask_mode)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in args.id)
+    out = args.out or os.path.join(args.path if os.path.isdir(args.path)
+                                   else os.path.dirname(os.path.abspath(args.path)),
+                                   "inspect", f"{safe}.html")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(render_html(ex, tok))
+    color = not args.no_color and sys.stdout.isatty()
+    print(render_terminal(ex, tok, color=color))
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,138 @@
+"""Chat rendering: exact text per template and the span of every part of every message."""
+
+import pytest
+
+from rossjax.curate.chat import TemplateError, render_chat
+from rossjax.curate.tokenizers import load_tokenizer
+
+AGENT = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "List files."},
+    {"role": "assistant", "reasoning": "Use ls.", "content": "Listing.",
+     "tool_calls": [{"name": "bash", "arguments": {"cmd": "ls"}}]},
+    {"role": "tool", "name": "bash", "content": "a.py\nb.py"},
+    {"role": "tool", "name": "bash", "content": "done"},
+    {"role": "assistant", "content": "",
+     "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": '{"cmd": "cat a.py"}'}}]},
+    {"role": "tool", "content": "print(1)"},
+    {"role": "assistant", "content": "Two files: a.py and b.py."},
+]
+
+CHATML = (
+    "<|im_start|>system\nYou are a coding agent.<|im_end|>\n"
+    "<|im_start|>user\nList files.<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\nUse ls.\n</think>\n\nListing.\n<tool_call>\n"
+    '{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call><|im_end|>\n'
+    "<|im_start|>user\n<tool_response>\na.py\nb.py\n</tool_response>\n<tool_response>\ndone\n"
+    "</tool_response><|im_end|>\n"
+    '<|im_start|>assistant\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "cat a.py"}}\n'
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n<tool_response>\nprint(1)\n</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\nTwo files: a.py and b.py.<|im_end|>\n")
+
+
+def eligible_text(r):
+    return "".join(r.text[s:e] for s, e in r.eligible_intervals())
+
+
+def test_chatml_text_and_spans():
+    r = render_chat(AGENT, "chatml")
+    assert r.text == CHATML
+    for p in r.parts:  # every part's own text is the message field, verbatim
+        m = AGENT[p.message]
+        if p.kind in ("content", "reasoning"):
+            assert r.text[p.text_start:p.text_end] == (m.get(p.kind) or "")
+        assert p.eligible == (m["role"] == "assistant")
+        assert p.start <= p.text_start <= p.text_end <= p.end
+    assert r.text[r.part(2, "reasoning").start:r.part(2, "reasoning").end] == \
+        "<think>\nUse ls.\n</think>\n\n"
+    assert r.text[r.part(2, "end").start:r.part(2, "end").end] == "<|im_end|>"
+    # Eligible = exactly what follows "<|im_start|>assistant\n" up to and including <|im_end|>.
+    want = "".join(seg.split("<|im_end|>")[0] + "<|im_end|>"
+                   for seg in CHATML.split("<|im_start|>assistant\n")[1:])
+    assert eligible_text(r) == want
+
+
+def test_llama3_and_mistral_text():
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "A", "reasoning": "R"},
+            {"role": "user", "content": "U2"}, {"role": "assistant", "content": "B",
+                                                "tool_calls": [{"name": "f", "arguments": {"x": 1}}]},
+            {"role": "tool", "content": "T"}, {"role": "assistant", "content": "C"}]
+    r = render_chat(msgs, "llama3")
+    h = lambda role: f"<|start_header_id|>{role}<|end_header_id|>\n\n"  # noqa: E731
+    assert r.text == ("<|begin_of_text|>" + h("system") + "S<|eot_id|>" + h("user") + "U<|eot_id|>"
+                      + h("assistant") + "<think>\nR\n</think>\n\nA<|eot_id|>" + h("user")
+                      + "U2<|eot_id|>" + h("assistant")
+                      + 'B\n{"name": "f", "parameters": {"x": 1}}<|eot_id|>'
+                      + h("ipython") + "T<|eot_id|>" + h("assistant") + "C<|eot_id|>")
+    assert eligible_text(r) == ("<think>\nR\n</think>\n\nA<|eot_id|>"
+                                'B\n{"name": "f", "parameters": {"x": 1}}<|eot_id|>C<|eot_id|>')
+    r = render_chat(msgs, "mistral")
+    assert r.text == ("<s>[INST] S\n\nU[/INST] [THINK]R[/THINK]A</s>[INST] U2[/INST] B"
+                      '[TOOL_CALLS] [{"name": "f", "arguments": {"x": 1}}]</s>'
+                      "[TOOL_RESULTS] T[/TOOL_RESULTS] C</s>")
+    assert eligible_text(r) == ('[THINK]R[/THINK]A</s>B[TOOL_CALLS] [{"name": "f", '
+                                '"arguments": {"x": 1}}]</s>C</s>')
+
+
+# A hand-written ChatML jinja template in the style Hugging Face tokenizers ship.
+JINJA_CHATML = """{%- for m in messages %}
+{%- if m.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
+{%- elif m.role == 'assistant' %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if m.reasoning_content is defined %}{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}
+{{- m.content }}
+{%- for tc in m.tool_calls | default([]) %}
+{%- if not loop.first or m.content %}{{- '\\n' }}{%- endif %}
+{{- '<tool_call>\\n{"name": "' + tc.function.name + '", "arguments": ' }}
+{%- if tc.function.arguments is string %}{{- tc.function.arguments }}{%- else %}{{- tc.function.arguments | tojson }}{%- endif %}
+{{- '}\\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+{%- else %}
+{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
+
+def with_template(src):
+    tok = load_tokenizer("qwen")
+    return type("T", (), {"chat_template": src, "special_tokens": tok.special_tokens,
+                          "eos_id": tok.eos_id, "token_bytes": tok.token_bytes, "name": "t"})()
+
+
+def test_tokenizer_template_matches_builtin_chatml():
+    r = render_chat(AGENT, "tokenizer", with_template(JINJA_CHATML))
+    ref = render_chat(AGENT, "chatml")
+    assert r.text == ref.text
+    assert eligible_text(r) == eligible_text(ref)
+    assert r.part(2, "reasoning").text_start == ref.part(2, "reasoning").text_start
+    assert r.part(7, "content").text_end == ref.part(7, "content").text_end
+    assert [p.kind for p in r.message_parts(2)] == ["reasoning", "content", "tool_calls", "end"]
+
+
+def test_tokenizer_template_refusals():
+    drops_old_reasoning = JINJA_CHATML.replace(
+        "{%- if m.reasoning_content is defined %}",
+        "{%- if m.reasoning_content is defined and loop.index0 >= messages|length - 1 %}")
+    with pytest.raises(TemplateError) as e:
+        render_chat(AGENT, "tokenizer", with_template(drops_old_reasoning))
+    assert e.value.code == "template_rewrites_history" and "message 2" in e.value.detail
+    no_gen = JINJA_CHATML.replace("{%- if add_generation_prompt %}", "{%- if false %}")
+    with pytest.raises(TemplateError) as e:
+        render_chat(AGENT, "tokenizer", with_template(no_gen))
+    assert e.value.code == "template_no_generation_prompt"
+    strips = JINJA_CHATML.replace("{{- m.content }}", "{{- m.content | upper }}")
+    with pytest.raises(TemplateError) as e:
+        render_chat(AGENT, "tokenizer", with_template(strips))
+    assert e.value.code == "template_drops_content"
+    with pytest.raises(TemplateError) as e:
+        render_chat(AGENT, "tokenizer", with_template(None))
+    assert e.value.code == "template_unavailable"
+    with pytest.raises(ValueError, match="not one of"):
+        render_chat(AGENT, "vicuna")
