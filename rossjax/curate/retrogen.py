@@ -1,0 +1,303 @@
+"""RetroGen: gate, score and serialize reconstructed tool-use trajectories for SFT.
+
+Input record (one JSON object per line):
+  {"id": "rg-1", "domain": "finance", "task": "...", "evidence": ["...", ...],
+   "trace": [{"type": "note", "content": "..."},
+             {"type": "call", "id": "c1", "name": "search", "arguments": {...} | "<json object>"},
+             {"type": "observation", "call_id": "c1", "content": "...", "ok": true},  ...],
+   "draft": "...",
+   "scores": {"rubric": 0.8, "quality": 0.7, "grounding": 0.9, "consistency": 0.85}}
+
+1. Structural gate (deterministic, before any score is read): every call has a name and arguments
+   that parse to a JSON object; every call is answered by its observation before the next call or
+   the draft; no observation is orphaned, failed (`ok: false`, an `error` field) or empty; the task
+   and a final draft exist; the four scores are finite numbers in [0, 1]. A failure discards the
+   row with a reason code and a detail sentence.
+2. Score = sum_k w_k * score_k (default 0.25 each; weights are used as given, not renormalized).
+   Per domain, the threshold is fixed (`threshold`, or `domain_thresholds[domain]`) or the
+   `quantile` of that domain's gated scores; a row is kept when score >= threshold.
+3. Serialization into rollout records (messages) for `rossjax curate`: per trajectory a seeded,
+   order-independent coin picks JSON tool calls (`<tool_call>{...}</tool_call>`, results in the
+   next user turn as `<tool_response>...</tool_response>`) or ReAct (`Thought:` / `Action:` /
+   `Action Input:`, then `Observation:`). `artifact_only` keeps task + draft only (the ablation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+
+import numpy as np
+
+SIGNALS = ("rubric", "quality", "grounding", "consistency")
+DEFAULT_WEIGHTS = {k: 0.25 for k in SIGNALS}
+FORMS = ("json", "react")
+
+
+@dataclasses.dataclass
+class Scored:
+    kept: list          # [{"record", "score", "threshold"}]
+    discarded: list     # [{"id", "domain", "reason", "detail"}] (gate failures and below threshold)
+    report: dict        # per domain: counts, mean, median, p25, p75, threshold, mode
+
+
+def _text(x) -> bool:
+    return isinstance(x, str) and bool(x.strip())
+
+
+def gate(record) -> tuple[str, str] | None:
+    """None if the trajectory is structurally sound, else (reason code, detail sentence)."""
+    if not isinstance(record, dict):
+        return "bad_record", "record is not a JSON object"
+    if not _text(record.get("task")):
+        return "missing_task", "task is missing or blank"
+    trace = record.get("trace")
+    if not isinstance(trace, list):
+        return "malformed_trace", "trace must be a list of steps"
+    pending = None  # the call waiting for its observation
+    n_calls = 0
+    for i, step in enumerate(trace):
+        kind = step.get("type") if isinstance(step, dict) else None
+        if kind == "call":
+            if pending is not None:
+                return "missing_observation", f"trace[{pending[0]}] call has no observation before trace[{i}]"
+            if not _text(step.get("name")):
+                return "malformed_call", f"trace[{i}].name is missing"
+            args = step.get("arguments", {})
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    return "malformed_call", f"trace[{i}].arguments is not valid JSON"
+            if not isinstance(args, dict):
+                return "malformed_call", f"trace[{i}].arguments is not a JSON object"
+            pending = (i, step.get("id"))
+            n_calls += 1
+        elif kind == "observation":
+            if pending is None:
+                return "orphan_observation", f"trace[{i}] observation answers no call"
+            if step.get("call_id") is not None and pending[1] is not None and step["call_id"] != pending[1]:
+                return "missing_observation", f"trace[{i}].call_id {step['call_id']!r} does not match call {pending[1]!r}"
+            if step.get("ok") is False or step.get("error") or not _text(step.get("content")):
+                return "failed_retrieval", f"trace[{i}] observation failed or is empty"
+            pending = None
+        elif kind == "note":
+            if not isinstance(step.get("content"), str):
+                return "malformed_trace", f"trace[{i}].content of a note must be a string"
+        else:
+            return "malformed_trace", f"trace[{i}].type {kind!r} is not call, observation or note"
+    if pending is not None:
+        return "missing_observation", f"trace[{pending[0]}] call has no observation"
+    if n_calls == 0:
+        return "no_tool_calls", "trace has no tool call"
+    if not _text(record.get("draft")):
+        return "missing_draft", "final draft is missing or blank"
+    scores = record.get("scores")
+    if not isinstance(scores, dict):
+        return "invalid_score", "scores must be an object with " + ", ".join(SIGNALS)
+    for k in SIGNALS:
+        v = scores.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 1:
+            return "invalid_score", f"scores.{k} is {v!r}, not a finite number in [0, 1]"
+    return None
+
+
+def _check_weights(weights) -> dict:
+    w = dict(DEFAULT_WEIGHTS if weights is None else weights)
+    if set(w) != set(SIGNALS):
+        raise ValueError(f"weights must name exactly {SIGNALS}, got {sorted(w)}.")
+    for k, v in w.items():
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"weights.{k} must be a finite non-negative number, got {v!r}.")
+    if sum(w.values()) <= 0:
+        raise ValueError("weights must not all be zero.")
+    return w
+
+
+def score_traces(records, weights=None, *, threshold: float = 0.5, quantile: float | None = None,
+                 domain_thresholds: dict | None = None) -> Scored:
+    """Gate, score and threshold `records` per domain (see the module docstring).
+
+    threshold: the fixed threshold; quantile: when set (0..1), each domain's threshold is that
+    quantile of its gated scores instead (linear interpolation); domain_thresholds: fixed
+    per-domain overrides, which win over both.
+    """
+    w = _check_weights(weights)
+    if not math.isfinite(threshold):
+        raise ValueError(f"threshold must be finite, got {threshold!r}.")
+    if quantile is not None and not (isinstance(quantile, (int, float)) and 0 <= quantile <= 1):
+        raise ValueError(f"quantile must be a number in [0, 1], got {quantile!r}.")
+    for d, t in (domain_thresholds or {}).items():
+        if not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise ValueError(f"domain_thresholds.{d} must be a finite number, got {t!r}.")
+    by_domain: dict[str, list] = {}
+    failed: dict[str, dict] = {}
+    discarded = []
+    for k, rec in enumerate(records):
+        rid = rec.get("id", f"row {k + 1}") if isinstance(rec, dict) else f"row {k + 1}"
+        dom = str(rec.get("domain") or "default") if isinstance(rec, dict) else "default"
+        bad = gate(rec)
+        if bad:
+            failed.setdefault(dom, {})[bad[0]] = failed.setdefault(dom, {}).get(bad[0], 0) + 1
+            discarded.append({"id": rid, "domain": dom, "reason": bad[0], "detail": bad[1]})
+            by_domain.setdefault(dom, [])
+            continue
+        s = sum(w[x] * float(rec["scores"][x]) for x in SIGNALS)
+        by_domain.setdefault(dom, []).append((rec, s))
+    kept, report = [], {}
+    for dom in sorted(by_domain):
+        rows = by_domain[dom]
+        scores = np.array([s for _, s in rows], np.float64)
+        if domain_thresholds and dom in domain_thresholds:
+            thr, mode = float(domain_thresholds[dom]), "fixed (domain)"
+        elif quantile is not None and len(scores):
+            thr, mode = float(np.quantile(scores, quantile)), f"quantile {quantile:g}"
+        else:
+            thr, mode = float(threshold), "fixed"
+        n_kept = 0
+        for rec, s in rows:
+            if s >= thr:
+                kept.append({"record": rec, "score": s, "threshold": thr})
+                n_kept += 1
+            else:
+                discarded.append({"id": rec.get("id"), "domain": dom, "reason": "below_threshold",
+                                  "detail": f"score {s:.4f} < threshold {thr:.4f}"})
+        q = (lambda p: float(np.percentile(scores, p))) if len(scores) else (lambda p: None)
+        report[dom] = {"rows": len(rows) + sum(failed.get(dom, {}).values()),
+                       "gate_failed": dict(sorted(failed.get(dom, {}).items())),
+                       "scored": len(rows), "kept": n_kept,
+                       "mean": float(scores.mean()) if len(scores) else None,
+                       "median": q(50), "p25": q(25), "p75": q(75),
+                       "threshold": thr, "threshold_mode": mode}
+    return Scored(kept, discarded, report)
+
+
+def format_report(report: dict) -> str:
+    head = f"{'domain':14s} {'rows':>5s} {'gated':>5s} {'kept':>5s} {'mean':>6s} {'median':>6s} " \
+           f"{'p25':>6s} {'p75':>6s} {'thresh':>6s}  mode"
+    lines = [head]
+    f = lambda v: f"{v:6.3f}" if v is not None else f"{'-':>6s}"  # noqa: E731
+    for d, r in report.items():
+        lines.append(f"{d:14s} {r['rows']:5d} {r['scored']:5d} {r['kept']:5d} {f(r['mean'])} "
+                     f"{f(r['median'])} {f(r['p25'])} {f(r['p75'])} {f(r['threshold'])}  {r['threshold_mode']}")
+    return "\n".join(lines)
+
+
+def _args(step) -> dict:
+    a = step.get("arguments", {})
+    return json.loads(a) if isinstance(a, str) else a
+
+
+def serialize(record: dict, form: str = "json", *, artifact_only: bool = False,
+              system: str | None = None, evidence_in_prompt: bool = False) -> list[dict]:
+    """Chat messages for one gated trajectory: user task, assistant turns with notes and tool
+    calls, user turns with the observations, and a final assistant turn with the draft."""
+    if form not in FORMS:
+        raise ValueError(f"serialization form must be one of {FORMS}, got {form!r}.")
+    msgs = [{"role": "system", "content": system}] if system else []
+    prompt = record["task"].strip()
+    ev = record.get("evidence") or []
+    if evidence_in_prompt and ev:
+        ev = [ev] if isinstance(ev, str) else ev
+        prompt += "\n\nEvidence:\n" + "\n".join(f"- {e}" for e in ev)
+    msgs.append({"role": "user", "content": prompt})
+    notes: list[str] = []
+    if not artifact_only:
+        for step in record["trace"]:
+            if step["type"] == "note":
+                if step["content"].strip():
+                    notes.append(step["content"].strip())
+            elif step["type"] == "call":
+                call = {"name": step["name"], "arguments": _args(step)}
+                if form == "json":
+                    body = "\n".join(notes + ["<tool_call>\n" + json.dumps(call, ensure_ascii=False) + "\n</tool_call>"])
+                else:
+                    body = "\n".join([f"Thought: {n}" for n in notes] +
+                                     [f"Action: {call['name']}",
+                                      "Action Input: " + json.dumps(call["arguments"], ensure_ascii=False)])
+                msgs.append({"role": "assistant", "content": body})
+                notes = []
+            else:
+                obs = step["content"].strip()
+                msgs.append({"role": "user", "content": f"<tool_response>\n{obs}\n</tool_response>"
+                             if form == "json" else f"Observation: {obs}"})
+    draft = record["draft"].strip()
+    if form == "react" and not artifact_only:
+        final = "\n".join([f"Thought: {n}" for n in notes] + [f"Final Answer: {draft}"])
+    else:
+        final = "\n".join(notes + [draft])
+    msgs.append({"role": "assistant", "content": final})
+    return msgs
+
+
+def pick_form(record_id: str, seed: int, react_prob: float) -> str:
+    """Seeded per-trajectory coin, independent of row order (a hash of seed and id)."""
+    h = hashlib.blake2b(f"{seed}:{record_id}".encode(), digest_size=8).digest()
+    return "react" if int.from_bytes(h, "little") / 2.0 ** 64 < react_prob else "json"
+
+
+def to_rollouts(kept: list, *, seed: int = 0, react_prob: float = 0.5, artifact_only: bool = False,
+                system: str | None = None, evidence_in_prompt: bool = False) -> list[dict]:
+    """Rollout records (DESIGN.md) for the kept trajectories, ready for `rossjax curate`."""
+    if not 0 <= react_prob <= 1:
+        raise ValueError(f"react_prob must be in [0, 1], got {react_prob!r}.")
+    out = []
+    for k in kept:
+        rec = k["record"]
+        form = pick_form(str(rec.get("id")), seed, react_prob)
+        out.append({
+            "id": str(rec.get("id")),
+            "task": {"id": str(rec.get("task_id", rec.get("id"))), "domain": str(rec.get("domain") or "default"),
+                     "prompt": rec["task"]},
+            "source": {"run": "retrogen", "step": 0},
+            "messages": serialize(rec, form, artifact_only=artifact_only, system=system,
+                                  evidence_in_prompt=evidence_in_prompt),
+            "reward": float(k["score"]),
+            "verifier": {"name": "retrogen", "passed": True,
+                         "evidence": f"score {k['score']:.4f} >= threshold {k['threshold']:.4f}; form {form}"},
+        })
+    return out
+
+
+def run(cfg) -> Scored:
+    """Read cfg.input (JSONL), score, write cfg.output/{retrogen.jsonl, discarded.jsonl, report.json}."""
+    if not cfg.input or not cfg.output:
+        raise ValueError("retrogen needs --config.input (trajectories .jsonl) and --config.output (a directory).")
+    records = []
+    name = os.path.basename(cfg.input)
+    with open(cfg.input, encoding="utf-8") as f:
+        for k, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{name} row {k}: line is not valid JSON ({e.msg}).") from None
+    res = score_traces(records, dict(cfg.weights), threshold=cfg.threshold, quantile=cfg.quantile,
+                       domain_thresholds=dict(cfg.domain_thresholds))
+    rows = to_rollouts(res.kept, seed=cfg.seed, react_prob=cfg.react_prob,
+                       artifact_only=cfg.artifact_only, system=cfg.system or None,
+                       evidence_in_prompt=cfg.evidence_in_prompt)
+    os.makedirs(cfg.output, exist_ok=True)
+    with open(os.path.join(cfg.output, "retrogen.jsonl"), "w") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    with open(os.path.join(cfg.output, "discarded.jsonl"), "w") as f:
+        f.writelines(json.dumps(d) + "\n" for d in res.discarded)
+    forms = [r["verifier"]["evidence"].rsplit(" ", 1)[-1] for r in rows]
+    with open(os.path.join(cfg.output, "report.json"), "w") as f:
+        json.dump({"input": cfg.input, "rows": len(records), "kept": len(rows),
+                   "forms": {x: forms.count(x) for x in FORMS}, "artifact_only": cfg.artifact_only,
+                   "domains": res.report}, f, indent=2)
+    return res
+
+
+def main(argv=None) -> int:
+    from rossjax.cli import parse_config
+
+    cfg, _, _ = parse_config(list(argv or []), default_config="configs/retrogen.py")
+    res = run(cfg)
+    print(format_report(res.report))
+    print(f"kept {len(res.kept)} -> {os.path.join(cfg.output, 'retrogen.jsonl')}")
+    return 0
