@@ -1,0 +1,49 @@
+"""Where a verifier finds the answer in a rollout record.
+
+The answer is always read from the *last assistant message with text content* (`content`, not
+`reasoning`: a model's scratch work must not count as its answer). Inside it:
+  - math: the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced;
+  - code and induction: the last fenced ```python block (else the last fenced block of any
+    language); no fence, no program;
+  - gym: the last `<answer>...</answer>` (reasoning-gym's convention), else the last `\\boxed{}`.
+"""
+
+from __future__ import annotations
+
+import re
+
+_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+
+
+def last_assistant_content(record: dict) -> str | None:
+    for m in reversed(record.get("messages") or []):
+        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("content"):
+            return m["content"]
+    return None
+
+
+def extract_boxed(text: str) -> str | None:
+    """Contents of the last \\boxed{...} / \\fbox{...} in text, or None."""
+    best = None
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            best = text[m.end():i - 1]
+    return best
+
+
+def extract_code(text: str) -> str | None:
+    """The last ```python fenced block (else the last fenced block), or None."""
+    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
+    py = [b for lang, b in blocks if lang in ("python", "py", "python3")]
+    if py:
+        return py[-1]
+    return blocks[-1][1] if blocks else None
+
+
+def extract_tag(text: str, tag: str = "answer") -> str | None:
+    found = re.findall(rf"<{tag}>(.*?)</{tag}>", text, re.S)
+    return found[-1].strip() if found else None
