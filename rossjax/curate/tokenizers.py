@@ -82,6 +82,9 @@ class Tokenizer:
     def _encode_ids(self, text: str) -> list[int]:
         raise NotImplementedError
 
+    def _encode_np(self, text: str) -> np.ndarray:
+        return np.asarray(self._encode_ids(text), np.int64)
+
     def _native_offsets(self, text: str, ids: list[int]):
         """Character offsets from the library, used when token bytes do not spell the text."""
         raise ValueError(f"{self.name}: tokens do not concatenate to the text and the "
@@ -93,8 +96,8 @@ class Tokenizer:
 
     def encode_arrays(self, text: str):
         """Return (ids int32[n], starts int64[n], ends int64[n]) with character offsets."""
-        ids = self._encode_ids(text)
-        arr = np.asarray(ids, np.int64)
+        arr = self._encode_np(text)
+        ids = arr
         lens = self._lens[arr] if len(arr) else np.zeros(0, np.int64)
         bends = np.cumsum(lens)
         if len(arr) == 0 or (bends[-1] == len(text.encode("utf-8"))
@@ -148,6 +151,9 @@ class TiktokenTokenizer(Tokenizer):
         # Special-token strings in the text are encoded as the special token, as HF tokenizers do.
         return self._enc.encode(text, allowed_special="all")
 
+    def _encode_np(self, text):
+        return self._enc.encode_to_numpy(text, allowed_special="all").astype(np.int64)
+
 
 class HFTokenizer(Tokenizer):
     def __init__(self, path: str, *, name=None, chat_template=None, eos=None, pad=None):
@@ -192,7 +198,7 @@ class HFTokenizer(Tokenizer):
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def _bytes_spell(self, ids, text):
-        return self.decode_bytes(ids) == text.encode("utf-8")
+        return self.decode_bytes(ids.tolist()) == text.encode("utf-8")
 
     def _native_offsets(self, text, ids):
         enc = self._tok.encode(text, add_special_tokens=False)
@@ -259,7 +265,7 @@ class SentencePieceTokenizer(Tokenizer):
         return ids
 
     def _bytes_spell(self, ids, text):
-        return self.decode_bytes(ids) == text.encode("utf-8")
+        return self.decode_bytes(ids.tolist()) == text.encode("utf-8")
 
     def _native_offsets(self, text, ids):
         # Normalising models (e.g. nmt_nfkc): use SentencePiece's own byte offsets per segment.
