@@ -135,7 +135,7 @@ def make_train_step(model_cfg, optimizer, schedule, *, mesh, shardings, batch_sh
         # The one division by the global supervised-token count.
         grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), g_sum, params)
         loss = nll_sum / denom
-        gnorm = optax.global_norm(grads)
+        gnorm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         apply = finite & (count > 0)
 
