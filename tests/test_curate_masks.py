@@ -258,3 +258,24 @@ def test_stored_tokens_split_multibyte_character():
                                                           for b in tok.token_bytes(int(i)))]
     assert len(emoji) >= 2  # the emoji is split over several tokens ...
     assert all(ex.eligible_mask[k] and not ex.loss_mask[k] for k in emoji)  # ... all excluded
+
+
+def test_tokenizer_template_masks_or_refuses():
+    from test_curate_chat import JINJA_CHATML
+
+    tok = load_tokenizer("qwen", chat_template=JINJA_CHATML)
+    a, b = compile_rollout(AGENT, tok, template="tokenizer"), compile_rollout(AGENT, QWEN)
+    assert a.status == "kept" and a.input_ids.tolist() == b.input_ids.tolist()
+    np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+    np.testing.assert_array_equal(a.eligible_mask, b.eligible_mask)
+    rewrites = load_tokenizer("qwen", chat_template=JINJA_CHATML.replace(
+        "{%- if m.reasoning_content is defined %}",
+        "{%- if m.reasoning_content is defined and loop.last %}"))
+    ex = compile_rollout(MATH_TWO_TURNS, rewrites, template="tokenizer")
+    assert (ex.status, ex.reason) == ("withheld", "template_rewrites_history")
+    assert compile_rollout(AGENT, QWEN, template="tokenizer").reason == "template_unavailable"
+
+
+MATH_TWO_TURNS = dict(MATH, messages=MATH["messages"] + [
+    {"role": "user", "content": "And 3*5?"},
+    {"role": "assistant", "reasoning": "3*5 = 15.", "content": "\\boxed{15}"}])
