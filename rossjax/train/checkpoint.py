@@ -53,6 +53,11 @@ def _shape_mismatch(directory, step, stored_tree, abstract_tree) -> str | None:
     return None
 
 
+def item_handlers():
+    """Handlers by item name, so a fresh manager can read metadata before any save or restore."""
+    return {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()}
+
+
 class Checkpointer:
     """Save every `save_every` steps (plus forced saves), keep the last `keep`, restore exactly."""
 
@@ -63,7 +68,7 @@ class Checkpointer:
         opts = ocp.CheckpointManagerOptions(
             max_to_keep=max(int(keep), 1), create=True,
             enable_async_checkpointing=bool(async_save))
-        self._mngr = ocp.CheckpointManager(self.directory, options=opts)
+        self._mngr = ocp.CheckpointManager(self.directory, options=opts, item_handlers=item_handlers())
 
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()

@@ -1,0 +1,86 @@
+"""`rossjax export --checkpoint DIR [--step N] --format hf|orbax OUT`.
+
+DIR is a training workdir (holding model_config.json and checkpoints/), its checkpoints/ folder,
+or one step folder inside it. `hf` writes a folder that transformers loads (config.json +
+safetensors); `orbax` writes params only (OUT/params + OUT/model_config.json), which
+`--config.model.path=OUT` accepts as an initialization.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from rossjax.train import checkpoint as ckpt_lib
+
+
+def _locate(path: str, step: int | None):
+    """(checkpoints dir, model-config dir, step or None) from whatever folder the user gave."""
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--checkpoint {path} does not exist.")
+    base = os.path.basename(path)
+    if base.isdigit() and os.path.exists(os.path.join(os.path.dirname(os.path.dirname(path)),
+                                                      "model_config.json")):
+        return os.path.dirname(path), os.path.dirname(os.path.dirname(path)), step or int(base)
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        return os.path.join(path, "checkpoints"), path, step
+    if os.path.exists(os.path.join(os.path.dirname(path), "model_config.json")):
+        return path, os.path.dirname(path), step
+    raise ValueError(f"--checkpoint {path} is not a training workdir (no checkpoints/ folder and no "
+                     f"model_config.json beside it).")
+
+
+def restore_params(ckpt_dir: str, step: int | None = None):
+    """Params of one saved step as host numpy arrays, whatever mesh saved them."""
+    mngr = ocp.CheckpointManager(ckpt_dir, item_handlers=ckpt_lib.item_handlers())
+    steps = mngr.all_steps()
+    if not steps:
+        raise ValueError(f"--checkpoint {ckpt_dir} holds no saved step.")
+    step = max(steps) if step is None else int(step)
+    if step not in steps:
+        raise ValueError(f"--checkpoint {ckpt_dir} has no step {step} (steps: {sorted(steps)}).")
+    meta = mngr.item_metadata(step)["state"]
+    tree = getattr(meta, "tree", meta)
+    dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=dev), tree)
+    state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+    mngr.close()
+    return step, jax.tree.map(np.asarray, state["state"]["params"])
+
+
+def export(checkpoint: str, out: str, fmt: str = "hf", step: int | None = None) -> int:
+    if fmt not in ("hf", "orbax"):
+        raise ValueError(f"--format {fmt!r} is not one of hf, orbax.")
+    ckpt_dir, cfg_dir, step = _locate(checkpoint, step)
+    model_cfg = ckpt_lib.read_model_config(cfg_dir)
+    step, params = restore_params(ckpt_dir, step)
+    if fmt == "hf":
+        from rossjax.models import save_hf
+
+        save_hf(model_cfg, params, out)
+    else:
+        ckpt_lib.save_params(out, params)
+        ckpt_lib.write_model_config(out, model_cfg)
+    return step
+
+
+def main(argv) -> int:
+    from absl import flags
+
+    from rossjax.cli import parse_config
+
+    def extra(fv):
+        flags.DEFINE_string("checkpoint", None, "Training workdir or checkpoint folder.", flag_values=fv)
+        flags.DEFINE_string("format", "hf", "hf | orbax", flag_values=fv)
+        flags.DEFINE_integer("step", None, "Step to export (default: the latest).", flag_values=fv)
+
+    _, fv, rest = parse_config(argv, extra_flags=extra)
+    if not fv.checkpoint or len(rest) != 1:
+        raise ValueError("usage: rossjax export --checkpoint DIR [--step N] --format hf|orbax OUT")
+    step = export(fv.checkpoint, rest[0], fv.format, fv.step)
+    print(f"rossjax export: step {step} of {fv.checkpoint} written to {rest[0]} ({fv.format}).")
+    return 0
