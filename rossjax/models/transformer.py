@@ -56,9 +56,14 @@ def _init_boxed(cfg: ModelConfig, rng, *, stacked: bool):
     return params
 
 
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _init(rng, *, cfg):
+    return nn.unbox(_init_boxed(cfg, rng, stacked=True))
+
+
 def init_params(cfg: ModelConfig, rng):
     """Random init (normal(initializer_range) kernels and embeddings, ones for norms, zero biases)."""
-    return jax.jit(lambda r: nn.unbox(_init_boxed(cfg, r, stacked=True)))(rng)
+    return _init(rng, cfg=cfg)
 
 
 def logical_axes(cfg: ModelConfig):
