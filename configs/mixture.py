@@ -7,8 +7,9 @@ Run:
   (shares 40/20/20/20 by default; change with --config.sources.math.share=0.5 etc.).
 
 Needs: curated output dirs written by `rossjax curate` (read with pipeline.read_compiled).
-Writes DIR/mixture.jsonl (source, path, row, id, n_tokens of every drawn row, in draw order) and
-DIR/report.json (target vs achieved token shares, drops). A source that cannot cover its share
+Writes DIR/compiled-NNNNN.array_record (the drawn examples, curated format: train on DIR
+directly), DIR/mixture.jsonl (source, path, row, id, n_tokens of every drawn row, in draw order)
+and DIR/report.json (target vs achieved token shares, drops). A source that cannot cover its share
 stops the run with an error naming it. Takes about as long as reading the sources once.
 """
 
@@ -28,4 +29,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.max_length = 32768     # rows longer than this are dropped (0: keep all)
     c.seed = 0
     c.tolerance_pp = 0.5
+    c.examples_per_shard = 4096
     return c

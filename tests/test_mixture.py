@@ -100,26 +100,53 @@ def test_bad_input():
     assert len(mix.selected["b"]) == 0 and mix.report["sources"]["a"]["dropped_empty"] == 1
 
 
-def test_run_writes_manifest_and_report(tmp_path, monkeypatch):
+def _curated_dir(path, name, lengths):
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    from rossjax.curate.pipeline import encode_example
+
+    path.mkdir()
+    w = ArrayRecordWriter(str(path / "compiled-00000.array_record"), "group_size:1")
+    for i, n in enumerate(lengths):
+        ids = np.arange(n, dtype=np.int32) % 1000
+        w.write(encode_example({"id": f"{name}-{i}", "input_ids": ids, "loss_mask": np.ones(n, np.uint8),
+                                "eligible_mask": np.ones(n, np.uint8), "provenance": {"task_id": name}}))
+    w.close()
+
+
+def test_run_reads_curated_dirs_and_writes_a_curated_mixture(tmp_path):
     import importlib.util
 
-    import rossjax.curate.mixture as mixture
+    from rossjax.curate.mixture import run
+    from rossjax.curate.pipeline import read_compiled
 
-    src = pools(2)
-    fake = {f"/data/{k}": ([f"{k}-{i}" for i in range(len(v))], v) for k, v in src.items()}
-    monkeypatch.setattr(mixture, "read_lengths", lambda path: fake[path])
+    rng = np.random.default_rng(2)
+    src = {"math": rng.integers(20, 400, 300), "code": rng.integers(20, 800, 150),
+           "agentic": rng.integers(100, 3000, 40), "retrogen": rng.integers(20, 300, 200)}
     spec = importlib.util.spec_from_file_location("mixture_cfg", "configs/mixture.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     cfg = mod.get_config()
+    for k, v in src.items():
+        _curated_dir(tmp_path / k, k, v)
+        cfg.sources[k].path = str(tmp_path / k)
     cfg.output = str(tmp_path / "mix")
-    cfg.budget_tokens = 500_000
-    for k in src:
-        cfg.sources[k].path = f"/data/{k}"
-    mix = mixture.run(cfg)
-    lines = [json.loads(x) for x in (tmp_path / "mix" / "mixture.jsonl").read_text().splitlines()]
+    cfg.budget_tokens = 60_000
+    cfg.max_length = 2048
+    cfg.examples_per_shard = 100
+    mix = run(cfg)
     rep = json.loads((tmp_path / "mix" / "report.json").read_text())
-    assert rep["within_tolerance"] and len(lines) == sum(len(v) for v in mix.selected.values())
+    assert rep["within_tolerance"] and len(rep["shards"]) >= 2
+    lines = [json.loads(x) for x in (tmp_path / "mix" / "mixture.jsonl").read_text().splitlines()]
+    assert len(lines) == sum(len(v) for v in mix.selected.values())
+    got = {ex["id"]: ex for ex in read_compiled(str(tmp_path / "mix"))}
+    assert set(got) == {line["id"] for line in lines}
     for line in lines:
-        assert line["id"] == f"{line['source']}-{line['row']}"
-        assert line["n_tokens"] == int(src[line["source"]][line["row"]])
+        ex = got[line["id"]]
+        assert len(ex["input_ids"]) == line["n_tokens"] == int(src[line["source"]][line["row"]]) <= 2048
+        assert ex["provenance"] == {"task_id": line["source"], "mixture_source": line["source"]}
+    tokens = {k: sum(len(e["input_ids"]) for e in got.values() if e["provenance"]["mixture_source"] == k)
+              for k in src}
+    total = sum(tokens.values())
+    for k, share in (("math", 0.4), ("code", 0.2), ("agentic", 0.2), ("retrogen", 0.2)):
+        assert abs(tokens[k] / total - share) <= 0.005

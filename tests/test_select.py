@@ -200,3 +200,12 @@ def test_select_cli_parquet_and_errors(tmp_path):
         run(_cfg(input=str(src), output=str(out), budget=50))
     with pytest.raises(ValueError, match="unknown selection method 'best'"):
         run(_cfg(input=str(src), output=str(out), method="best"))
+
+
+def test_bench_select_smoke(capsys):
+    from rossjax.bench.select import main
+
+    assert main(["--n=3000", "--budget=200", "--workers=1", "--chunk=1500", "--families=20"]) == 0
+    out = capsys.readouterr().out
+    for key in ("fingerprinting alone", "select diverse 200 of 3,000", "families covered", "peak RSS"):
+        assert key in out

@@ -8,7 +8,9 @@ row that overshoots by less than the remaining gap may close it. Achieved shares
 within a row's length of the targets; the report states them and whether each is within
 `tolerance_pp` (0.5 percentage points). A source whose rows cannot cover its share raises
 ValueError naming it. The core (`plan_mixture`) works on (id, n_tokens) lists; `rossjax mix`
-reads the lengths from `rossjax.curate.pipeline.read_compiled(dir)`.
+reads the lengths from `rossjax.curate.pipeline.read_compiled(dir)` and writes the drawn examples
+as DIR/compiled-NNNNN.array_record shards in the curated format (provenance gains
+`mixture_source`), so `packing.make_loader(DIR, ...)` trains on the mixture directly.
 """
 
 from __future__ import annotations
@@ -165,9 +167,41 @@ def run(cfg) -> Mixture:
             for r in mix.selected[name].tolist():
                 f.write(json.dumps({"source": name, "path": cfg.sources[name].path, "row": r,
                                     "id": ids[name][r], "n_tokens": int(lens[name][r])}) + "\n")
+    mix.report["shards"] = write_shards(cfg.output, {n: cfg.sources[n].path for n in names},
+                                        mix.selected, cfg.examples_per_shard)
     with open(os.path.join(cfg.output, "report.json"), "w") as f:
         json.dump(mix.report, f, indent=2)
     return mix
+
+
+def write_shards(out_dir: str, paths: dict, selected: dict, per_shard: int) -> list[str]:
+    """Copy the drawn examples of each source into compiled-NNNNN.array_record shards."""
+    import glob
+
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    from rossjax.curate.pipeline import encode_example, read_compiled
+
+    for old in glob.glob(os.path.join(out_dir, "compiled-*.array_record")):
+        os.remove(old)  # a rerun must not leave shards of an earlier mixture behind
+    shards, writer, count = [], None, 0
+    for name, path in paths.items():
+        want = set(selected[name].tolist())
+        for row, ex in enumerate(read_compiled(path)):
+            if row not in want:
+                continue
+            if writer is None:
+                shards.append(os.path.join(out_dir, f"compiled-{len(shards):05d}.array_record"))
+                writer = ArrayRecordWriter(shards[-1], "group_size:1")
+            ex["provenance"] = {**(ex.get("provenance") or {}), "mixture_source": name}
+            writer.write(encode_example(ex))
+            count += 1
+            if count == per_shard:
+                writer.close()
+                writer, count = None, 0
+    if writer is not None:
+        writer.close()
+    return [os.path.basename(p) for p in shards]
 
 
 def main(argv=None) -> int:

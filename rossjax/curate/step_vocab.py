@@ -1,10 +1,12 @@
-"""Per-domain step vocabularies for route fingerprints, kept as data (edit here, not in code).
+r"""Per-domain step vocabularies for route fingerprints, kept as data (edit here, not in code).
 
 Each domain maps to an ordered list of (label, cues). A cue is a regular expression matched
 against the lower-cased step text; a step takes the label of its highest-priority cue (earlier in
-the list wins), `tool` if it is a tool call with no cue, else `other`. Cues start at a word
-boundary (`\\b` is added) and may match a prefix ("verif" covers verify/verified/verification),
-so paraphrases that keep a step's role keep its label. The label ORDER is part of the
+the list wins), `tool` if it is a tool call with no cue, else `other`. Cues only match at the
+start of a word (after a non-letter) and may match a prefix ("verif" covers verify/verified/
+verification), so paraphrases that keep a step's role keep its label. A cue must start with a
+letter, digit, space, quote, a `(` group of words, an escaped punctuation character (`\\boxed`
+as a regex) or `\d`; a trailing space means "followed by whitespace". The label ORDER is part of the
 fingerprint: appending labels is safe, reordering changes every vector.
 
 `verify` and `backtrack` names matter: path statistics count them (first verification position,
