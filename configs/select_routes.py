@@ -5,9 +5,10 @@ Run:
       --config.output=runs/select --config.budget=1000
   `configs/select_routes.py:runlocal` selects 12 of the shipped sample (data/select/sample.jsonl).
 
-Needs: rollout records (.jsonl, .jsonl.gz or .parquet). The route of a record is its own `steps`
-list when present, else its assistant turns (reasoning, content, tool calls). Writes to `output`:
-selected.jsonl[.gz] / selected.parquet (the chosen rows, verbatim, same format as the input),
+Needs: rollout records (.jsonl, .jsonl.gz or .parquet), or a curated output dir plus
+--config.tokenizer. The route of a record is its own `steps` list when present, else its
+assistant turns (reasoning, content, tool calls). Writes to `output`: selected.jsonl[.gz] /
+selected.parquet / compiled-*.array_record (the chosen rows, verbatim, same format as the input),
 report.json (per method: mean pairwise distance, distinct label sequences, clusters covered,
 rows per problem) and selection.png (2-D PCA of pool vs chosen; look at it before trusting a
 selection). Time: ~1 s per 3,000 records to fingerprint on one core, plus a few seconds.
@@ -31,6 +32,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.group_by = "task.id"       # dotted field holding the problem id ("" for none)
     c.per_group = config_dict.placeholder(int)      # None: no per-problem quota
     c.only_passed = False        # keep only rows whose verifier.passed is true
+    c.tokenizer = ""             # for a curated-dir input: decodes the token ids (e.g. "qwen")
     c.plot = True
     if arg == "runlocal":
         c.input = "data/select/sample.jsonl"

@@ -209,3 +209,34 @@ def test_bench_select_smoke(capsys):
     out = capsys.readouterr().out
     for key in ("fingerprinting alone", "select diverse 200 of 3,000", "families covered", "peak RSS"):
         assert key in out
+
+
+def test_select_cli_on_a_curated_dir(tmp_path):
+    import json
+
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    from rossjax.curate.masks import compile_rollout
+    from rossjax.curate.pipeline import encode_example, read_compiled
+    from rossjax.curate.select_cli import run
+    from rossjax.curate.tokenizers import load_tokenizer
+
+    tok = load_tokenizer("qwen")
+    src = tmp_path / "curated"
+    src.mkdir()
+    w = ArrayRecordWriter(str(src / "compiled-00000.array_record"), "group_size:1")
+    recs = [r for r in map(json.loads, open("data/select/sample.jsonl")) if r["verifier"]["passed"]][:30]
+    for r in recs:
+        ex = compile_rollout(r, tok)
+        assert ex.status == "kept"
+        w.write(encode_example(ex))
+    w.close()
+    out = tmp_path / "out"
+    rep = run(_cfg(input=str(src), output=str(out), tokenizer="qwen", budget=8, plot=False,
+                   per_group=1))
+    got = [ex["id"] for ex in read_compiled(str(out))]
+    assert len(got) == 8 and set(got) == set(rep["selected_ids"]) <= {r["id"] for r in recs}
+    assert rep["pool"]["rows"] == 30 and rep["pool"]["distinct_label_sequences"] >= 5
+    assert rep["methods"]["diverse"]["rows_per_problem"]["max"] == 1
+    with pytest.raises(ValueError, match="set --config.tokenizer"):
+        run(_cfg(input=str(src), output=str(out), budget=8))

@@ -174,8 +174,10 @@ def run(cfg) -> Mixture:
     return mix
 
 
-def write_shards(out_dir: str, paths: dict, selected: dict, per_shard: int) -> list[str]:
-    """Copy the drawn examples of each source into compiled-NNNNN.array_record shards."""
+def write_shards(out_dir: str, paths: dict, selected: dict, per_shard: int,
+                 tag: str | None = "mixture_source") -> list[str]:
+    """Copy the drawn examples (row numbers in read order) of each source into
+    compiled-NNNNN.array_record shards; `tag` names the provenance key that records the source."""
     import glob
 
     from array_record.python.array_record_module import ArrayRecordWriter
@@ -193,7 +195,8 @@ def write_shards(out_dir: str, paths: dict, selected: dict, per_shard: int) -> l
             if writer is None:
                 shards.append(os.path.join(out_dir, f"compiled-{len(shards):05d}.array_record"))
                 writer = ArrayRecordWriter(shards[-1], "group_size:1")
-            ex["provenance"] = {**(ex.get("provenance") or {}), "mixture_source": name}
+            if tag:
+                ex["provenance"] = {**(ex.get("provenance") or {}), tag: name}
             writer.write(encode_example(ex))
             count += 1
             if count == per_shard:

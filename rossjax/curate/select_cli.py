@@ -1,8 +1,11 @@
 """`rossjax select --config=configs/select_routes.py`: fingerprint records, select, report.
 
-Reads rollout records, fingerprints each route, selects `budget` rows with `method`, copies the
-chosen rows verbatim into the output in the input's own format, and writes report.json plus a
-PNG scatter of a 2-D PCA projection of the pool against each compared method's choice.
+Reads rollout records (or a curated output dir), fingerprints each route, selects `budget` rows
+with `method`, copies the chosen rows verbatim into the output in the input's own format, and
+writes report.json plus a PNG scatter of a 2-D PCA projection of the pool against each compared
+method's choice. A curated dir holds token ids only: the route is the decoded assistant turns
+(`turn_spans`, with `config.tokenizer`), the problem id is `provenance.task_id`, and the output
+is again compiled-NNNNN.array_record shards.
 """
 
 from __future__ import annotations
@@ -46,6 +49,31 @@ def load_pool(path: str, only_passed: bool = False):
             continue
         records.append(r.record)
         rows.append(r.row)
+    return records, np.asarray(rows, np.int64), skipped
+
+
+def load_compiled_pool(path: str, tokenizer: str):
+    """Pseudo-records (id, task.id, `steps`-free trace text) of a curated output dir."""
+    from rossjax.curate.pipeline import read_compiled
+    from rossjax.curate.tokenizers import load_tokenizer
+
+    if not tokenizer:
+        raise ValueError(f"{path} is a curated dir: set --config.tokenizer to decode its token ids.")
+    tok = load_tokenizer(tokenizer)
+    records, rows, skipped = [], [], {}
+    for k, ex in enumerate(read_compiled(path), start=1):
+        ids = np.asarray(ex["input_ids"])
+        spans = ex.get("turn_spans") or []
+        parts = [tok.decode(ids[s:e].tolist()) for s, e in spans] if spans else \
+            [tok.decode(ids[np.asarray(ex["eligible_mask"]) == 1].tolist())]
+        text = "\n\n".join(p.strip() for p in parts if p.strip())
+        if not text:
+            skipped["empty_trace"] = skipped.get("empty_trace", 0) + 1
+            continue
+        prov = ex.get("provenance") or {}
+        records.append({"id": ex["id"], "task": {"id": prov.get("task_id"), "domain": prov.get("domain")},
+                        "messages": [{"role": "assistant", "content": text}]})
+        rows.append(k)
     return records, np.asarray(rows, np.int64), skipped
 
 
@@ -117,7 +145,11 @@ def run(cfg) -> dict:
     for m in [cfg.method] + compare:
         if m not in METHODS:
             raise ValueError(f"config.method/compare: unknown selection method {m!r}; choose from {METHODS}.")
-    records, rows, skipped = load_pool(cfg.input, cfg.only_passed)
+    curated = os.path.isdir(cfg.input)
+    if curated:  # curated rows were kept by `rossjax curate`, so they passed their verifier
+        records, rows, skipped = load_compiled_pool(cfg.input, cfg.tokenizer)
+    else:
+        records, rows, skipped = load_pool(cfg.input, cfg.only_passed)
     if not records:
         raise ValueError(f"{cfg.input}: no usable records to select from ({skipped or 'file is empty'}).")
     if cfg.budget > len(records):
@@ -151,7 +183,14 @@ def run(cfg) -> dict:
         chosen[m] = select(fps, cfg.budget, m, seed=cfg.seed, groups=quota_groups,
                            per_group=per_group, routes=routes, clustering=clustering)
     os.makedirs(cfg.output, exist_ok=True)
-    written = _write_subset(cfg.input, rows[chosen[cfg.method]], cfg.output)
+    if curated:
+        from rossjax.curate.mixture import write_shards
+
+        sel = {"pool": rows[chosen[cfg.method]] - 1}   # 0-based read order
+        written = write_shards(cfg.output, {"pool": cfg.input}, sel, 4096, tag=None)
+        written = os.path.join(cfg.output, written[0]) if len(written) == 1 else cfg.output
+    else:
+        written = _write_subset(cfg.input, rows[chosen[cfg.method]], cfg.output)
     report = {"input": cfg.input, "output": written, "method": cfg.method, "budget": cfg.budget,
               "domain": cfg.domain, "seed": cfg.seed, "clusters": int(len(clustering.centers)),
               "pool": {**stats(np.arange(len(fps))), "skipped": skipped},
