@@ -3,7 +3,8 @@
 The program is the last ```python block of the last assistant message (answers.py). The task
 carries one of two test styles:
   - HumanEval: `task.tests` (source defining `check(candidate)`), `task.entry_point`, and an
-    optional `task.code_prefix` (e.g. the HumanEval prompt with imports and signature). The program
+    optional `task.code_prefix` (e.g. the HumanEval prompt with imports and signature; when absent,
+    `task.prompt` is used if it is code containing `def <entry_point>(`). The program
     is `code_prefix + program` — joined directly when the program is an indented body
     continuation, on a new line when it is a full definition (which then replaces the stub);
   - stdin/stdout: `task.cases = [{"input": str, "output": str}, ...]`; each case is a separate
@@ -37,7 +38,10 @@ def verify(record: dict) -> Verdict:
         return Verdict(False, "no ```python block in the last assistant message")
     timeout = float(task.get("timeout_s") or 10.0)
     if task.get("tests") and task.get("entry_point"):
-        prefix = task.get("code_prefix") or ""
+        prefix = task.get("code_prefix")
+        if prefix is None:
+            prompt = task.get("prompt") or ""
+            prefix = prompt if f"def {task['entry_point']}(" in prompt else ""
         program = prefix + code if code[:1] in (" ", "\t") else f"{prefix}\n{code}"
         return sandbox.run_tests(program, task["tests"], task["entry_point"], timeout_s=timeout)
     cases = task.get("cases")

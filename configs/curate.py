@@ -1,0 +1,37 @@
+"""Curate saved rollouts into masked training examples (ArrayRecord shards + report.json).
+
+Run (defaults: the shipped sample rollouts, the real Qwen tokenizer, verdicts stored in the rows):
+
+    rossjax curate --config=configs/curate.py --config.output=/tmp/curated
+    rossjax curate --config=configs/curate.py --config.input=rollouts.jsonl.gz \
+        --config.output=/tmp/curated --config.verify=rerun --config.verify_workers=2
+
+Needs: CPU only (no jax import); `verify=rerun` runs math-verify, reasoning-gym and sandboxed
+Python in worker processes. Takes ~5 s on the 30-row sample (~10 s with verify=rerun); on 2 CPU
+cores compiling runs at hundreds of ~2k-token rollouts/s and sandboxed code verification at
+~30 programs/s. Then: `rossjax inspect /tmp/curated --id <ID>` to eyeball a mask.
+"""
+
+import os
+
+import ml_collections
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.input = os.path.join(_REPO, "data", "rollouts", "sample.jsonl")  # .jsonl[.gz] or .parquet
+    c.output = "/tmp/rossjax-curated"
+    c.tokenizer = "qwen"  # load_tokenizer spec: qwen, qwen3, mistral-v3, tekken, a HF folder ...
+    c.template = "chatml"  # chatml | llama3 | mistral | tokenizer (the tokenizer's jinja template)
+    c.max_length = 32768  # longer rollouts are withheld as too_long; 0 = no limit
+    c.mask_mode = "annotated"  # annotated | eligible ("ROSS w/o mask": every assistant token)
+    c.verify = "stored"  # stored: trust record.verifier.passed | rerun: run the verifiers again
+    c.verify_workers = 2  # CPU processes for verify=rerun
+    c.undecided = "withhold"  # withhold | keep rows whose verifier returned passed=None
+    c.workers = 0  # grain worker processes for compiling (0 = in this process)
+    c.chunk_rows = 4096  # rows verified and compiled per step (bounds memory)
+    c.examples_per_shard = 8192
+    c.progress = True
+    return c

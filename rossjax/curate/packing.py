@@ -1,0 +1,142 @@
+"""Training-side loader: compiled examples packed into fixed-length rows (numpy + grain, no jax).
+
+    loader = make_loader(["/data/curated"], seq_len=4096, batch_size=8, seed=0)
+    it = iter(loader)
+    batch = next(it)        # {input_ids, loss_mask, segment_ids, positions}: int32 [8, 4096]
+    state = it.get_state()  # save with the checkpoint; a fresh loader's iterator .set_state(state)
+
+Pipeline (grain): ArrayRecord shards -> this host's slice (shard_index::shard_count, before any
+shuffling, so hosts never overlap) -> shuffle (seed; reshuffled every epoch) -> repeat
+(num_epochs, None = forever) -> decode -> too-long handling -> first-fit or best-fit packing into
+`num_packing_bins` open rows -> batch -> optional grain worker processes.
+
+In a packed row, `segment_ids` numbers the documents 1, 2, ... and is 0 on padding; `positions`
+restart at 0 in every document. Attention must be restricted to equal segment ids (and the
+loss to loss_mask, which is 0 on padding), so no document sees or predicts another.
+An example longer than `seq_len` is withheld as too_long (counted in `loader.stats`, in this
+process) unless `truncate="left"`, which keeps its last `seq_len` tokens (the end of a rollout
+is where the answer is); one whose truncation leaves no supervised token is dropped as
+`truncated_unsupervised`. The final partial batch is padded with empty rows (segment 0) unless
+`drop_remainder=True`, so every batch has the static shape [batch_size, seq_len].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rossjax.curate.pipeline import compiled_paths, decode_example
+
+STRATEGIES = ("first_fit", "best_fit")
+TRUNCATE = ("none", "left")
+FEATURES = ("input_ids", "loss_mask", "segment_ids", "positions")
+
+
+class _Decode:
+    def __init__(self, seq_len: int, truncate: str):
+        self.seq_len, self.truncate = seq_len, truncate
+
+    def __call__(self, blob: bytes) -> dict:
+        ex = decode_example(blob)
+        ids = ex["input_ids"].astype(np.int32)
+        loss = ex["loss_mask"].astype(np.int32)
+        status = "ok"
+        if len(ids) > self.seq_len:
+            if self.truncate == "left":
+                ids, loss = ids[-self.seq_len:], loss[-self.seq_len:]
+                status = "ok" if loss.any() else "truncated_unsupervised"
+            else:
+                status = "too_long"
+        return {"input_ids": ids, "loss_mask": loss, "_status": status}
+
+
+class _Keep:
+    """Filter that counts what it drops (per process: grain workers keep their own counts)."""
+
+    def __init__(self, stats: dict):
+        self.stats = stats
+
+    def __call__(self, ex: dict) -> bool:
+        s = ex["_status"]
+        self.stats[s] = self.stats.get(s, 0) + 1
+        return s == "ok"
+
+    def __getstate__(self):
+        return {"stats": {}}
+
+
+def _strip(ex: dict) -> dict:
+    return {"input_ids": ex["input_ids"], "loss_mask": ex["loss_mask"]}
+
+
+def _rename(row: dict) -> dict:
+    return {"input_ids": row["input_ids"].astype(np.int32),
+            "loss_mask": row["loss_mask"].astype(np.int32),
+            "segment_ids": row["input_ids_segment_ids"].astype(np.int32),
+            "positions": row["input_ids_positions"].astype(np.int32)}
+
+
+class _PadBatch:
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+
+    def __call__(self, batch: dict) -> dict:
+        n = batch["input_ids"].shape[0]
+        if n == self.batch_size:
+            return batch
+        return {k: np.concatenate([v, np.zeros((self.batch_size - n,) + v.shape[1:], v.dtype)])
+                for k, v in batch.items()}
+
+
+class PackedLoader:
+    """Iterable of packed batches; `iter(loader)` is a grain iterator with get_state/set_state."""
+
+    def __init__(self, dataset, stats: dict, paths: list[str]):
+        self.dataset, self.stats, self.paths = dataset, stats, paths
+
+    def __iter__(self):
+        return iter(self.dataset)
+
+
+def make_loader(paths_or_dirs, seq_len: int, batch_size: int, *, seed: int = 0,
+                shuffle: bool = True, num_epochs: int | None = 1, shard_index: int = 0,
+                shard_count: int = 1, strategy: str = "first_fit", truncate: str = "none",
+                worker_count: int = 0, num_packing_bins: int | None = None,
+                drop_remainder: bool = False) -> PackedLoader:
+    """Packed-batch loader over curated dirs or shard files (see module doc)."""
+    import grain
+    import grain.experimental as gex
+
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if truncate not in TRUNCATE:
+        raise ValueError(f"truncate {truncate!r} is not one of {', '.join(TRUNCATE)}")
+    if not 0 <= shard_index < shard_count:
+        raise ValueError(f"shard_index {shard_index} is not in [0, shard_count={shard_count})")
+    if seq_len <= 0 or batch_size <= 0:
+        raise ValueError(f"seq_len ({seq_len}) and batch_size ({batch_size}) must be positive")
+    if isinstance(paths_or_dirs, str):
+        paths_or_dirs = [paths_or_dirs]
+    paths = [p for d in paths_or_dirs for p in compiled_paths(d)]
+    if not paths:
+        raise ValueError(f"no compiled shards under {', '.join(map(str, paths_or_dirs))}")
+
+    stats: dict = {}
+    ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths))
+    ds = ds[shard_index::shard_count]
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    ds = ds.repeat(num_epochs)
+    ds = ds.map(_Decode(seq_len, truncate)).filter(_Keep(stats)).map(_strip)
+    packer = gex.FirstFitPackIterDataset if strategy == "first_fit" else gex.BestFitPackIterDataset
+    packed = packer(ds.to_iter_dataset(), length_struct={"input_ids": seq_len, "loss_mask": seq_len},
+                    num_packing_bins=num_packing_bins or max(batch_size, 8), seed=seed,
+                    shuffle_bins=shuffle)
+    out = packed.map(_rename).batch(batch_size, drop_remainder=drop_remainder)
+    if not drop_remainder:
+        out = out.map(_PadBatch(batch_size))
+    if worker_count > 0:
+        from rossjax.curate.pipeline import _absl_defaults
+
+        _absl_defaults()
+        out = out.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+    return PackedLoader(out, stats, paths)

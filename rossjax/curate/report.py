@@ -1,0 +1,84 @@
+"""The curation run report: every input row in exactly one bucket, plus token accounting.
+
+report.json holds
+  input_rows                      rows read (valid or not)
+  buckets   {kept, withheld, invalid}   -> sum == input_rows (checked before writing)
+  reasons   {withheld: {code: n}, invalid: {code: n}}
+  tokens    {kept_total, kept_eligible, kept_supervised, kept_excluded_eligible}
+  ter       excluded eligible / eligible tokens over kept rows (token-weighted TER)
+  verify    {mode, passed, failed, undecided, unverified}
+  shards    [{path, examples}], config, elapsed_s, rows_per_s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+
+class Report:
+    def __init__(self, config: dict | None = None):
+        self.config = dict(config or {})
+        self.input_rows = 0
+        self.buckets = Counter({"kept": 0, "withheld": 0, "invalid": 0})
+        self.reasons = {"withheld": Counter(), "invalid": Counter()}
+        self.tokens = Counter({"kept_total": 0, "kept_eligible": 0, "kept_supervised": 0,
+                               "kept_excluded_eligible": 0})
+        self.verify = Counter({"passed": 0, "failed": 0, "undecided": 0, "unverified": 0})
+        self.shards: list[dict] = []
+
+    def add(self, status: str, reason: str | None = None, example=None):
+        """Count one input row; `example` (a kept CompiledExample) adds its tokens."""
+        if status not in self.buckets:
+            raise ValueError(f"unknown bucket {status!r}")
+        self.input_rows += 1
+        self.buckets[status] += 1
+        if status != "kept":
+            self.reasons[status][reason or "unspecified"] += 1
+        elif example is not None:
+            self.tokens["kept_total"] += int(len(example.input_ids))
+            self.tokens["kept_eligible"] += int(example.n_eligible)
+            self.tokens["kept_supervised"] += int(example.n_supervised)
+            self.tokens["kept_excluded_eligible"] += int(example.n_excluded_eligible)
+
+    def add_verdict(self, passed):
+        self.verify[{True: "passed", False: "failed", None: "undecided"}[passed]] += 1
+
+    @property
+    def ter(self) -> float:
+        e = self.tokens["kept_eligible"]
+        return self.tokens["kept_excluded_eligible"] / e if e else 0.0
+
+    def to_dict(self, elapsed_s: float = 0.0) -> dict:
+        total = sum(self.buckets.values())
+        if total != self.input_rows:  # the accounting promise of the design; never ship a lie
+            raise AssertionError(f"buckets sum to {total} but {self.input_rows} rows were read")
+        return {
+            "input_rows": self.input_rows,
+            "buckets": dict(self.buckets),
+            "reasons": {k: dict(sorted(v.items())) for k, v in self.reasons.items()},
+            "tokens": dict(self.tokens),
+            "ter": self.ter,
+            "verify": {"mode": self.config.get("verify"), **self.verify},
+            "shards": self.shards,
+            "config": self.config,
+            "elapsed_s": round(elapsed_s, 3),
+            "rows_per_s": round(self.input_rows / elapsed_s, 2) if elapsed_s > 0 else None,
+        }
+
+    def write(self, out_dir: str, elapsed_s: float = 0.0) -> dict:
+        d = self.to_dict(elapsed_s)
+        tmp = os.path.join(out_dir, "report.json.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(d, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, os.path.join(out_dir, "report.json"))
+        return d
+
+    def summary(self) -> str:
+        b = self.buckets
+        top = ", ".join(f"{k} {n}" for k, n in (self.reasons["withheld"] + self.reasons["invalid"]).most_common(4))
+        return (f"{self.input_rows} rows: {b['kept']} kept, {b['withheld']} withheld, "
+                f"{b['invalid']} invalid ({top or 'no reasons'}); "
+                f"{self.tokens['kept_supervised']} supervised tokens, TER {self.ter:.3f}")

@@ -1,0 +1,138 @@
+"""`rossjax curate`: accounting adds up, shards read back, verify modes, CLI."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from rossjax.cli import main as cli_main
+from rossjax.cli import parse_config
+from rossjax.curate.pipeline import curate, decode_example, encode_example, read_compiled
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(REPO, "configs", "curate.py")
+SAMPLE = os.path.join(REPO, "data", "rollouts", "sample.jsonl")
+
+
+def _with_argv(argv, fn):
+    # ml-collections reads --config overrides from sys.argv at definition time (cli.parse_config
+    # does not pass `sys_argv=` yet), so tests must show it the same argv a shell would.
+    saved, sys.argv = sys.argv, ["rossjax", *argv]
+    try:
+        return fn()
+    finally:
+        sys.argv = saved
+
+
+def _cfg(**over):
+    argv = [f"--config={CONFIG}"] + [f"--config.{k}={v}" for k, v in over.items()]
+    return _with_argv(argv, lambda: parse_config(argv, default_config=CONFIG)[0])
+
+
+def _cli(argv):
+    return _with_argv(argv, lambda: cli_main(argv))
+
+
+def _lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_encode_decode_roundtrip():
+    ex = {"id": "x", "input_ids": np.array([5, 70000, 3], np.int32),
+          "loss_mask": np.array([0, 1, 1], np.uint8), "eligible_mask": np.array([0, 1, 1], np.uint8),
+          "provenance": {"task_id": "t", "step": 3}, "turn_spans": [(1, 3)]}
+    got = decode_example(encode_example(ex))
+    assert got["id"] == "x" and got["provenance"] == ex["provenance"] and got["turn_spans"] == [(1, 3)]
+    for k in ("input_ids", "loss_mask", "eligible_mask"):
+        np.testing.assert_array_equal(got[k], ex[k])
+        assert got[k].dtype == ex[k].dtype
+    with pytest.raises(ValueError, match="magic"):
+        decode_example(b"nope" + bytes(8))
+
+
+def test_curate_sample_accounting_adds_up(tmp_path):
+    out = str(tmp_path / "cur")
+    rep = curate(_cfg(output=out, progress=False))
+    with open(SAMPLE, encoding="utf-8") as f:
+        n_rows = sum(1 for _ in f)
+    b = rep["buckets"]
+    assert rep["input_rows"] == n_rows == b["kept"] + b["withheld"] + b["invalid"]
+    assert b["kept"] > 0 and b["withheld"] > 0 and b["invalid"] > 0
+    for bucket in ("withheld", "invalid"):
+        listed = _lines(os.path.join(out, f"{bucket}.jsonl"))
+        assert len(listed) == b[bucket] == sum(rep["reasons"][bucket].values())
+        assert all(isinstance(x["row"], int) and x["reason"] and x["detail"] for x in listed)
+    assert rep["reasons"]["withheld"].get("verifier_failed", 0) >= 1  # stored verdicts trusted
+
+    examples = list(read_compiled(out))
+    assert len(examples) == b["kept"] == sum(s["examples"] for s in rep["shards"])
+    assert rep == json.load(open(os.path.join(out, "report.json")))
+    sup = sum(int(e["loss_mask"].sum()) for e in examples)
+    elig = sum(int(e["eligible_mask"].sum()) for e in examples)
+    assert rep["tokens"]["kept_supervised"] == sup > 0
+    assert rep["tokens"]["kept_eligible"] == elig
+    assert rep["ter"] == pytest.approx((elig - sup) / elig)
+    for e in examples:
+        assert e["input_ids"].dtype == np.int32 and len(e["loss_mask"]) == len(e["input_ids"])
+        assert not (e["loss_mask"] & ~e["eligible_mask"]).any()  # supervised implies eligible
+        assert e["turn_spans"] and e["provenance"]["task_id"]
+    assert rep["config"]["tokenizer"] == "qwen"
+
+    # eligible mode keeps the same rows ("ROSS w/o mask") and supervises every eligible token.
+    rep2 = curate(_cfg(output=out, progress=False, mask_mode="eligible"))
+    assert rep2["buckets"] == rep["buckets"] and rep2["ter"] == 0.0
+    assert len(list(read_compiled(out))) == b["kept"]  # old shards were replaced, not appended
+
+
+def test_curate_rerun_verifies_and_withholds(tmp_path):
+    code_task = {"id": "t-add", "domain": "code", "entry_point": "add",
+                 "prompt": "def add(a, b):\n    \"\"\"Sum.\"\"\"\n",
+                 "tests": "def check(candidate):\n    assert candidate(2, 2) == 4\n"}
+
+    def rec(i, task, answer, verifier=None):
+        r = {"id": f"r{i}", "task": task,
+             "messages": [{"role": "user", "content": "solve"},
+                          {"role": "assistant", "content": answer}]}
+        if verifier:
+            r["verifier"] = verifier
+        return r
+
+    rows = [
+        rec(0, code_task, "```python\ndef add(a, b):\n    return a + b\n```"),
+        rec(1, code_task, "```python\ndef add(a, b):\n    return a * 3\n```",
+            {"name": "code", "passed": True}),  # stored verdict is wrong; rerun catches it
+        rec(2, {"domain": "math", "reference": "4"}, r"2+2 = \boxed{4}"),
+        rec(3, {"domain": "math", "reference": "{{{"}, r"\boxed{4}"),  # gold unparseable
+        rec(4, {"domain": "chat"}, "hello"),  # no verifier at all: kept
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{broken\n")
+    out = str(tmp_path / "out")
+    rep = curate(_cfg(input=str(src), output=out, progress=False, verify="rerun"))
+    assert rep["input_rows"] == 6
+    assert rep["buckets"] == {"kept": 3, "withheld": 2, "invalid": 1}
+    assert rep["reasons"]["withheld"] == {"verifier_failed": 1, "verifier_undecided": 1}
+    assert rep["verify"] == {"mode": "rerun", "passed": 2, "failed": 1, "undecided": 1,
+                             "unverified": 1}
+    assert sorted(e["id"] for e in read_compiled(out)) == ["r0", "r2", "r4"]
+    withheld = {x["id"]: x for x in _lines(os.path.join(out, "withheld.jsonl"))}
+    assert withheld["r1"]["reason"] == "verifier_failed" and "AssertionError" in withheld["r1"]["detail"]
+
+    # Stored mode trusts the row: r1 is kept, r3 is unverified and compiled.
+    rep = curate(_cfg(input=str(src), output=out, progress=False))
+    assert rep["buckets"] == {"kept": 5, "withheld": 0, "invalid": 1}
+
+
+def test_cli_curate_and_bad_config(tmp_path, capsys):
+    out = str(tmp_path / "cli")
+    assert _cli(["curate", f"--config={CONFIG}", f"--config.output={out}",
+                 "--config.progress=False"]) == 0
+    assert os.path.exists(os.path.join(out, "report.json"))
+    assert _cli(["curate", f"--config={CONFIG}", f"--config.output={out}",
+                 "--config.verify=maybe"]) == 2
+    assert "config.verify" in capsys.readouterr().err
+    assert _cli(["curate", f"--config={CONFIG}", f"--config.input={tmp_path}/none.jsonl",
+                 f"--config.output={out}"]) == 2
