@@ -80,7 +80,8 @@ def gate(record) -> tuple[str, str] | None:
             if pending is None:
                 return "orphan_observation", f"trace[{i}] observation answers no call"
             if step.get("call_id") is not None and pending[1] is not None and step["call_id"] != pending[1]:
-                return "missing_observation", f"trace[{i}].call_id {step['call_id']!r} does not match call {pending[1]!r}"
+                return ("missing_observation",
+                        f"trace[{i}].call_id {step['call_id']!r} does not match call {pending[1]!r}")
             if step.get("ok") is False or step.get("error") or not _text(step.get("content")):
                 return "failed_retrieval", f"trace[{i}] observation failed or is empty"
             pending = None
@@ -182,7 +183,8 @@ def format_report(report: dict) -> str:
     f = lambda v: f"{v:6.3f}" if v is not None else f"{'-':>6s}"  # noqa: E731
     for d, r in report.items():
         lines.append(f"{d:14s} {r['rows']:5d} {r['scored']:5d} {r['kept']:5d} {f(r['mean'])} "
-                     f"{f(r['median'])} {f(r['p25'])} {f(r['p75'])} {f(r['threshold'])}  {r['threshold_mode']}")
+                     f"{f(r['median'])} {f(r['p25'])} {f(r['p75'])} {f(r['threshold'])}  "
+                     f"{r['threshold_mode']}")
     return "\n".join(lines)
 
 
@@ -213,7 +215,8 @@ def serialize(record: dict, form: str = "json", *, artifact_only: bool = False,
             elif step["type"] == "call":
                 call = {"name": step["name"], "arguments": _args(step)}
                 if form == "json":
-                    body = "\n".join(notes + ["<tool_call>\n" + json.dumps(call, ensure_ascii=False) + "\n</tool_call>"])
+                    tag = "<tool_call>\n" + json.dumps(call, ensure_ascii=False) + "\n</tool_call>"
+                    body = "\n".join(notes + [tag])
                 else:
                     body = "\n".join([f"Thought: {n}" for n in notes] +
                                      [f"Action: {call['name']}",
@@ -250,14 +253,15 @@ def to_rollouts(kept: list, *, seed: int = 0, react_prob: float = 0.5, artifact_
         form = pick_form(str(rec.get("id")), seed, react_prob)
         out.append({
             "id": str(rec.get("id")),
-            "task": {"id": str(rec.get("task_id", rec.get("id"))), "domain": str(rec.get("domain") or "default"),
-                     "prompt": rec["task"]},
+            "task": {"id": str(rec.get("task_id", rec.get("id"))),
+                     "domain": str(rec.get("domain") or "default"), "prompt": rec["task"]},
             "source": {"run": "retrogen", "step": 0},
             "messages": serialize(rec, form, artifact_only=artifact_only, system=system,
                                   evidence_in_prompt=evidence_in_prompt),
             "reward": float(k["score"]),
             "verifier": {"name": "retrogen", "passed": True,
-                         "evidence": f"score {k['score']:.4f} >= threshold {k['threshold']:.4f}; form {form}"},
+                         "evidence": f"score {k['score']:.4f} >= threshold {k['threshold']:.4f}; "
+                                     f"form {form}"},
         })
     return out
 
@@ -265,7 +269,8 @@ def to_rollouts(kept: list, *, seed: int = 0, react_prob: float = 0.5, artifact_
 def run(cfg) -> Scored:
     """Read cfg.input (JSONL), score, write cfg.output/{retrogen.jsonl, discarded.jsonl, report.json}."""
     if not cfg.input or not cfg.output:
-        raise ValueError("retrogen needs --config.input (trajectories .jsonl) and --config.output (a directory).")
+        raise ValueError("retrogen needs --config.input (trajectories .jsonl) and "
+                         "--config.output (a directory).")
     records = []
     name = os.path.basename(cfg.input)
     with open(cfg.input, encoding="utf-8") as f:
