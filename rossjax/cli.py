@@ -40,16 +40,25 @@ def parse_config(argv, *, default_config: str | None = None, extra_flags=None):
     from ml_collections import config_flags
 
     fv = flags.FlagValues()
+    argv = ["rossjax"] + list(argv)
+    # sys_argv: the `--config.x=y` override flags are discovered from this list, not sys.argv,
+    # so commands called from code (tests, the demo) parse their own argv.
     config_flags.DEFINE_config_file("config", default_config, "ml-collections config file.",
-                                    flag_values=fv, lock_config=True)
+                                    flag_values=fv, lock_config=True, sys_argv=argv)
     flags.DEFINE_string("workdir", None, "Directory for outputs, checkpoints and metrics.",
                         flag_values=fv)
     if extra_flags is not None:
         extra_flags(fv)
     try:
-        rest = fv(["rossjax"] + list(argv))[1:]
+        rest = fv(argv)[1:]
     except flags.Error as e:  # absl's message already names the flag and the config field
         raise UsageError(str(e).splitlines()[0]) from None
+    except (AttributeError, KeyError) as e:  # an override of a field the config does not have
+        bad = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+        field = str(e).strip("'\"")
+        flag = next((b for b in bad if b.split(".")[-1] == field), f"--config.{field}")
+        raise UsageError(f"{flag}: the config has no field {field!r} "
+                         f"(see the config file's get_config() for the fields it defines)") from None
     cfg = fv.config if fv["config"].present or default_config else None
     return cfg, fv, rest
 
