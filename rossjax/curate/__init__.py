@@ -19,6 +19,9 @@ _EXPORTS = {
     "CompiledExample": "rossjax.curate.masks",
     "fingerprint": "rossjax.curate.routes",
     "select": "rossjax.curate.selection",
+    "read_compiled": "rossjax.curate.pipeline",
+    "make_loader": "rossjax.curate.packing",
+    "verify_many": "rossjax.curate.verifiers",
 }
 _SUBPACKAGES = ("verifiers", "sandbox", "pipeline", "packing", "report")
 
