@@ -281,8 +281,11 @@ def fingerprint(texts, domain: str = "math", dim: int = 64, seed: int = 0, *,
     if not texts:
         out = np.zeros((0, dim), np.float32)
         return (out, np.zeros(0, np.int64)) if return_routes else out
-    feats = _features(routes, vocab).astype(np.float32)
-    out = feats @ projection(feats.shape[1], int(dim), int(seed))
+    feats = _features(routes, vocab)
+    # float64 product rounded to float32: BLAS summation order differs between machines, and
+    # float64 keeps those differences far below float32 resolution.
+    w = projection(feats.shape[1], int(dim), int(seed)).astype(np.float64)
+    out = (feats @ w).astype(np.float32)
     if return_routes:
         return out, np.array([route_signature(r[0], vocab) for r in routes], np.int64)
     return out
