@@ -103,3 +103,6 @@ def chunked_masked_nll(hidden, lm_head_w, targets, mask, chunk_size=1024):
     mask = jnp.asarray(mask, jnp.float32)
     nll = -chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size)
     return jnp.sum(jnp.where(mask != 0, nll * mask, 0.0)), jnp.sum(mask)
+
+
+from rossjax.train.grpo_losses import group_advantages, grpo_loss, importance_weights  # noqa: E402,F401
