@@ -1,0 +1,32 @@
+"""Activation extraction for probes: a frozen reference model reads each row, pooled hidden states
+of the chosen layers go to a tensorstore zarr store (resumable; manifest 'complete' set last).
+
+    rossjax extract --config=configs/extract.py --config.model=/path/to/hf_model \
+        --config.input=runs/curated --config.output=runs/acts --config.layers='(8,16,24)'
+
+Needs: a Hugging Face model folder (or "preset:NAME" for a random-init smoke model) and an input:
+a curated directory (`rossjax curate` output; turn spans come from it) or a JSONL of
+{"id", "input_ids" | "text", ["turn_spans"]}. Time: one forward pass per row; a 0.5B model reads
+roughly 1-3k tokens/s on a laptop CPU, far more on an accelerator.
+
+runlocal (about a minute on CPU): --config.model=preset:tiny_qwen2 --config.layers='(1,2)'
+  --config.input=<a small JSONL with input_ids>
+"""
+
+import ml_collections
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.model = "preset:tiny_qwen2"   # HF folder or preset:NAME (random init with `seed`)
+    c.seed = 0
+    c.dtype = "float32"
+    c.input = ""                    # curated dir or JSONL
+    c.tokenizer = ""                # only for JSONL rows that hold "text"
+    c.output = ""                   # store directory (default: WORKDIR/activations)
+    c.layers = (1, 2)               # 0 = embeddings, i = block i, n_layers = after final norm
+    c.pooling = "mean"              # over tokens (of each turn): mean | last | max
+    c.use_turns = False             # pool per assistant turn (turn_spans), then over turns
+    c.turn_pooling = "mean"         # over turns: mean | last | max
+    c.batch_tokens = 8192           # padded tokens per forward batch
+    return c
