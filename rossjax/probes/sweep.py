@@ -1,0 +1,241 @@
+"""`rossjax probe-sweep`: grid layer x pooling x head x balance x seed, then pick one probe.
+
+Inputs are finished activation stores (one per pooling, `rossjax extract`) over the same ids and a
+label file (solver trials -> U_S, or explicit labels). Every cell trains on the train split, stops
+early and calibrates on validation, and is reported on the held-out test split.
+
+Selection uses validation numbers only (test stays untouched for reporting): the best mean
+validation balanced accuracy among cells whose mean validation ECE (after temperature scaling) is
+at most `ece_max`; ties (equal to 3 decimals) go to the higher RVP, the variance of the reward
+the RL loop would compute on a fixed sample of reference-policy outputs (`rvp_stores`; without
+one, the test-split rows stand in and the CSV says so). When no cell meets the ECE ceiling the
+best-calibrated cell wins and the manifest records it.
+
+Outputs in the output dir: cells.csv (one line per cell and seed), summary.csv (mean over seeds),
+heatmap_<head>.png (layer x pooling, validation balanced accuracy), selected_probe/ (orbax) and
+selected_probe.json (the manifest: head, layer, pooling, model, temperature, metrics).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from rossjax.probes import heads, labels as labels_mod, metrics
+from rossjax.probes.activations import open_store
+
+FIELDS = ("layer", "pooling", "head", "balance", "seed", "epochs", "temperature", "val_balanced_accuracy",
+          "val_ece", "test_accuracy", "test_balanced_accuracy", "test_f1", "test_ece", "test_spearman",
+          "rvp", "rvp_source")
+
+
+def make_reward(kind: str = "probe_only", invalid_reward: float = -0.2) -> Callable:
+    """reward(probe, x, valid) -> [n]: the probe score, or with `hard_gate` the score where the task
+    is valid and `invalid_reward` elsewhere (the gate the RL loop applies)."""
+    if kind == "probe_only":
+        return lambda probe, x, valid: probe.score(x)
+    if kind == "hard_gate":
+        return lambda probe, x, valid: np.where(valid, probe.score(x), invalid_reward)
+    raise ValueError(f"configs/probe_sweep.py: field 'reward' is {kind!r}, not probe_only or hard_gate.")
+
+
+def _split(c, n, groups):
+    if c.split == "random":
+        return heads.random_split(n, seed=c.split_seed)
+    if c.split == "group_kfold":
+        return heads.group_kfold(groups, k=c.folds, fold=c.fold, seed=c.split_seed)
+    raise ValueError(f"configs/probe_sweep.py: field 'split' is {c.split!r}, not random or group_kfold.")
+
+
+def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    stores = [open_store(p) for p in c.stores]
+    if not stores:
+        raise ValueError("configs/probe_sweep.py: field 'stores' is empty.")
+    ids = stores[0].ids
+    for s in stores[1:]:
+        if s.ids != ids:
+            raise ValueError(f"{s.path}: its ids differ from {stores[0].path}; sweep stores must "
+                             "hold the same rows in the same order.")
+    rows = labels_mod.read_label_file(c.labels)
+    idx, lab, groups = labels_mod.align_labels(rows, ids, path=c.labels, lo=c.lo, hi=c.hi,
+                                               band=c.band, min_valid=c.min_valid)
+    kept_rows = [rows[i] for i in lab.kept]
+    valid = np.asarray([bool(r.get("valid", True)) for r in kept_rows])
+    tr, va, te = _split(c, len(idx), groups)
+    row_ids = np.asarray([ids[i] for i in idx])
+    reward_fn = reward_fn or make_reward(c.reward, c.invalid_reward)
+    rvp_by_pool = {}
+    for p in c.rvp_stores:
+        s = open_store(p)
+        rvp_by_pool[s.manifest["pooling"]] = s
+
+    cells, trained = [], {}
+    grid = [(s, layer, head, bal, seed) for s in stores for layer in (c.layers or s.manifest["layers"])
+            for head in c.heads for bal in c.balance for seed in c.seeds]
+    for s, layer, head, bal, seed in tqdm(grid, desc="probe-sweep", disable=not progress):
+        x = s.read(layer=layer)[idx]
+        tc = heads.TrainConfig(head=head, balance=bal, seed=seed, lr=c.lr, weight_decay=c.weight_decay,
+                               batch_size=c.batch_size, max_epochs=c.max_epochs, patience=c.patience)
+        probe = heads.train_probe(x[tr], lab.y[tr], x[va], lab.y[va], tc, train_ids=row_ids[tr],
+                                  val_ids=row_ids[va])
+        val = metrics.classification_report(lab.y[va], probe.logits(x[va]), temperature=probe.temperature)
+        test = metrics.classification_report(lab.y[te], probe.logits(x[te]), temperature=probe.temperature,
+                                             solve_rate=lab.solve_rate[te])
+        pooling = s.manifest["pooling"]
+        if pooling in rvp_by_pool:
+            ref = rvp_by_pool[pooling]
+            xr, vr, src = ref.read(layer=layer), np.ones(len(ref.ids), bool), ref.path
+        else:
+            xr, vr, src = x[te], valid[te], "test_split"
+        rvp = metrics.rvp(lambda sample: reward_fn(probe, sample[0], sample[1]), _Pair(xr, vr))
+        cell = {"layer": layer, "pooling": pooling, "head": head, "balance": bal, "seed": seed,
+                "epochs": len(probe.history), "temperature": probe.temperature,
+                "val_balanced_accuracy": val["balanced_accuracy"], "val_ece": val["ece"],
+                **{f"test_{k}": v for k, v in test.items()}, "rvp": rvp, "rvp_source": src}
+        cells.append(cell)
+        trained[(layer, pooling, head, bal, seed)] = (probe, s)
+
+    os.makedirs(out_dir, exist_ok=True)
+    _write_csv(os.path.join(out_dir, "cells.csv"), cells, FIELDS)
+    summary = _summarize(cells)
+    _write_csv(os.path.join(out_dir, "summary.csv"), summary, list(summary[0]))
+    for head in c.heads:
+        _heatmap(os.path.join(out_dir, f"heatmap_{head}.png"), [r for r in summary if r["head"] == head], head)
+    best, note = select(summary, c.ece_max)
+    key = (best["layer"], best["pooling"], best["head"], best["balance"])
+    seed = max((cl for cl in cells if (cl["layer"], cl["pooling"], cl["head"], cl["balance"]) == key),
+               key=lambda cl: cl["val_balanced_accuracy"])["seed"]
+    probe, store = trained[key + (seed,)]
+    manifest = {"head": probe.head, "layer": best["layer"], "pooling": best["pooling"],
+                "turn_pooling": store.manifest["turn_pooling"], "turns": store.manifest["turns"],
+                "balance": best["balance"], "seed": seed, "temperature": probe.temperature,
+                "dropout": probe.dropout, "d_model": int(probe.mean.shape[0]),
+                "model": store.manifest["model"], "store": store.path, "labels": c.labels,
+                "band": {"lo": c.lo, "hi": c.hi, "band": c.band, "min_valid": c.min_valid},
+                "ece_max": c.ece_max, "selection_note": note, "summary": best,
+                "n_train": int(len(tr)), "n_val": int(len(va)), "n_test": int(len(te))}
+    save_probe(os.path.join(out_dir, "selected_probe"), probe, manifest)
+    return {"cells": cells, "summary": summary, "selected": manifest}
+
+
+class _Pair(tuple):
+    """(x, valid) as one `samples` object for metrics.rvp, whose length is the row count."""
+
+    def __new__(cls, x, v):
+        return super().__new__(cls, (x, v))
+
+    def __len__(self):
+        return len(self[0])
+
+
+def _summarize(cells):
+    keys = sorted({(c["layer"], c["pooling"], c["head"], c["balance"]) for c in cells}, key=str)
+    out = []
+    for k in keys:
+        group = [c for c in cells if (c["layer"], c["pooling"], c["head"], c["balance"]) == k]
+        row = dict(zip(("layer", "pooling", "head", "balance"), k))
+        for f in ("val_balanced_accuracy", "val_ece", "test_balanced_accuracy", "test_ece",
+                  "test_f1", "test_spearman", "rvp"):
+            vals = np.asarray([g[f] for g in group], float)
+            row[f] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+            row[f + "_std"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else float("nan")
+        row["seeds"] = len(group)
+        out.append(row)
+    return out
+
+
+def select(summary, ece_max: float):
+    """(best summary row, note): max validation balanced accuracy with val ECE <= ece_max, RVP
+    breaking ties at 3 decimals."""
+    ok = [r for r in summary if r["val_ece"] <= ece_max]
+    note = "met the ECE ceiling"
+    if not ok:
+        ok = [min(summary, key=lambda r: r["val_ece"])]
+        note = f"no cell met ECE <= {ece_max}; chose the best-calibrated cell"
+    best = max(ok, key=lambda r: (round(r["val_balanced_accuracy"], 3), r["rvp"]))
+    return best, note
+
+
+def _write_csv(path, rows, fields):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(fields))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k) for k in fields})
+
+
+def _heatmap(path, rows, head):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = sorted({r["layer"] for r in rows})
+    pools = sorted({r["pooling"] for r in rows})
+    grid = np.full((len(layers), len(pools)), np.nan)
+    for r in rows:  # several balance strategies: show the best one per cell
+        i, j = layers.index(r["layer"]), pools.index(r["pooling"])
+        grid[i, j] = np.nanmax([grid[i, j], r["val_balanced_accuracy"]])
+    fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(pools), 1.2 + 0.45 * len(layers)))
+    im = ax.imshow(grid, vmin=0.5, vmax=1.0, cmap="viridis", aspect="auto")
+    for i in range(len(layers)):
+        for j in range(len(pools)):
+            ax.text(j, i, f"{grid[i, j]:.3f}", ha="center", va="center", color="w", fontsize=8)
+    ax.set_xticks(range(len(pools)), pools)
+    ax.set_yticks(range(len(layers)), layers)
+    ax.set_xlabel("pooling")
+    ax.set_ylabel("layer")
+    ax.set_title(f"{head}: validation balanced accuracy")
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def save_probe(path: str, probe: heads.Probe, manifest: dict):
+    """Orbax checkpoint of {params, mean, std} at `path`, manifest JSON at `path`.json."""
+    import orbax.checkpoint as ocp
+
+    path = os.path.abspath(path)
+    tree = {"params": probe.params, "mean": np.asarray(probe.mean), "std": np.asarray(probe.std)}
+    ocp.PyTreeCheckpointer().save(path, tree, force=True)
+    with open(path + ".json", "w") as f:
+        json.dump(manifest, f, indent=1, default=float)
+
+
+def load_probe(path: str) -> tuple[heads.Probe, dict]:
+    """The probe saved by `save_probe` / the sweep, and its manifest (layer, pooling, ...)."""
+    import orbax.checkpoint as ocp
+
+    path = os.path.abspath(path)
+    if not os.path.exists(path + ".json"):
+        raise ValueError(f"{path}.json: the probe manifest is missing.")
+    manifest = json.load(open(path + ".json"))
+    tree = ocp.PyTreeCheckpointer().restore(path)
+    probe = heads.Probe(manifest["head"], tree["params"], np.asarray(tree["mean"]),
+                        np.asarray(tree["std"]), manifest["temperature"], manifest["dropout"])
+    return probe, manifest
+
+
+def main(argv=None) -> int:
+    from rossjax.cli import parse_config
+
+    c, flags, _ = parse_config(argv or [], default_config=None)
+    if c is None:
+        raise ValueError("rossjax probe-sweep: --config=configs/probe_sweep.py is required.")
+    out = c.output or (os.path.join(flags.workdir, "probe_sweep") if flags.workdir else "")
+    if not out or not c.labels:
+        raise ValueError("configs/probe_sweep.py: fields 'labels' and 'output' must be set.")
+    res = run_sweep(c, out)
+    sel = res["selected"]
+    s = sel["summary"]
+    print(f"rossjax probe-sweep: {len(res['cells'])} cells -> {out}")
+    print(f"  selected {sel['head']} layer {sel['layer']} {sel['pooling']} ({sel['balance']}): "
+          f"val bacc {s['val_balanced_accuracy']:.3f}, val ECE {s['val_ece']:.3f}, "
+          f"test bacc {s['test_balanced_accuracy']:.3f}, RVP {s['rvp']:.4f} [{sel['selection_note']}]")
+    return 0
