@@ -1,0 +1,134 @@
+"""PROPEL probe rewards and their compositions.
+
+A probe reward reads the *frozen reference* model, never the policy: the candidate is rendered to
+text, tokenized, run through the reference, pooled as the selected probe's manifest says (layer,
+pooling, turn pooling) and scored with the probe (P(in band)). The policy can change what it
+writes, not the activations the probe reads for a given text.
+
+Compositions (pure functions of arrays; `valid` is the validity check W, 0/1 or a score):
+  probe_only(s)                 s
+  hard_gate(s, valid, r_inv)    s where valid else r_inv (default -0.2)
+  soft_gate(s, v)               s * v, v in [0, 1]
+  wco([s_1..s_k])               min_k s_k  (worst case over an ensemble of probes)
+  adversarial(s, s_aux, valid)  min(s, s_aux) on valid tasks, s elsewhere (the auxiliary probe
+                                is trained on the probe's false positives: `auxiliary_set`)
+  combine({name: r}, weights)   sum_i w_i r_i (NaN stays NaN: the row gets advantage 0)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GATES = ("probe_only", "hard_gate", "soft_gate")
+
+
+def probe_only(s):
+    return np.asarray(s, np.float64)
+
+
+def hard_gate(s, valid, invalid_reward: float = -0.2):
+    return np.where(np.asarray(valid) > 0.5, np.asarray(s, np.float64), float(invalid_reward))
+
+
+def soft_gate(s, v):
+    v = np.asarray(v, np.float64)
+    if np.any((v < 0) | (v > 1)):
+        raise ValueError("soft_gate: validity scores must lie in [0, 1].")
+    return np.asarray(s, np.float64) * v
+
+
+def wco(scores):
+    """Worst case over an ensemble: the element-wise minimum of the probes' scores."""
+    return np.min(np.stack([np.asarray(s, np.float64) for s in scores]), axis=0)
+
+
+def adversarial(s, s_aux, valid):
+    s = np.asarray(s, np.float64)
+    return np.where(np.asarray(valid) > 0.5, np.minimum(s, np.asarray(s_aux, np.float64)), s)
+
+
+def gate(kind: str, s, valid=None, invalid_reward: float = -0.2):
+    if kind == "probe_only":
+        return probe_only(s)
+    if valid is None:
+        raise ValueError(f"reward gate {kind!r} needs a validity check; configure one.")
+    if kind == "hard_gate":
+        return hard_gate(s, valid, invalid_reward)
+    if kind == "soft_gate":
+        return soft_gate(s, valid)
+    raise ValueError(f"reward gate {kind!r} is not one of {', '.join(GATES)}.")
+
+
+def combine(rewards: dict, weights: dict):
+    """sum_i w_i r_i over the named reward functions (each [n])."""
+    if not rewards:
+        raise ValueError("combine: no reward functions.")
+    missing = [k for k in rewards if k not in weights]
+    if missing:
+        raise ValueError(f"combine: reward function {missing[0]!r} has no weight.")
+    return sum(float(weights[k]) * np.asarray(r, np.float64) for k, r in rewards.items())
+
+
+def auxiliary_set(scores, valid, in_band, threshold: float = 0.5):
+    """Rows and labels to train the adversarial auxiliary probe on: valid tasks the probe scores
+    at least `threshold`; label 0 for its false positives (true solve count outside the band),
+    1 for its true positives. Returns (row indices, labels)."""
+    s, v, y = (np.asarray(a) for a in (scores, valid, in_band))
+    rows = np.flatnonzero((v > 0.5) & (s >= threshold))
+    return rows, y[rows].astype(np.int32)
+
+
+class ProbeScorer:
+    """One probe with the manifest it was selected with (layer, pooling, turn pooling)."""
+
+    def __init__(self, probe, manifest: dict):
+        self.probe, self.manifest = probe, manifest
+        self.layer = int(manifest["layer"])
+        self.pooling = manifest.get("pooling", "mean")
+        self.turn_pooling = manifest.get("turn_pooling", "mean")
+        self.turns = bool(manifest.get("turns", False))
+
+    @classmethod
+    def load(cls, path: str):
+        from rossjax.probes.sweep import load_probe
+
+        return cls(*load_probe(path))
+
+
+class ProbeReward:
+    """Scores rendered candidates with the frozen reference and one or more probes.
+
+    `probes`: the selected probe, or several (scored with `wco`); `auxiliary`: an optional
+    adversarial auxiliary probe. `render(record) -> (token_ids, turn_spans or None)` turns a
+    candidate into what the probe was trained on.
+    """
+
+    def __init__(self, model_cfg, ref_params, probes, render, *, auxiliary=None,
+                 batch_tokens: int = 8192):
+        if not probes:
+            raise ValueError("ProbeReward: no probe given (config.reward.probe.path).")
+        self.model_cfg, self.ref_params, self.render = model_cfg, ref_params, render
+        self.probes, self.auxiliary, self.batch_tokens = list(probes), auxiliary, batch_tokens
+
+    def _score(self, scorer: ProbeScorer, tokens, spans):
+        from rossjax.probes.activations import extract
+
+        x = extract(self.model_cfg, self.ref_params, tokens, (scorer.layer,), scorer.pooling,
+                    spans if scorer.turns else None, turn_pooling=scorer.turn_pooling,
+                    batch_tokens=self.batch_tokens)
+        return scorer.probe.score(x[:, 0])
+
+    def __call__(self, records, valid=None) -> dict:
+        """{"probe": wco score, "probe_aux": auxiliary score, "probe_reward": after adversarial}."""
+        rendered = [self.render(r) for r in records]
+        tokens = [t for t, _ in rendered]
+        spans = [s for _, s in rendered]
+        scores = [self._score(p, tokens, spans) for p in self.probes]
+        s = wco(scores)
+        out = {"probe": s}
+        if self.auxiliary is not None:
+            aux = self._score(self.auxiliary, tokens, spans)
+            out["probe_aux"] = aux
+            s = adversarial(s, aux, np.ones(len(s)) if valid is None else valid)
+        out["probe_reward"] = s
+        return out

@@ -1,0 +1,411 @@
+"""`rossjax grpo --config=configs/grpo_verifier.py --workdir=DIR`: the GRPO loop.
+
+Per step: take `contexts` tasks, sample `group_size` candidates each (one prefill per prompt),
+send the candidates to the reward workers (CPU processes), and while they score, compute the
+trainer's log-probs (old policy, and the frozen reference when beta > 0) on the accelerator —
+and, with `async_sampling`, already sample the next step's batch. Then group advantages,
+`num_iterations` passes of minibatch updates (clipped surrogate + beta x k3 KL), metrics,
+history records and checkpoints.
+
+Deviation: with `async_sampling` the next batch is sampled before this step's update, so it is
+one update behind the policy it trains (the usual one-step-off-policy pipelining); the sampler
+log-probs are kept, and `grpo.is_mode` corrects the gap with truncated IS or IcePop.
+
+LoRA (`lora.enabled`): the trainable tree is the adapters; the reference log-probs come from the
+same base weights with the adapters off, so no second model copy is held. Full fine-tuning with
+beta > 0 keeps a frozen copy of the initial weights as the reference.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rossjax import models, sample, sharding
+from rossjax.curate.tokenizers import load_tokenizer
+from rossjax.models import lora
+from rossjax.probes import reward as reward_lib
+from rossjax.train import checkpoint as ckpt_lib
+from rossjax.train import grpo_losses, grpo_step, history, optim, rollout
+from rossjax.train import loop as sft_loop
+from rossjax.train import metrics as metrics_lib
+
+
+class RewardWorkers:
+    """CPU rewards on `workers` spawned processes (math-verify's signal timeouts need each
+    verifier in a main thread); workers=0 scores lazily in this process when asked."""
+
+    def __init__(self, workers: int):
+        self.workers = int(workers)
+        self._ex = (cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+                    if self.workers > 0 else None)
+
+    def submit(self, kinds: tuple, records: list[dict]):
+        if not kinds:
+            return lambda: [{} for _ in records]
+        if self._ex is None:
+            return lambda: rollout.score_batch(kinds, records)
+        per = max(1, -(-len(records) // (2 * self.workers)))
+        futs = [self._ex.submit(rollout.score_batch, kinds, records[i:i + per])
+                for i in range(0, len(records), per)]
+        return lambda: [x for f in futs for x in f.result()]
+
+    def close(self):
+        if self._ex is not None:
+            self._ex.shutdown(cancel_futures=True)
+
+
+def _setup_tokenizer(cfg, workdir):
+    if cfg.tokenizer == "ascii":
+        path = rollout.write_ascii_tokenizer(os.path.join(workdir, "tokenizer"))
+        return load_tokenizer(path), path
+    return load_tokenizer(cfg.tokenizer), cfg.tokenizer
+
+
+def _render_fn(cfg, tok):
+    """What the probe reads for a candidate (must match how its training rows were rendered)."""
+    if cfg.reward.probe.render == "record":
+        return lambda rec: (rec["token_ids"], None)
+    if cfg.reward.probe.render != "task":
+        raise ValueError(f"config.reward.probe.render {cfg.reward.probe.render!r} is not task or record.")
+
+    def render(rec):
+        msgs = [{"role": "user", "content": rec["messages"][-1]["content"] or " "}]
+        return tok.encode(rollout.render_prompt(msgs, cfg.template, tok)), None
+    return render
+
+
+def group_stats(rewards: np.ndarray, g: int, success: float) -> dict:
+    r = rewards.reshape(-1, g)
+    ok = ~np.isnan(r)
+    zero_var, mixed = [], []
+    for row, m in zip(r, ok):
+        v = row[m]
+        zero_var.append(len(v) < 2 or np.all(v == v[0]))
+        mixed.append(bool(np.any(v >= success) and np.any(v < success)))
+    return {"zero_var_group_frac": float(np.mean(zero_var)), "mixed_outcome_rate": float(np.mean(mixed))}
+
+
+class _Run:
+    """Holds the model, step functions and reward machinery of one run."""
+
+    def __init__(self, cfg, workdir):
+        self.cfg, self.workdir = cfg, workdir
+        g = cfg.grpo
+        self.tok, self.tok_spec = _setup_tokenizer(cfg, workdir)
+        if self.tok.eos_id is None:
+            raise ValueError(f"config.tokenizer {cfg.tokenizer!r} has no end-of-turn token (eos).")
+        if cfg.tokenizer == "ascii" and not cfg.model.path and cfg.model.vocab_size <= 0:
+            cfg.model.vocab_size = self.tok.vocab_size
+        devices = jax.devices()[:cfg.mesh.num_devices] if cfg.mesh.num_devices > 0 else None
+        self.mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices)
+        self.rules = sharding.normalize_rules(cfg.sharding_rules or None)
+        self.model_cfg, source = sft_loop.abstract_model(cfg)
+        if self.tok.vocab_size > self.model_cfg.vocab_size:
+            raise ValueError(f"config.tokenizer has {self.tok.vocab_size} tokens but the model only "
+                             f"{self.model_cfg.vocab_size}.")
+        self.p_shard = sharding.param_shardings(self.model_cfg, self.mesh, self.rules)
+        base = sft_loop.load_params(cfg, self.model_cfg, source, self.mesh, self.rules, self.p_shard)
+        self.lora_alpha = float(cfg.lora.alpha) if cfg.lora.enabled else None
+        if cfg.lora.enabled:
+            ad = lora.init_lora(self.model_cfg, jax.random.PRNGKey(cfg.train.seed + 1), cfg.lora.rank,
+                                cfg.lora.targets)
+            self.t_shard = lora.shardings(self.model_cfg, ad, self.mesh, self.rules)
+            trainable, self.base, self.base_shard = jax.device_put(ad, self.t_shard), base, self.p_shard
+            self.ref = base  # adapters off
+        else:
+            self.t_shard, trainable = self.p_shard, base
+            self.base, self.base_shard = {}, None
+            # A frozen copy: the trainable params are donated and updated in place.
+            self.ref = (jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.p_shard)(base)
+                        if g.beta > 0 or self._uses_probe() else None)
+        rows = g.contexts * g.group_size
+        self.minibatch = g.minibatch if g.minibatch > 0 else rows
+        if rows % self.minibatch:
+            raise ValueError(f"config.grpo.minibatch {self.minibatch} does not divide the "
+                             f"{rows} rows of a step (contexts x group_size).")
+        self.updates_per_step = g.num_iterations * (rows // self.minibatch)
+        self.optimizer, schedule = optim.make_optimizer(cfg.optim, g.steps * self.updates_per_step)
+        abstract_t = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                  trainable, self.t_shard)
+        self.s_shard = grpo_step.state_shardings(self.t_shard, self.optimizer, abstract_t, self.mesh)
+        self.abstract_t = abstract_t
+        self._trainable0 = trainable
+        self.fns = grpo_step.StepFns(
+            self.model_cfg, self.optimizer, schedule, mesh=self.mesh, param_shardings=self.p_shard,
+            state_shardings=self.s_shard, base_shardings=self.base_shard or {},
+            lora_alpha=self.lora_alpha, loss_cfg=g, chunk=g.loss_chunk, max_new=g.max_new_tokens)
+        self.cpu_kinds = tuple(f for f in cfg.reward.functions if f in rollout.CPU_REWARDS)
+        if self._uses_probe() and cfg.reward.probe.gate != "probe_only":
+            self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.probe.validity,)))
+        unknown = [f for f in cfg.reward.functions if f not in (*rollout.CPU_REWARDS, "probe")]
+        if unknown or len(cfg.reward.functions) != len(cfg.reward.weights):
+            raise ValueError(f"config.reward.functions {tuple(cfg.reward.functions)} must name "
+                             f"{', '.join([*rollout.CPU_REWARDS, 'probe'])}, one weight each.")
+        self.workers = RewardWorkers(cfg.reward.workers)
+        self.probe_reward = None
+        if self._uses_probe():
+            p = cfg.reward.probe
+            paths = [x for x in [p.path, *p.ensemble.split(",")] if x]
+            aux = reward_lib.ProbeScorer.load(p.auxiliary) if p.auxiliary else None
+            self.probe_reward = reward_lib.ProbeReward(
+                self.model_cfg, self.ref, [reward_lib.ProbeScorer.load(x) for x in paths],
+                _render_fn(cfg, self.tok), auxiliary=aux)
+
+    def _uses_probe(self):
+        return "probe" in self.cfg.reward.functions
+
+    def policy(self, state):
+        if self.lora_alpha is None:
+            return state["params"]  # used before the update donates it
+        return self.fns.merge(state["params"], self.base)
+
+    def sample(self, params, tasks, step):
+        g, tok = self.cfg.grpo, self.tok
+        msgs = [rollout.prompt_messages(t, self.cfg.system) for t in tasks]
+        prompts = [tok.encode(rollout.render_prompt(m, self.cfg.template, tok)) for m in msgs]
+        t0 = time.perf_counter()
+        gen = sample.generate(self.model_cfg, params, prompts, g.max_new_tokens,
+                              temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
+                              stop_ids=(tok.eos_id,), num_samples=g.group_size,
+                              seed=self.cfg.train.seed * 100_003 + step, mesh=self.mesh)
+        records = []
+        for r in range(len(gen.lengths)):
+            i, j, n = r // g.group_size, r % g.group_size, int(gen.lengths[r])
+            comp = gen.tokens[r, :n].tolist()
+            stopped = gen.finish_reason[r] == "stop"
+            content = tok.decode(comp[:-1] if stopped else comp)
+            # A truncated answer still ends its turn in the record, so curate renders it exactly.
+            ids = prompts[i] + comp + ([] if stopped else [tok.eos_id])
+            records.append(rollout.make_record(
+                tasks[i], msgs[i], content, ids, gen.logprobs[r, :n].tolist(),
+                run=self.cfg.run_name, step=step, sample=j, finish_reason=gen.finish_reason[r],
+                n_prompt_tokens=len(prompts[i])))
+        s = grpo_step.round_up(max(map(len, prompts)) + g.max_new_tokens, 16)
+        batch = grpo_step.completion_batch(prompts, gen, g.group_size, s)
+        return {"tasks": tasks, "records": records, "batch": batch, "gen": gen,
+                "sample_s": time.perf_counter() - t0}
+
+    def rewards(self, records, cpu) -> tuple[np.ndarray, dict]:
+        c = self.cfg.reward
+        per = {}
+        for kind in self.cpu_kinds:
+            per[kind] = np.asarray([x[kind][0] for x in cpu], np.float64)
+        if self.probe_reward is not None:
+            valid = per.get(c.probe.validity)
+            pr = self.probe_reward(records, valid)
+            per["probe_score"] = pr["probe"]
+            per["probe"] = reward_lib.gate(c.probe.gate, pr["probe_reward"], valid,
+                                           c.probe.invalid_reward)
+        used = {f: per[f] for f in c.functions}
+        total = reward_lib.combine(used, dict(zip(c.functions, c.weights)))
+        return total, per
+
+
+def default_config():
+    """Every field a GRPO config has (configs/grpo_verifier.py and configs/propel_azr.py start here)."""
+    import ml_collections as mlc
+
+    from rossjax.train import optim as optim_lib
+
+    c = mlc.ConfigDict()
+    c.workdir = ""
+    c.run_name = "grpo"
+    c.tokenizer = "qwen"       # load_tokenizer spec, or "ascii" (written to WORKDIR/tokenizer)
+    c.template = "chatml"
+    c.system = ""              # optional system message before each task prompt
+    c.model = mlc.ConfigDict(dict(path="", preset="", dtype="bfloat16", param_dtype="float32",
+                                  remat_policy="none", vocab_size=-1))
+    c.train = mlc.ConfigDict(dict(seed=0))
+    c.data = mlc.ConfigDict(dict(tasks="gen:arith", seed=0))
+    c.grpo = mlc.ConfigDict(dict(
+        steps=200, contexts=16, group_size=8, max_new_tokens=512, temperature=1.0, top_p=1.0,
+        top_k=0, num_iterations=1, minibatch=0, shuffle_minibatches=True, advantages="mean",
+        eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean", is_mode="none", is_how="truncate",
+        is_low=0.0, is_high=2.0, loss_chunk=512, async_sampling=False, max_bad_steps=5))
+    c.lora = mlc.ConfigDict(dict(enabled=False, rank=16, alpha=32.0, targets="all"))
+    c.reward = mlc.ConfigDict(dict(functions=("verifier",), weights=(1.0,), workers=2,
+                                   success_threshold=0.5))
+    c.reward.probe = mlc.ConfigDict(dict(path="", ensemble="", auxiliary="", gate="hard_gate",
+                                         invalid_reward=-0.2, validity="validity", render="task"))
+    c.optim = optim_lib.default_config()
+    c.optim.peak_lr, c.optim.end_lr, c.optim.warmup_steps, c.optim.weight_decay = 1e-6, 1e-6, 0, 0.0
+    c.optim.schedule = "constant"
+    c.checkpoint = mlc.ConfigDict(dict(save_every=50, keep=3, async_save=True))
+    c.log_every = 1
+    c.sample_every = 10
+    c.mesh = mlc.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))
+    c.sharding_rules = ()
+    return c
+
+
+def _data_state(src_index, hist_bytes):
+    return {"tasks_index": int(src_index), "history_bytes": int(hist_bytes)}
+
+
+def run(cfg, workdir: str) -> dict:
+    g = cfg.grpo
+    os.makedirs(workdir, exist_ok=True)
+    R = _Run(cfg, workdir)
+    ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=cfg.checkpoint.save_every,
+                                 keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
+    source = rollout.TaskSource(cfg.data.tasks, cfg.data.seed)
+    start = ckpt.latest_step()
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            jax.eval_shape(lambda t: grpo_step.init_state(t, R.optimizer), R.abstract_t),
+                            R.s_shard)
+    if start is not None:
+        state, ds = ckpt.restore(start, abstract)
+        source.set_state({"index": ds["tasks_index"]})
+        hist = history.HistoryWriter(os.path.join(workdir, "history.jsonl"), resume_bytes=ds["history_bytes"])
+    else:
+        start = 0
+        state = jax.jit(lambda t: grpo_step.init_state(t, R.optimizer, cfg.train.seed),
+                        out_shardings=R.s_shard)(R._trainable0)
+        hist = history.HistoryWriter(os.path.join(workdir, "history.jsonl"))
+    del R._trainable0
+    ckpt_lib.write_model_config(workdir, R.model_cfg)
+    writer = metrics_lib.MetricsWriter(workdir)
+    samples_f = open(os.path.join(workdir, "samples.jsonl"), "a")
+    print(f"rossjax grpo: {R.model_cfg.model_type} {R.model_cfg.num_params() / 1e6:.1f}M params"
+          f"{' + LoRA r=%d' % cfg.lora.rank if cfg.lora.enabled else ''}, {g.steps} steps of "
+          f"{g.contexts} x {g.group_size} candidates, {R.updates_per_step} updates/step, rewards "
+          f"{tuple(cfg.reward.functions)} on {cfg.reward.workers} workers, from step {start}.",
+          file=sys.stderr)
+    bar = metrics_lib.Progress(g.steps, initial=start, desc="grpo")
+    consumed = source.index
+    pending, m = None, {}
+    rng = np.random.default_rng(cfg.train.seed + start)
+    try:
+        with ckpt_lib.PreemptionGuard() as guard:
+            for step in range(start, g.steps):
+                t_step = time.perf_counter()
+                params = R.policy(state)
+                cur = pending if pending is not None else R.sample(params, source.next(g.contexts), step)
+                pending = None
+                consumed += g.contexts
+                get_cpu = R.workers.submit(R.cpu_kinds, cur["records"])
+                t0 = time.perf_counter()
+                if g.async_sampling and step + 1 < g.steps:
+                    pending = R.sample(params, source.next(g.contexts), step + 1)
+                b = R.fns.put_rows({k: cur["batch"][k] for k in grpo_step.BATCH_KEYS})
+                old_lp, ent = R.fns.logp(params, b)
+                ref_lp = R.fns.logp(R.ref, b)[0] if g.beta > 0 else old_lp
+                jax.block_until_ready(ref_lp)
+                device_s = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                cpu = get_cpu()
+                wait_s = time.perf_counter() - t1
+                t2 = time.perf_counter()
+                total, per = R.rewards(cur["records"], cpu)
+                reward_dev_s = time.perf_counter() - t2
+                adv = np.asarray(grpo_losses.group_advantages(total, g.group_size, g.advantages))
+                mask = cur["batch"]["mask"]
+                if g.is_mode != "none":
+                    w, is_m = grpo_losses.importance_weights(
+                        old_lp, cur["batch"]["sampler_logp"], mask, mode=g.is_mode, how=g.is_how,
+                        low=g.is_low, high=g.is_high)
+                else:
+                    w, is_m = np.zeros(mask.shape, np.float32), {}
+                full = {**{k: cur["batch"][k] for k in grpo_step.BATCH_KEYS}, "old_logp": np.asarray(old_lp),
+                        "ref_logp": np.asarray(ref_lp), "is_weights": np.asarray(w), "adv": adv}
+                t3 = time.perf_counter()
+                n_rows, ums = len(adv), []
+                for _ in range(g.num_iterations):
+                    order = rng.permutation(n_rows) if g.shuffle_minibatches else np.arange(n_rows)
+                    for s0 in range(0, n_rows, R.minibatch):
+                        idx = order[s0:s0 + R.minibatch]
+                        state, um = R.fns.update(state, R.base, R.fns.put_rows(
+                            {k: v[idx] for k, v in full.items()}))
+                        ums.append(um)
+                ums = jax.device_get(ums)
+                update_s = time.perf_counter() - t3
+                if int(ums[-1]["bad_steps"]) >= g.max_bad_steps:
+                    raise sft_loop.Diverged(f"stopped at step {step + 1}: non-finite GRPO updates.")
+
+                # history and metrics
+                for k, rec in enumerate(cur["records"]):
+                    rec["reward"] = float(total[k])
+                    rec["rewards"] = {n: float(v[k]) for n, v in per.items()}
+                    verdicts = [cpu[k][n][1] for n in ("verifier", "contains", "validity") if n in cpu[k]]
+                    verdicts = [v for v in verdicts if v]
+                    if verdicts:
+                        rec["verifier"] = verdicts[0]
+                hist.append(cur["records"])
+                lengths = cur["gen"].lengths
+                valid_r = total[~np.isnan(total)]
+                done = step + 1
+                step_s = time.perf_counter() - t_step
+                m = {"reward_mean": float(np.mean(valid_r)) if len(valid_r) else float("nan"),
+                     "reward_std": float(np.std(valid_r)) if len(valid_r) else float("nan"),
+                     "reward_nan_frac": float(np.mean(np.isnan(total))),
+                     **{f"reward_{n}_mean": float(np.nanmean(v)) if np.any(~np.isnan(v)) else float("nan")
+                        for n, v in per.items()},
+                     **group_stats(total, g.group_size, cfg.reward.success_threshold),
+                     "entropy": float(np.sum(np.asarray(ent) * mask) / max(mask.sum(), 1)),
+                     "completion_len_mean": float(np.mean(lengths)),
+                     "completion_len_max": float(np.max(lengths)),
+                     "truncated_frac": float(np.mean([f == "length" for f in cur["gen"].finish_reason])),
+                     **{k: float(np.mean([u[k] for u in ums])) for k in
+                        ("loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean",
+                         "grad_norm", "lr", "skipped")},
+                     **{k: float(v) for k, v in is_m.items()},
+                     "time_sample_s": cur["sample_s"], "time_logp_s": device_s,
+                     "time_reward_wait_s": wait_s, "time_reward_probe_s": reward_dev_s,
+                     "time_update_s": update_s, "time_step_s": step_s,
+                     "accelerator_idle_frac": wait_s / max(step_s, 1e-9)}
+                if done % cfg.log_every == 0 or done == g.steps:
+                    writer.write(done, m)
+                if cfg.sample_every > 0 and done % cfg.sample_every == 0:
+                    for rec in cur["records"][:: max(1, g.group_size // 2)]:
+                        samples_f.write(json.dumps({"step": done, "task": rec["task"]["id"],
+                                                    "prompt": rec["messages"][-2]["content"],
+                                                    "completion": rec["messages"][-1]["content"],
+                                                    "reward": history._clean(rec["reward"])}) + "\n")
+                    samples_f.flush()
+                bar.update(1, reward=m["reward_mean"], kl=m["kl"], len=m["completion_len_mean"])
+                # The data state counts only tasks of finished steps (a pending batch is redone).
+                ds = _data_state(consumed, hist.tell())
+                ckpt.save(done, state, ds)
+                if ckpt_lib.any_process(guard.requested):
+                    ckpt.save(done, state, ds, force=True)
+                    bar.write(f"rossjax grpo: SIGTERM at step {done}; checkpoint saved, exiting.")
+                    break
+            else:
+                ckpt.save(g.steps, state, _data_state(consumed, hist.tell()), force=True)
+    finally:
+        R.workers.close()
+        ckpt.close()
+        bar.close()
+        writer.close()
+        hist.close()
+        samples_f.close()
+    return {"state": state, "metrics": m, "tokenizer": R.tok_spec,
+            "history": os.path.join(workdir, "history.jsonl"), "run": R}
+
+
+def main(argv) -> int:
+    from rossjax.cli import parse_config
+
+    cfg, flags, rest = parse_config(argv)
+    if cfg is None:
+        raise ValueError("rossjax grpo needs --config=configs/grpo_verifier.py (or another GRPO config).")
+    if rest:
+        raise ValueError(f"unexpected arguments {' '.join(rest)!r}; options go in --config.x=y.")
+    workdir = flags.workdir or cfg.workdir
+    if not workdir:
+        raise ValueError("no output directory: pass --workdir=DIR.")
+    t0 = time.time()
+    out = run(cfg, workdir)
+    print(f"rossjax grpo: done in {time.time() - t0:.0f} s, reward {out['metrics'].get('reward_mean', float('nan')):.3f}; "
+          f"history {out['history']} (relearn: rossjax curate --config.input={out['history']} "
+          f"--config.tokenizer={out['tokenizer']}).")
+    return 0

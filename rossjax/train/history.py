@@ -1,0 +1,67 @@
+"""The rollout history of an RL run: every sampled candidate of every step, as rollout records.
+
+    WORKDIR/history.jsonl      one rollout record (DESIGN.md) per line, appended each step
+
+This is exactly what the ROSS relearning stage reads later:
+    rossjax curate --config=configs/curate.py --config.input=WORKDIR/history.jsonl \
+        --config.tokenizer=<the run's tokenizer> --config.output=DIR
+accepts it unchanged (stored token ids, verdicts under `verifier`, `source.step`). A record also
+carries fields curate ignores: `logprobs` (the sampler's per-token log-probs of the completion),
+`rewards` (each reward function's value) and `source.sample/finish_reason/prompt_tokens`.
+
+A reward that could not be computed (NaN) is written as null: JSON has no NaN and the record
+schema rejects it. Checkpoints store the file's byte size; a resumed run cuts the file back to
+it, so steps redone after a crash are not recorded twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+
+def _clean(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+class HistoryWriter:
+    def __init__(self, path: str, *, resume_bytes: int | None = None, enabled: bool = True):
+        self.path = path
+        self.enabled = enabled
+        self._f = None
+        if not enabled:
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        if resume_bytes is None:
+            open(path, "w").close()  # a fresh run starts a fresh history
+        elif os.path.exists(path) and os.path.getsize(path) > resume_bytes:
+            with open(path, "r+b") as f:
+                f.truncate(resume_bytes)
+        self._f = open(path, "a", encoding="utf-8")
+
+    def append(self, records):
+        if self._f is None:
+            return
+        for r in records:
+            self._f.write(json.dumps(_clean(r), ensure_ascii=False, allow_nan=False) + "\n")
+        self._f.flush()
+
+    def tell(self) -> int:
+        return self._f.tell() if self._f is not None else 0
+
+    def close(self):
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def read_history(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
