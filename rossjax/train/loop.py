@@ -178,12 +178,12 @@ def run(cfg, workdir: str) -> dict:
     peak = metrics_lib.measure_matmul_flops(512) * (
         1 if jax.default_backend() == "cpu" else jax.device_count())
     thr = metrics_lib.Throughput(metrics_lib.train_flops_per_token(model_cfg, cfg.data.seq_len), peak)
-    bar = metrics_lib.Progress(total, initial=start, desc=f"train {cfg.recipe}")
     if jax.process_index() == 0:
         print(f"rossjax train: {model_cfg.model_type} {model_cfg.num_params() / 1e6:.1f}M params "
               f"({source}), {total} steps of {g_rows} x {cfg.data.seq_len} tokens, {n_sup} "
               f"supervised of {n_tok} tokens per run, mesh {dict(mesh.shape)}, from step {start}.",
               file=sys.stderr)
+    bar = metrics_lib.Progress(total, initial=start, desc=f"train {cfg.recipe}")
 
     last, stopped, m = None, False, {}
     with ckpt_lib.PreemptionGuard() as guard:

@@ -1,0 +1,133 @@
+"""`rossjax bench sft`: SFT step throughput/MFU and the long-row memory check.
+
+1. Throughput: full training steps (forward, backward, AdamW) of the ~30M Qwen2-shaped preset
+   on packed 2,048-token rows; prints tokens/s, supervised tokens/s and MFU relative to a jitted
+   fp32 matmul measured in the same process (the CPU's achievable FLOP/s, not a datasheet peak).
+2. Memory: one step at batch 1 x 8,192 tokens with Qwen's vocabulary (151,936) and the chunked
+   loss; prints the process's peak resident memory (target < 3 GB; unchunked float32 logits
+   alone would take 8192 x 151936 x 4 B = 5 GB).
+Each part runs in a fresh child process on one CPU device so the peak RSS is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def packed_rows(rng, rows: int, seq: int, vocab: int):
+    """Rows packed with documents of 200-1,200 tokens; the second half of each is supervised."""
+    out = {k: np.zeros((rows, seq), np.int32) for k in ("input_ids", "loss_mask", "segment_ids", "positions")}
+    for r in range(rows):
+        off, seg = 0, 1
+        while off < seq:
+            n = min(int(rng.integers(200, 1200)), seq - off)
+            out["input_ids"][r, off:off + n] = rng.integers(0, vocab, n)
+            out["loss_mask"][r, off + n // 2:off + n] = 1
+            out["segment_ids"][r, off:off + n] = seg
+            out["positions"][r, off:off + n] = np.arange(n)
+            off, seg = off + n, seg + 1
+    return out
+
+
+def _child(part: str, args) -> dict:
+    import jax
+
+    from rossjax import models, sharding
+    from rossjax.train import metrics, optim, sft
+
+    if part == "throughput":
+        cfg = models.get_preset("qwen2_30m", remat_policy=args.remat)
+        rows, seq, micro, chunk = args.rows, args.seq, args.micro, 1024
+    else:
+        cfg = models.get_preset("qwen2_30m", vocab_size=151_936, remat_policy="full")
+        rows, seq, micro, chunk = 1, 8192, 1, args.chunk
+    mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+    ocfg = optim.default_config()
+    opt, sched = optim.make_optimizer(ocfg, 1000)
+    p_shard = sharding.param_shardings(cfg, mesh)
+    params = sharding.init_params_sharded(cfg, jax.random.PRNGKey(0), mesh)
+    sh = sft.state_shardings(p_shard, opt, jax.eval_shape(lambda: params), mesh)
+    state = sft.init_state(params, opt, sh)
+    bs = sharding.batch_sharding(mesh, 2, shape=(rows, seq))
+    step = sft.make_train_step(cfg, opt, sched, mesh=mesh, shardings=sh, batch_sharding=bs,
+                               micro_batches=micro, chunk_size=chunk)
+    batch = jax.device_put(packed_rows(np.random.default_rng(0), rows, seq, cfg.vocab_size), bs)
+    t0 = time.perf_counter()
+    state, m = step(state, batch)
+    jax.block_until_ready(m)
+    compile_s = time.perf_counter() - t0
+    n = args.steps if part == "throughput" else 1
+    t0 = time.perf_counter()
+    for _ in range(n):
+        state, m = step(state, batch)
+    jax.block_until_ready(m)
+    dt = (time.perf_counter() - t0) / n
+    tokens, sup = float(m["tokens"]), float(m["supervised_tokens"])
+    out = {"part": part, "params_m": cfg.num_params() / 1e6, "rows": rows, "seq": seq,
+           "step_s": dt, "compile_s": compile_s, "loss": float(m["loss"])}
+    if part == "throughput":
+        peak = metrics.measure_matmul_flops(2048)
+        fpt = metrics.train_flops_per_token(cfg, seq)
+        out.update(tokens_per_s=tokens / dt, supervised_tokens_per_s=sup / dt,
+                   matmul_gflops=peak / 1e9, model_gflops=tokens * fpt / dt / 1e9,
+                   mfu=tokens * fpt / dt / peak)
+    import resource
+
+    out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    return out
+
+
+def _run_child(part: str, argv) -> dict:
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-m", "rossjax.bench.sft", f"--_part={part}", *argv],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench sft {part} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="rossjax bench sft")
+    p.add_argument("--rows", type=int, default=4, help="packed rows per step")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--micro", type=int, default=1, help="micro-batches per step")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--remat", default="none")
+    p.add_argument("--chunk", type=int, default=512, help="loss chunk for the memory check")
+    p.add_argument("--skip_memory", action="store_true")
+    p.add_argument("--_part", default="", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    if args._part:
+        print(json.dumps(_child(args._part, args)))
+        return 0
+    t = _run_child("throughput", argv)
+    print(f"bench sft: qwen2_30m ({t['params_m']:.1f}M params), {t['rows']} x {t['seq']} packed rows, "
+          f"{t['step_s']:.2f} s/step (compile {t['compile_s']:.0f} s)")
+    print(f"  tokens/s             {t['tokens_per_s']:10.0f}")
+    print(f"  supervised tokens/s  {t['supervised_tokens_per_s']:10.0f}")
+    print(f"  model FLOP/s         {t['model_gflops']:10.1f} GFLOP/s")
+    print(f"  jitted matmul        {t['matmul_gflops']:10.1f} GFLOP/s (same run)")
+    print(f"  MFU vs matmul        {t['mfu']:10.1%}")
+    if not args.skip_memory:
+        m = _run_child("memory", argv)
+        verdict = "OK" if m["peak_rss_gb"] < 3.0 else "OVER"
+        print(f"bench sft memory: 1 x 8192 tokens, vocab 151,936 ({m['params_m']:.0f}M params, "
+              f"loss chunk {args.chunk}): peak RSS {m['peak_rss_gb']:.2f} GB (target < 3 GB: {verdict}); "
+              f"{m['step_s']:.1f} s/step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
