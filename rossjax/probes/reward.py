@@ -132,3 +132,50 @@ class ProbeReward:
             s = adversarial(s, aux, np.ones(len(s)) if valid is None else valid)
         out["probe_reward"] = s
         return out
+
+
+def _synthetic_induction_tasks(n: int, seed: int):
+    """Templated function-induction answers, about half valid; (text, task) pairs."""
+    import random
+
+    rng = random.Random(seed)
+    good = [("def f(x):\n    return x * {a} + {b}", ["1", "2", "3"]),
+            ("def f(s):\n    return s[::-1] + '{c}'", ["'ab'", "'xyz'"]),
+            ("def f(xs):\n    return sorted(xs)[:{a}]", ["[3, 1, 2]", "[9, 8]"])]
+    bad = [("import os\ndef f(x):\n    return x + {a}", ["1", "2"]),
+           ("def f(x):\n    return x +", ["1", "2"]),
+           ("def f(x):\n    return {a}", ["1", "2"]),
+           ("def g(x):\n    return x * {b}", ["1", "2"])]
+    out = []
+    for i in range(n):
+        prog, inputs = rng.choice(good if i % 2 == 0 else bad)
+        prog = prog.format(a=rng.randint(2, 9), b=rng.randint(0, 9), c=rng.choice("abc"))
+        text = f"```python\n{prog}\n```\n```inputs\n" + "\n".join(inputs) + "\n```"
+        out.append((text, {"program": prog, "inputs": inputs}))
+    return out
+
+
+def bootstrap_validity_probe(model_cfg, ref_params, render, *, n: int = 64, layer: int = -1,
+                             pooling: str = "mean", seed: int = 0) -> ProbeScorer:
+    """A linear probe of the *validity* of templated induction tasks, read from the reference.
+
+    For `:runlocal` smoke runs only, where no probe selected by `rossjax probe-sweep` exists for
+    the tiny random model: the labels are real (the induction verifier's `task_valid`), but they
+    are validity, not the solver-utility band a PROPEL probe predicts.
+    """
+    from rossjax.curate.verifiers.induction import task_valid
+    from rossjax.probes import heads
+    from rossjax.probes.activations import extract
+
+    pairs = _synthetic_induction_tasks(n, seed)
+    y = np.asarray([int(bool(task_valid(t).passed)) for _, t in pairs], np.int32)
+    recs = [{"messages": [{"role": "assistant", "content": text}], "token_ids": None}
+            for text, _ in pairs]
+    tokens = [render(r)[0] for r in recs]
+    layer = layer % (model_cfg.n_layers + 1)
+    x = extract(model_cfg, ref_params, tokens, (layer,), pooling)[:, 0]
+    k = int(0.75 * n)
+    probe = heads.train_probe(x[:k], y[:k], x[k:], y[k:],
+                              heads.TrainConfig(head="linear", max_epochs=30, seed=seed))
+    return ProbeScorer(probe, {"layer": layer, "pooling": pooling, "turns": False,
+                               "labels": "bootstrap validity (task_valid)"})

@@ -154,11 +154,17 @@ class _Run:
         self.probe_reward = None
         if self._uses_probe():
             p = cfg.reward.probe
+            render = _render_fn(cfg, self.tok)
             paths = [x for x in [p.path, *p.ensemble.split(",")] if x]
+            if not paths:
+                raise ValueError("config.reward.probe.path is empty; give the probe selected by "
+                                 "`rossjax probe-sweep` (its .json manifest beside it).")
+            scorers = [reward_lib.bootstrap_validity_probe(self.model_cfg, self.ref, render,
+                                                           seed=cfg.train.seed)
+                       if x == "bootstrap" else reward_lib.ProbeScorer.load(x) for x in paths]
             aux = reward_lib.ProbeScorer.load(p.auxiliary) if p.auxiliary else None
-            self.probe_reward = reward_lib.ProbeReward(
-                self.model_cfg, self.ref, [reward_lib.ProbeScorer.load(x) for x in paths],
-                _render_fn(cfg, self.tok), auxiliary=aux)
+            self.probe_reward = reward_lib.ProbeReward(self.model_cfg, self.ref, scorers, render,
+                                                       auxiliary=aux)
 
     def _uses_probe(self):
         return "probe" in self.cfg.reward.functions

@@ -1,0 +1,70 @@
+"""PROPEL on Absolute-Zero-style function induction: a generator policy writes induction tasks
+and is rewarded by a probe on the frozen reference's activations, behind a validity gate.
+
+Run:
+  rossjax grpo --config=configs/propel_azr.py --config.model.path=HF_GENERATOR_DIR \
+      --config.reward.probe.path=SWEEP_DIR/selected_probe --workdir=runs/propel
+  rossjax grpo --config=configs/propel_azr.py:runlocal --workdir=/tmp/propel-local
+
+Reward (rossjax/probes/reward.py): the candidate task (the generator's answer, a ```python block
+defining f plus an ```inputs block) is rendered as a user turn, run through the frozen reference
+(with LoRA: the same base weights, adapters off), pooled as the probe's manifest says and scored
+with the probe (P(in the solver's learnable band)); `hard_gate` gives -0.2 to tasks that fail the
+validity check W (the induction verifier's `task_valid`, run on CPU workers). Options:
+`reward.probe.ensemble=P2,P3` (worst case over probes), `reward.probe.auxiliary=AUX` (adversarial
+auxiliary probe: min(original, auxiliary) on valid tasks), `reward.probe.gate=soft_gate`.
+KL beta = 0.05 to the reference, LoRA rank 16 on all projections.
+
+Needs: a generator checkpoint and the probe `rossjax probe-sweep` selected for it (the probe must
+have been trained on the same rendering: user-turn task text, `reward.probe.render=task`).
+`:runlocal` has no such probe for its random tiny model: it trains a linear *validity* probe on
+templated induction tasks at start-up (`reward.probe.path=bootstrap`; real task_valid labels, not
+utility labels), so it exercises the mechanics only. Time: `:runlocal` ~2 minutes on this 2-core
+CPU; the full config is a TPU job (~15-30 s per step for a 1.5B generator on a v5e-8).
+"""
+
+from rossjax.train.grpo import default_config
+
+
+def get_config(arg: str | None = None):
+    c = default_config()
+    c.run_name = "propel-azr"
+    c.data.tasks = "gen:induction"
+    c.reward.functions = ("probe",)
+    c.reward.weights = (1.0,)
+    c.reward.probe.gate = "hard_gate"
+    c.reward.probe.invalid_reward = -0.2
+    c.reward.probe.validity = "validity"
+    c.reward.probe.render = "task"
+    c.grpo.beta = 0.05
+    c.grpo.steps = 300
+    c.grpo.contexts = 16
+    c.grpo.group_size = 8
+    c.grpo.max_new_tokens = 768
+    c.lora.enabled = True
+    c.lora.rank = 16
+    c.lora.alpha = 32.0
+    c.lora.targets = "all"
+    c.optim.peak_lr = c.optim.end_lr = 1e-5
+    for v in [a for a in (arg or "").split(",") if a]:
+        if v == "runlocal":
+            c.tokenizer = "ascii"
+            c.model.preset = "tiny_qwen2"
+            c.model.dtype = "float32"
+            c.reward.probe.path = "bootstrap"
+            c.grpo.steps = 10
+            c.grpo.contexts = 4
+            c.grpo.group_size = 4
+            c.grpo.max_new_tokens = 48
+            c.grpo.loss_chunk = 64
+            c.reward.workers = 1
+            c.lora.rank = 4
+            c.lora.alpha = 8.0
+            c.optim.peak_lr = c.optim.end_lr = 1e-3
+            c.checkpoint.save_every = 5
+            c.checkpoint.async_save = False
+            c.sample_every = 5
+            c.mesh.num_devices = 1
+        else:
+            raise ValueError(f"configs/propel_azr.py: variant {v!r} is not runlocal.")
+    return c
