@@ -1,0 +1,47 @@
+"""Evaluate a PROPEL task generator (utility, validity, Self-BLEU-3, Distinct-3, top-topic rate)
+or a policy (pass@k, coverage).
+
+Run:
+  rossjax eval-generator --config=configs/eval_generator.py --config.generator.path=GEN_DIR \
+      --config.solver.kind=model --config.solver.path=SOLVER_DIR --workdir=runs/eval
+  rossjax eval-generator --config=configs/eval_generator.py --config.mode=policy \
+      --config.solver.path=POLICY_DIR --config.tasks=tasks.jsonl --workdir=runs/eval
+  rossjax eval-generator --config=configs/eval_generator.py:runlocal --workdir=/tmp/evalgen
+
+Needs: a generator checkpoint (HF folder) and a solver (a checkpoint through the sampler, or the
+programmatic `oracle` / `identity` solvers); policy mode needs a task file or `gen:arith`.
+Writes WORKDIR/eval_generator.json. Time: `:runlocal` (random tiny model, 16 tasks, oracle
+solver, K = 8) ~30 s on this CPU; 512 tasks x K = 8 with a 1.5B solver is a TPU job (minutes).
+"""
+
+import ml_collections
+
+
+def get_config(arg: str | None = None):
+    c = ml_collections.ConfigDict()
+    c.workdir = ""
+    c.mode = "generator"          # generator | policy
+    c.tokenizer = "qwen"          # or "ascii" for tiny models from scratch
+    c.generator = ml_collections.ConfigDict(dict(path="", preset=""))
+    c.solver = ml_collections.ConfigDict(dict(kind="model", path="", preset=""))
+    c.tasks = "gen:arith"         # policy mode: task file or generator
+    c.num_tasks = 512
+    c.k = 8                       # solver trials per task
+    c.ks = (1, 4, 8)              # pass@k reported in policy mode
+    c.lo, c.hi = 1 / 8, 3 / 8     # the learnable band for the utility rate
+    c.max_new_tokens = 768
+    c.temperature = 1.0
+    c.workers = 2
+    c.seed = 0
+    for v in [a for a in (arg or "").split(",") if a]:
+        if v == "runlocal":
+            c.tokenizer = "ascii"
+            c.generator.preset = "tiny_qwen2"
+            c.solver.kind = "oracle"
+            c.solver.preset = "tiny_qwen2"
+            c.num_tasks = 16
+            c.max_new_tokens = 48
+            c.workers = 1
+        else:
+            raise ValueError(f"configs/eval_generator.py: variant {v!r} is not runlocal.")
+    return c

@@ -1,0 +1,211 @@
+"""`rossjax eval-generator --config=configs/eval_generator.py`: judge a task generator (PROPEL) or
+a policy.
+
+Generator mode: sample fresh function-induction tasks from the generator, check validity
+(`task_valid`), run the solver K times per valid task and report, as the PROPEL paper does:
+  utility rate    share of sampled tasks whose realized solve count lands in [lo*K, hi*K]
+                  (invalid tasks count as not useful);
+  validity rate   share of sampled tasks that pass `task_valid`;
+  Self-BLEU-3     mean BLEU (1-3-grams, uniform weights, brevity penalty) of each task against all
+                  others (lower = more diverse);
+  Distinct-3      distinct word trigrams / all word trigrams;
+  top-topic rate  share of the most common topic. Deviation: topics come from a rule (the first
+                  matching operation family in the program, see `topic`), not an LLM classifier.
+Solvers: `model` (any checkpoint through the sampler; `solver.path`/`solver.preset`) or the
+programmatic `oracle` (answers with the task's own f: always solves) and `identity`
+(answers `def f(*a): return a[0]`).
+
+Policy mode (`mode=policy`): K answers per task of a task file, verified by the curation
+verifiers; reports pass@k (unbiased estimator) for k in `ks` and coverage (share of tasks solved
+at least once).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+
+_TOPICS = (("string", r"str\(|\.join|\.split|\.upper|\.lower|\[::-1\]|'"),
+           ("sorting", r"sorted\(|\.sort\("), ("list", r"\[|append|len\("),
+           ("arithmetic", r"[-+*/%]"), ("logic", r"\bif\b|\band\b|\bor\b"))
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def _ngrams(toks, n):
+    return collections.Counter(tuple(toks[i:i + n]) for i in range(len(toks) - n + 1))
+
+
+def bleu(hyp: list[str], refs: list[list[str]], max_n: int = 3) -> float:
+    """Sentence BLEU with clipped counts over several references, closest reference length."""
+    if not hyp or not refs:
+        return 0.0
+    logs = []
+    for n in range(1, max_n + 1):
+        h = _ngrams(hyp, n)
+        total = sum(h.values())
+        if total == 0:
+            return 0.0
+        best = collections.Counter()
+        for r in refs:
+            for g, c in _ngrams(r, n).items():
+                best[g] = max(best[g], c)
+        clipped = sum(min(c, best[g]) for g, c in h.items())
+        if clipped == 0:
+            return 0.0
+        logs.append(math.log(clipped / total))
+    ref_len = min((abs(len(r) - len(hyp)), len(r)) for r in refs)[1]
+    bp = 1.0 if len(hyp) > ref_len else math.exp(1 - ref_len / len(hyp))
+    return bp * math.exp(sum(logs) / max_n)
+
+
+def self_bleu(texts: list[str], n: int = 3) -> float:
+    toks = [t.split() for t in texts]
+    if len(toks) < 2:
+        return 0.0
+    return float(np.mean([bleu(toks[i], toks[:i] + toks[i + 1:], n) for i in range(len(toks))]))
+
+
+def distinct_n(texts: list[str], n: int = 3) -> float:
+    grams = [g for t in texts for g in _ngrams(t.split(), n).elements()]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def topic(program: str) -> str:
+    for name, pat in _TOPICS:
+        if re.search(pat, program.split("\n", 1)[-1]):
+            return name
+    return "other"
+
+
+def top_topic_rate(topics: list[str]) -> float:
+    return max(collections.Counter(topics).values()) / len(topics) if topics else 0.0
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def utility_rate(solved, valid_tasks, k: int, lo: float, hi: float) -> float:
+    """Share of all sampled tasks that are valid and solved lo*K..hi*K times."""
+    ok = [v and lo * k - 1e-9 <= s <= hi * k + 1e-9 for s, v in zip(solved, valid_tasks)]
+    return float(np.mean(ok)) if ok else 0.0
+
+
+# ----------------------------------------------------------------------------- running
+
+def _model(spec_path, spec_preset, tok, seed):
+    import jax
+
+    from rossjax import models
+    if spec_path:
+        return models.load_hf(spec_path, dtype="float32")
+    cfg = models.get_preset(spec_preset, dtype="float32", vocab_size=tok.vocab_size)
+    return cfg, models.init_params(cfg, jax.random.PRNGKey(seed))
+
+
+def _sample(mc, params, tok, prompts_msgs, n, c, seed):
+    from rossjax import sample
+    from rossjax.train import rollout
+
+    prompts = [tok.encode(rollout.render_prompt(m, "chatml", tok)) for m in prompts_msgs]
+    gen = sample.generate(mc, params, prompts, c.max_new_tokens, temperature=c.temperature,
+                          stop_ids=(tok.eos_id,), num_samples=n, seed=seed)
+    return [tok.decode([t for t in s if t != tok.eos_id]) for s in gen.sequences()]
+
+
+def solver_prompt(task: dict, outputs: list) -> str:
+    pairs = "\n".join(f"f({i}) -> {o}" for i, o in zip(task["inputs"], outputs))
+    return ("Find the Python function f with this behaviour and write it in a ```python block.\n"
+            + pairs)
+
+
+def evaluate_generator(c) -> dict:
+    from rossjax.curate.tokenizers import load_tokenizer
+    from rossjax.curate.verifiers.induction import _run_f, task_valid, verify
+    from rossjax.train import rollout
+
+    tok = load_tokenizer(rollout.write_ascii_tokenizer(os.path.join(c.workdir, "tokenizer"))
+                         if c.tokenizer == "ascii" else c.tokenizer)
+    mc, params = _model(c.generator.path, c.generator.preset, tok, c.seed)
+    msgs = [[{"role": "user", "content": rollout.INDUCTION_PROMPT}]]
+    texts = _sample(mc, params, tok, msgs, c.num_tasks, c, c.seed)
+    tasks = [rollout.parse_induction_task(t) for t in texts]
+    valid = [t is not None and bool(task_valid(t).passed) for t in tasks]
+    solved = [0] * len(tasks)
+    sv = None
+    for i, (t, ok) in enumerate(zip(tasks, valid)):
+        if not ok:
+            continue
+        outs = [v for _, v in _run_f(t["program"], t["inputs"], 4.0)[0]]
+        prompt = solver_prompt(t, outs)
+        if c.solver.kind == "oracle":
+            answers = [f"```python\n{t['program']}\n```"] * c.k
+        elif c.solver.kind == "identity":
+            answers = ["```python\ndef f(*a):\n    return a[0]\n```"] * c.k
+        elif c.solver.kind == "model":
+            sv = sv or _model(c.solver.path, c.solver.preset, tok, c.seed + 1)
+            answers = _sample(*sv, tok, [[{"role": "user", "content": prompt}]], c.k, c, c.seed + i)
+        else:
+            raise ValueError(f"config.solver.kind {c.solver.kind!r} is not model, oracle or identity.")
+        task = {**t, "hidden_outputs": outs}
+        solved[i] = sum(bool(verify({"task": task, "messages": [
+            {"role": "user", "content": prompt}, {"role": "assistant", "content": a}]}).passed)
+            for a in answers)
+    good = [t["program"] for t in tasks if t]
+    return {"mode": "generator", "tasks": len(tasks), "k": c.k,
+            "utility_rate": utility_rate(solved, valid, c.k, c.lo, c.hi),
+            "validity_rate": float(np.mean(valid)), "self_bleu3": self_bleu(texts),
+            "distinct3": distinct_n(texts), "top_topic_rate": top_topic_rate([topic(p) for p in good]),
+            "solve_counts": solved}
+
+
+def evaluate_policy(c) -> dict:
+    from rossjax.curate.tokenizers import load_tokenizer
+    from rossjax.curate.verifiers import verify_many
+    from rossjax.train import rollout
+
+    tok = load_tokenizer(rollout.write_ascii_tokenizer(os.path.join(c.workdir, "tokenizer"))
+                         if c.tokenizer == "ascii" else c.tokenizer)
+    mc, params = _model(c.solver.path, c.solver.preset, tok, c.seed)
+    src = rollout.TaskSource(c.tasks, c.seed)
+    tasks = src.next(c.num_tasks)
+    msgs = [rollout.prompt_messages(t) for t in tasks]
+    answers = _sample(mc, params, tok, msgs, c.k, c, c.seed)
+    records = [{"task": rollout.task_for_record(tasks[i // c.k]),
+                "messages": [*msgs[i // c.k], {"role": "assistant", "content": a}]}
+               for i, a in enumerate(answers)]
+    verdicts = verify_many(records, workers=c.workers)
+    correct = np.asarray([bool(v.passed) for v in verdicts]).reshape(len(tasks), c.k)
+    out = {"mode": "policy", "tasks": len(tasks), "k": c.k,
+           "coverage": float(np.mean(correct.any(axis=1)))}
+    for k in c.ks:
+        if k <= c.k:
+            out[f"pass@{k}"] = float(np.mean([pass_at_k(c.k, int(r.sum()), k) for r in correct]))
+    return out
+
+
+def main(argv=None) -> int:
+    from rossjax.cli import parse_config
+
+    c, flags, rest = parse_config(list(argv or []))
+    if c is None:
+        raise ValueError("rossjax eval-generator needs --config=configs/eval_generator.py.")
+    c.workdir = flags.workdir or c.workdir
+    if not c.workdir:
+        raise ValueError("no output directory: pass --workdir=DIR.")
+    os.makedirs(c.workdir, exist_ok=True)
+    out = evaluate_generator(c) if c.mode == "generator" else evaluate_policy(c)
+    with open(os.path.join(c.workdir, "eval_generator.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps({k: v for k, v in out.items() if k != "solve_counts"}), file=sys.stderr)
+    return 0
