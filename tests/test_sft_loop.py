@@ -50,6 +50,7 @@ def _argv(data, workdir, *extra):
             f"--workdir={workdir}", *extra]
 
 
+@pytest.mark.slow
 def test_runlocal_trains_evaluates_and_exports(tmp_path):
     data = write_curated(tmp_path / "data", n=100)
     work = tmp_path / "run"

@@ -89,7 +89,7 @@ def _child(part: str, args) -> dict:
     ma = compiled.memory_analysis()
     predicted = None if ma is None else (ma.temp_size_in_bytes + ma.argument_size_in_bytes
                                          + ma.output_size_in_bytes - ma.alias_size_in_bytes) / 1e9
-    if part == "memory" and predicted is not None and predicted > args.max_gb:
+    if predicted is not None and predicted > args.max_gb:
         # Running it would only get the machine's OOM killer involved: report XLA's own figure.
         return {"part": part, "params_m": cfg.num_params() / 1e6, "ran": False,
                 "predicted_gb": predicted, "temp_gb": ma.temp_size_in_bytes / 1e9}
@@ -131,9 +131,9 @@ def _parser():
     p = argparse.ArgumentParser(prog="rossjax bench sft")
     p.add_argument("--rows", type=int, default=4, help="packed rows per step")
     p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--micro", type=int, default=1, help="micro-batches per step")
+    p.add_argument("--micro", type=int, default=4, help="micro-batches per step")
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--remat", default="none")
+    p.add_argument("--remat", default="full")
     p.add_argument("--chunk", type=int, default=512, help="loss chunk for the memory check")
     p.add_argument("--skip_memory", action="store_true")
     p.add_argument("--max_gb", type=float, default=8.0,
@@ -149,6 +149,10 @@ def main(argv=None) -> int:
         print(json.dumps(_child(args._part, args)))
         return 0
     t = _run_child("throughput", argv)
+    if not t["ran"]:
+        print(f"bench sft: XLA predicts {t['predicted_gb']:.1f} GB for the throughput step > --max_gb "
+              f"{args.max_gb}; lower --rows or raise --micro")
+        return 1
     print(f"bench sft: qwen2_30m ({t['params_m']:.1f}M params), {t['rows']} x {t['seq']} packed rows, "
           f"{t['step_s']:.2f} s/step (compile {t['compile_s']:.0f} s)")
     print(f"  tokens/s             {t['tokens_per_s']:10.0f}")
