@@ -78,3 +78,27 @@ def test_init_structure_matches_logical_axes_and_param_count():
     assert 25e6 < cfg.num_params() < 35e6
     assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.vocab_size) == (
         512, 8, 8, 2, 1536, 8192)
+
+
+def test_bf16_checkpoint_round_trip(tmp_path):
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from rossjax.models import load_hf, save_hf
+
+    cfg = BASE.replace(dtype="bfloat16", param_dtype="bfloat16")
+    params = init_params(cfg, jax.random.key(4))
+    save_hf(cfg, params, tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), "np") as f:
+        assert f.get_slice("model.layers.0.self_attn.q_proj.weight").get_dtype() == "BF16"
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    assert model.dtype == torch.bfloat16
+    cfg2, params2 = load_hf(tmp_path, dtype="bfloat16")
+    assert cfg2.dtype == "bfloat16"
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
+        assert b.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    _, params32 = load_hf(tmp_path)  # default float32 upcasts exactly
+    np.testing.assert_array_equal(np.asarray(params32["embed"]["embedding"]),
+                                  np.asarray(params["embed"]["embedding"], np.float32))

@@ -35,6 +35,9 @@ def test_plain_batch_logits_and_hidden_states(tiny):
     logits, hidden = forward(cfg, params, tokens, hidden_layers=tuple(range(L + 1)))
     assert logits.dtype == np.float32
     np.testing.assert_allclose(np.asarray(logits), out.logits.numpy(), atol=TOL, rtol=0)
+    if cfg.sliding_window:  # the window must matter at this length, or parity proves nothing
+        unwindowed, _ = forward(cfg.replace(sliding_window=None, layer_types=None), params, tokens)
+        assert np.abs(np.asarray(unwindowed) - out.logits.numpy()).max() > 1e-3
     assert len(out.hidden_states) == L + 1
     for i in range(L + 1):  # 0 = embeddings, i = block i output, L = after final norm (as HF)
         np.testing.assert_allclose(np.asarray(hidden[i]), out.hidden_states[i].numpy(), atol=TOL,

@@ -8,9 +8,9 @@ from jax.sharding import PartitionSpec as P
 
 from hf_tiny import make_tiny_hf
 from rossjax.models import ModelConfig, forward, init_params, load_hf
-from rossjax.sharding import (DEFAULT_RULES, batch_sharding, init_params_sharded,
-                              logical_to_mesh_spec, make_mesh, normalize_rules, param_shardings,
-                              shard_batch)
+from rossjax.sharding import (DEFAULT_RULES, batch_sharding, cache_shardings,
+                              init_params_sharded, logical_to_mesh_spec, make_mesh,
+                              normalize_rules, param_shardings, shard_batch)
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
 
@@ -63,6 +63,9 @@ def test_init_params_sharded_matches_plain_init():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-7)
     assert sharded["embed"]["embedding"].sharding.spec == P("tensor", "fsdp")
     assert batch_sharding(mesh, 3).spec == P(("data", "fsdp"), None, None)
+    cs = cache_shardings(cfg, mesh, batch=4, max_len=16)
+    assert cs["k"].spec == P(None, ("data", "fsdp"), None, "tensor", None)
+    assert cs["mask"].spec == P(("data", "fsdp"), None)
 
 
 def test_bad_mesh_and_rules():

@@ -214,7 +214,9 @@ def load_hf(path, dtype="float32", mesh=None, rules=None):
 def save_hf(cfg: ModelConfig, params, path, max_shard_bytes: int = 2 << 30):
     """Write config.json + safetensors (sharded with an index above `max_shard_bytes`).
 
-    Tensors are converted and written one at a time; dtype is each param's own dtype.
+    Tensors are converted one at a time; host memory holds at most one output shard. Dtype is
+    each param's own dtype (bf16 params give a bf16 checkpoint). Sharded params are gathered one
+    layer slice at a time, which assumes a single host (all shards addressable).
     """
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
