@@ -102,3 +102,24 @@ def test_bf16_checkpoint_round_trip(tmp_path):
     _, params32 = load_hf(tmp_path)  # default float32 upcasts exactly
     np.testing.assert_array_equal(np.asarray(params32["embed"]["embedding"]),
                                   np.asarray(params["embed"]["embedding"], np.float32))
+
+
+def test_from_hf_config_legacy_and_v5_rope_keys_agree():
+    from rossjax.models import from_hf_config
+
+    base = {"model_type": "llama", "vocab_size": 8, "hidden_size": 32, "num_hidden_layers": 3,
+            "num_attention_heads": 2, "intermediate_size": 8}
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    v4 = from_hf_config({**base, "rope_theta": 5e5, "rope_scaling": {"type": "llama3", **scaling}})
+    v5 = from_hf_config({**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5,
+                                                     **scaling}})
+    assert v4 == v5 and v4.rope_theta == 5e5
+    plain = from_hf_config({**base, "rope_theta": 5e5})
+    assert not np.allclose(v4.inv_freq(), plain.inv_freq())
+    # Qwen2 config without layer_types: sliding from max_window_layers on, as transformers does
+    q = from_hf_config({**base, "model_type": "qwen2", "use_sliding_window": True,
+                        "sliding_window": 4, "max_window_layers": 1})
+    assert q.layer_windows() == (0, 4, 4)
+    assert from_hf_config({**base, "model_type": "qwen2", "sliding_window": 4}).layer_windows() == (
+        0, 0, 0)

@@ -189,6 +189,11 @@ def from_hf_config(hf: dict, *, source: str = "config") -> ModelConfig:
         if not hf.get("use_sliding_window", False):
             window = None
     layer_types = hf.get("layer_types") if mt in ("qwen2", "qwen3") else None
+    if mt in ("qwen2", "qwen3") and window is not None and layer_types is None:
+        # older configs: transformers derives the types from max_window_layers
+        first = int(hf.get("max_window_layers", 28))
+        n = int(_get(hf, "num_hidden_layers", source))
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
     if window is None:
         layer_types = None
     attn_bias = bool(hf.get("attention_bias", False))
