@@ -95,6 +95,7 @@ def test_lora_kl_async_icepop_and_resume(tmp_path):
     c.grpo.is_mode, c.grpo.is_how, c.grpo.is_low, c.grpo.is_high = "token", "mask", 0.5, 2.0
     c.grpo.agg = "seq_mean_token_sum_norm"
     c.checkpoint.save_every = 1
+    c.grpo.steps, c.grpo.stop_after = 4, 2  # stops after step 2 as if preempted
     out = grpo.run(c, str(tmp_path))
     assert set(out["state"]["params"]) == {"layers"}  # only adapters are trained
     m = read_metrics(str(tmp_path))
@@ -103,7 +104,8 @@ def test_lora_kl_async_icepop_and_resume(tmp_path):
               "accelerator_idle_frac", "reward_contains_mean"):
         assert k in m[-1], k
     assert m[0]["kl"] == 0.0 or abs(m[0]["kl"]) < 1e-6  # adapters start at zero: policy == reference
-    c.grpo.steps = 4
+    assert len(m) == 2
+    c.grpo.stop_after = -1
     grpo.run(c, str(tmp_path))  # resumes from step 2
     rows = read_history(os.path.join(tmp_path, "history.jsonl"))
     assert [r["source"]["step"] for r in rows[::16]] == [0, 1, 2, 3]

@@ -18,9 +18,7 @@ beta > 0 keeps a frozen copy of the initial weights as the reference.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -37,30 +35,6 @@ from rossjax.train import checkpoint as ckpt_lib
 from rossjax.train import grpo_losses, grpo_step, history, optim, rollout
 from rossjax.train import loop as sft_loop
 from rossjax.train import metrics as metrics_lib
-
-
-class RewardWorkers:
-    """CPU rewards on `workers` spawned processes (math-verify's signal timeouts need each
-    verifier in a main thread); workers=0 scores lazily in this process when asked."""
-
-    def __init__(self, workers: int):
-        self.workers = int(workers)
-        self._ex = (cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
-                    if self.workers > 0 else None)
-
-    def submit(self, kinds: tuple, records: list[dict]):
-        if not kinds:
-            return lambda: [{} for _ in records]
-        if self._ex is None:
-            return lambda: rollout.score_batch(kinds, records)
-        per = max(1, -(-len(records) // (2 * self.workers)))
-        futs = [self._ex.submit(rollout.score_batch, kinds, records[i:i + per])
-                for i in range(0, len(records), per)]
-        return lambda: [x for f in futs for x in f.result()]
-
-    def close(self):
-        if self._ex is not None:
-            self._ex.shutdown(cancel_futures=True)
 
 
 def _setup_tokenizer(cfg, workdir):
@@ -83,15 +57,7 @@ def _render_fn(cfg, tok):
     return render
 
 
-def group_stats(rewards: np.ndarray, g: int, success: float) -> dict:
-    r = rewards.reshape(-1, g)
-    ok = ~np.isnan(r)
-    zero_var, mixed = [], []
-    for row, m in zip(r, ok):
-        v = row[m]
-        zero_var.append(len(v) < 2 or np.all(v == v[0]))
-        mixed.append(bool(np.any(v >= success) and np.any(v < success)))
-    return {"zero_var_group_frac": float(np.mean(zero_var)), "mixed_outcome_rate": float(np.mean(mixed))}
+_STEP_FNS: dict = {}
 
 
 class _Run:
@@ -139,10 +105,21 @@ class _Run:
         self.s_shard = grpo_step.state_shardings(self.t_shard, self.optimizer, abstract_t, self.mesh)
         self.abstract_t = abstract_t
         self._trainable0 = trainable
-        self.fns = grpo_step.StepFns(
-            self.model_cfg, self.optimizer, schedule, mesh=self.mesh, param_shardings=self.p_shard,
-            state_shardings=self.s_shard, base_shardings=self.base_shard or {},
-            lora_alpha=self.lora_alpha, loss_cfg=g, chunk=g.loss_chunk, max_new=g.max_new_tokens)
+        # Compiled steps are reused by later runs in this process with the same settings (a
+        # resumed run, tests): jit caches per function object, and StepFns builds new ones.
+        g_key = json.dumps({k: v for k, v in g.to_dict().items() if k != "stop_after"},
+                           sort_keys=True, default=str)
+        key = (self.model_cfg, cfg.optim.to_json(), g_key, cfg.lora.to_json(), self.lora_alpha,
+               g.steps, tuple(d.id for d in self.mesh.devices.flat), tuple(self.mesh.shape.items()),
+               str(self.rules))
+        if key not in _STEP_FNS:
+            _STEP_FNS.clear()  # hold one: compiled programs of other models are not kept alive
+            _STEP_FNS[key] = grpo_step.StepFns(
+                self.model_cfg, self.optimizer, schedule, mesh=self.mesh,
+                param_shardings=self.p_shard, state_shardings=self.s_shard,
+                base_shardings=self.base_shard or {}, lora_alpha=self.lora_alpha, loss_cfg=g,
+                chunk=g.loss_chunk, max_new=g.max_new_tokens)
+        self.fns = _STEP_FNS[key]
         self.cpu_kinds = tuple(f for f in cfg.reward.functions if f in rollout.CPU_REWARDS)
         if self._uses_probe() and cfg.reward.probe.gate != "probe_only":
             self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.probe.validity,)))
@@ -150,7 +127,7 @@ class _Run:
         if unknown or len(cfg.reward.functions) != len(cfg.reward.weights):
             raise ValueError(f"config.reward.functions {tuple(cfg.reward.functions)} must name "
                              f"{', '.join([*rollout.CPU_REWARDS, 'probe'])}, one weight each.")
-        self.workers = RewardWorkers(cfg.reward.workers)
+        self.workers = rollout.RewardWorkers(cfg.reward.workers)
         self.probe_reward = None
         if self._uses_probe():
             p = cfg.reward.probe
@@ -236,7 +213,8 @@ def default_config():
         steps=200, contexts=16, group_size=8, max_new_tokens=512, temperature=1.0, top_p=1.0,
         top_k=0, num_iterations=1, minibatch=0, shuffle_minibatches=True, advantages="mean",
         eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean", is_mode="none", is_how="truncate",
-        is_low=0.0, is_high=2.0, loss_chunk=512, async_sampling=False, max_bad_steps=5))
+        is_low=0.0, is_high=2.0, loss_chunk=512, async_sampling=False, max_bad_steps=5,
+        stop_after=-1))  # stop_after > 0: save and exit after that step (as on SIGTERM)
     c.lora = mlc.ConfigDict(dict(enabled=False, rank=16, alpha=32.0, targets="all"))
     c.reward = mlc.ConfigDict(dict(functions=("verifier",), weights=(1.0,), workers=2,
                                    success_threshold=0.5))
@@ -296,17 +274,20 @@ def run(cfg, workdir: str) -> dict:
                 t_step = time.perf_counter()
                 params = R.policy(state)
                 cur = pending if pending is not None else R.sample(params, source.next(g.contexts), step)
+                sample_s = 0.0 if pending is not None else cur["sample_s"]  # time inside this step
                 pending = None
                 consumed += g.contexts
                 get_cpu = R.workers.submit(R.cpu_kinds, cur["records"])
-                t0 = time.perf_counter()
                 if g.async_sampling and step + 1 < g.steps:
                     pending = R.sample(params, source.next(g.contexts), step + 1)
+                    sample_s += pending["sample_s"]
+                t0 = time.perf_counter()
                 b = R.fns.put_rows({k: cur["batch"][k] for k in grpo_step.BATCH_KEYS})
-                old_lp, ent = R.fns.logp(params, b)
-                ref_lp = R.fns.logp(R.ref, b)[0] if g.beta > 0 else old_lp
-                jax.block_until_ready(ref_lp)
+                old_lp, ent = jax.block_until_ready(R.fns.logp(params, b))
                 device_s = time.perf_counter() - t0
+                t_ref = time.perf_counter()
+                ref_lp = jax.block_until_ready(R.fns.logp(R.ref, b)[0]) if g.beta > 0 else old_lp
+                ref_s = time.perf_counter() - t_ref
                 t1 = time.perf_counter()
                 cpu = get_cpu()
                 wait_s = time.perf_counter() - t1
@@ -355,7 +336,7 @@ def run(cfg, workdir: str) -> dict:
                      "reward_nan_frac": float(np.mean(np.isnan(total))),
                      **{f"reward_{n}_mean": float(np.nanmean(v)) if np.any(~np.isnan(v)) else float("nan")
                         for n, v in per.items()},
-                     **group_stats(total, g.group_size, cfg.reward.success_threshold),
+                     **rollout.group_stats(total, g.group_size, cfg.reward.success_threshold),
                      "entropy": float(np.sum(np.asarray(ent) * mask) / max(mask.sum(), 1)),
                      "completion_len_mean": float(np.mean(lengths)),
                      "completion_len_max": float(np.max(lengths)),
@@ -364,7 +345,7 @@ def run(cfg, workdir: str) -> dict:
                         ("loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean",
                          "grad_norm", "lr", "skipped")},
                      **{k: float(v) for k, v in is_m.items()},
-                     "time_sample_s": cur["sample_s"], "time_logp_s": device_s,
+                     "time_sample_s": sample_s, "time_logp_s": device_s, "time_ref_s": ref_s,
                      "time_reward_wait_s": wait_s, "time_reward_probe_s": reward_dev_s,
                      "time_update_s": update_s, "time_step_s": step_s,
                      "accelerator_idle_frac": wait_s / max(step_s, 1e-9)}
@@ -381,9 +362,10 @@ def run(cfg, workdir: str) -> dict:
                 # The data state counts only tasks of finished steps (a pending batch is redone).
                 ds = _data_state(consumed, hist.tell())
                 ckpt.save(done, state, ds)
-                if ckpt_lib.any_process(guard.requested):
+                if ckpt_lib.any_process(guard.requested) or done == g.stop_after:
                     ckpt.save(done, state, ds, force=True)
-                    bar.write(f"rossjax grpo: SIGTERM at step {done}; checkpoint saved, exiting.")
+                    bar.write(f"rossjax grpo: {'SIGTERM' if guard.requested else 'stop_after'} at "
+                              f"step {done}; checkpoint saved, exiting.")
                     break
             else:
                 ckpt.save(g.steps, state, _data_state(consumed, hist.tell()), force=True)

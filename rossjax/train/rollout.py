@@ -15,10 +15,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import math
+import multiprocessing as mp
 import os
 import random
+
+import numpy as np
 
 from rossjax.curate.chat import render_chat
 
@@ -181,6 +185,41 @@ def score(kind: str, record: dict) -> tuple[float, dict | None]:
 def score_batch(kinds: tuple, records: list[dict]) -> list[dict]:
     """For a worker: {kind: (reward, verdict)} per record."""
     return [{k: score(k, r) for k in kinds} for r in records]
+
+
+class RewardWorkers:
+    """CPU rewards on `workers` spawned processes (math-verify's signal timeouts need each
+    verifier in a main thread); workers=0 scores lazily in this process when asked."""
+
+    def __init__(self, workers: int):
+        self.workers = int(workers)
+        self._ex = (cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+                    if self.workers > 0 else None)
+
+    def submit(self, kinds: tuple, records: list[dict]):
+        if not kinds:
+            return lambda: [{} for _ in records]
+        if self._ex is None:
+            return lambda: score_batch(kinds, records)
+        per = max(1, -(-len(records) // (2 * self.workers)))
+        futs = [self._ex.submit(score_batch, kinds, records[i:i + per])
+                for i in range(0, len(records), per)]
+        return lambda: [x for f in futs for x in f.result()]
+
+    def close(self):
+        if self._ex is not None:
+            self._ex.shutdown(cancel_futures=True)
+
+
+def group_stats(rewards: np.ndarray, g: int, success: float) -> dict:
+    r = rewards.reshape(-1, g)
+    ok = ~np.isnan(r)
+    zero_var, mixed = [], []
+    for row, m in zip(r, ok):
+        v = row[m]
+        zero_var.append(len(v) < 2 or np.all(v == v[0]))
+        mixed.append(bool(np.any(v >= success) and np.any(v < success)))
+    return {"zero_var_group_frac": float(np.mean(zero_var)), "mixed_outcome_rate": float(np.mean(mixed))}
 
 
 def write_ascii_tokenizer(folder: str) -> str:
