@@ -155,3 +155,24 @@ def test_bad_names():
         gl.group_advantages(np.zeros(4), 2, "std")
     with pytest.raises(ValueError):
         grpo_loss(np.zeros((1, 2)), np.zeros((1, 2)), None, np.zeros(1), np.ones((1, 2)), agg="sum")
+
+
+@pytest.mark.parametrize("agg", gl.AGGREGATIONS)
+def test_equal_rewards_leave_only_the_kl_gradient(agg):
+    """All rewards in every group equal -> advantages 0 -> the gradient is the KL term's alone."""
+    logp, old, ref, _, mask = _inputs(seed=7)
+    logp = np.where(mask > 0, logp, 0.0)
+    r = np.repeat(np.random.default_rng(0).normal(size=3), 2)  # 3 groups of 2, equal inside
+    adv = np.asarray(gl.group_advantages(r, 2, "grpo"))
+    assert np.all(adv == 0)
+    beta = 0.3
+    g = jax.grad(lambda lp: grpo_loss(lp, old, ref, adv, mask, beta=beta, agg=agg)[0])(jnp.asarray(logp))
+
+    def kl_only(lp):
+        d = jnp.where(mask > 0, ref - lp, 0.0)
+        return gl._aggregate(beta * (jnp.exp(d) - d - 1), jnp.asarray(mask), agg, mask.shape[1])
+
+    np.testing.assert_allclose(np.asarray(g), np.asarray(jax.grad(kl_only)(jnp.asarray(logp))),
+                               rtol=1e-6, atol=1e-9)
+    g0 = jax.grad(lambda lp: grpo_loss(lp, old, ref, adv, mask, beta=0.0, agg=agg)[0])(jnp.asarray(logp))
+    assert float(jnp.abs(g0).max()) == 0.0
