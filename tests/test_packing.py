@@ -40,7 +40,10 @@ def _unpack(batches):
     """Documents (ids tuple, loss tuple) recovered from packed rows, checking the row layout."""
     out = []
     for b in batches:
-        assert set(b) == {"input_ids", "loss_mask", "segment_ids", "positions"}
+        assert set(b) == {"input_ids", "loss_mask", "eligible_mask", "segment_ids", "positions"}
+        # every supervised token is eligible; padding is neither
+        assert not (b["loss_mask"] & (1 - b["eligible_mask"])).any()
+        assert not b["eligible_mask"][b["segment_ids"] == 0].any()
         for k, v in b.items():
             assert v.dtype == np.int32 and v.shape[1] == SEQ, k
         for ids, loss, seg, pos in zip(b["input_ids"], b["loss_mask"], b["segment_ids"], b["positions"]):

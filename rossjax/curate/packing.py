@@ -2,7 +2,7 @@
 
     loader = make_loader(["/data/curated"], seq_len=4096, batch_size=8, seed=0)
     it = iter(loader)
-    batch = next(it)        # {input_ids, loss_mask, segment_ids, positions}: int32 [8, 4096]
+    batch = next(it)        # {input_ids, loss_mask, eligible_mask, segment_ids, positions}: int32 [8, 4096]
     state = it.get_state()  # save with the checkpoint; a fresh loader's iterator .set_state(state)
 
 Pipeline (grain): ArrayRecord shards -> this host's slice (shard_index::shard_count, before any
@@ -28,7 +28,7 @@ from rossjax.curate.pipeline import compiled_paths, decode_example
 
 STRATEGIES = ("first_fit", "best_fit")
 TRUNCATE = ("none", "left")
-FEATURES = ("input_ids", "loss_mask", "segment_ids", "positions")
+FEATURES = ("input_ids", "loss_mask", "eligible_mask", "segment_ids", "positions")
 
 
 class _Decode:
@@ -39,14 +39,16 @@ class _Decode:
         ex = decode_example(blob)
         ids = ex["input_ids"].astype(np.int32)
         loss = ex["loss_mask"].astype(np.int32)
+        # eligible_mask travels with the row so the trainer can log the target exclusion rate.
+        elig = ex["eligible_mask"].astype(np.int32)
         status = "ok"
         if len(ids) > self.seq_len:
             if self.truncate == "left":
-                ids, loss = ids[-self.seq_len:], loss[-self.seq_len:]
+                ids, loss, elig = ids[-self.seq_len:], loss[-self.seq_len:], elig[-self.seq_len:]
                 status = "ok" if loss.any() else "truncated_unsupervised"
             else:
                 status = "too_long"
-        return {"input_ids": ids, "loss_mask": loss, "_status": status}
+        return {"input_ids": ids, "loss_mask": loss, "eligible_mask": elig, "_status": status}
 
 
 class _Keep:
@@ -65,12 +67,13 @@ class _Keep:
 
 
 def _strip(ex: dict) -> dict:
-    return {"input_ids": ex["input_ids"], "loss_mask": ex["loss_mask"]}
+    return {k: ex[k] for k in ("input_ids", "loss_mask", "eligible_mask")}
 
 
 def _rename(row: dict) -> dict:
     return {"input_ids": row["input_ids"].astype(np.int32),
             "loss_mask": row["loss_mask"].astype(np.int32),
+            "eligible_mask": row["eligible_mask"].astype(np.int32),
             "segment_ids": row["input_ids_segment_ids"].astype(np.int32),
             "positions": row["input_ids_positions"].astype(np.int32)}
 
@@ -128,7 +131,7 @@ def make_loader(paths_or_dirs, seq_len: int, batch_size: int, *, seed: int = 0,
     ds = ds.repeat(num_epochs)
     ds = ds.map(_Decode(seq_len, truncate)).filter(_Keep(stats)).map(_strip)
     packer = gex.FirstFitPackIterDataset if strategy == "first_fit" else gex.BestFitPackIterDataset
-    packed = packer(ds.to_iter_dataset(), length_struct={"input_ids": seq_len, "loss_mask": seq_len},
+    packed = packer(ds.to_iter_dataset(), length_struct={k: seq_len for k in ("input_ids", "loss_mask", "eligible_mask")},
                     num_packing_bins=num_packing_bins or max(batch_size, 8), seed=seed,
                     shuffle_bins=shuffle)
     out = packed.map(_rename).batch(batch_size, drop_remainder=drop_remainder)
