@@ -1,8 +1,8 @@
 # Every target does its own set-up: a .venv built from pyproject.toml, nothing installed by hand.
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
-# 8 simulated CPU devices so mesh code runs the same way it does on a pod slice.
-export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+# Tests get 8 simulated CPU devices from tests/conftest.py; demo and benchmarks run on the
+# real device count (simulated devices would split 2 cores eight ways).
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
