@@ -2,8 +2,6 @@
 
 Run:
   rossjax retrogen --config=configs/retrogen.py --config.input=trajectories.jsonl --config.output=DIR
-  (when the `retrogen` command is registered; otherwise
-  `python -c 'import sys; from rossjax.curate.retrogen import main; main(sys.argv[1:])' --config=...`).
   `configs/retrogen.py:runlocal` scores the shipped sample (data/retrogen/sample.jsonl).
   `:artifact_only` is the ablation that keeps task + draft only.
 

@@ -16,6 +16,7 @@ COMMANDS = {
     "inspect": "rossjax.curate.view:main",
     "select": "rossjax.curate.select_cli:main",
     "mix": "rossjax.curate.mixture:main",
+    "retrogen": "rossjax.curate.retrogen:main",
     "train": "rossjax.train.sft:main",
     "export": "rossjax.train.export:main",
     "extract": "rossjax.probes.activations:main",
