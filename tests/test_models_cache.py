@@ -12,6 +12,11 @@ CONFIGS = {
     "mistral_window": ModelConfig(model_type="mistral", sliding_window=3),
     "qwen3_mixed_window": ModelConfig(model_type="qwen3", qk_norm=True, head_dim=32, sliding_window=3,
                                       layer_types=("full_attention", "sliding_attention")),
+    # long-prompt path: cached and new keys both through the block-wise kernel, merged by lse
+    "qwen3_window_blockwise": ModelConfig(model_type="qwen3", qk_norm=True, head_dim=32,
+                                          sliding_window=3, attention_impl="blockwise",
+                                          attention_block=4,
+                                          layer_types=("full_attention", "sliding_attention")),
 }
 
 

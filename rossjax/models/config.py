@@ -17,6 +17,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+ATTENTION_IMPLS = ("auto", "dense", "blockwise")
 _DTYPES = {"float32": "float32", "fp32": "float32", "f32": "float32",
            "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
 
@@ -65,6 +66,9 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat_policy: str = "none"    # per block: none | full | dots | dots_no_batch
     scan_layers: bool = True      # lax.scan over stacked layers (one compile) vs unrolled loop
+    # dense | blockwise (flash-style, O(s * block) memory) | auto (dense up to 2 blocks of keys)
+    attention_impl: str = "auto"
+    attention_block: int = 512
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -76,6 +80,12 @@ class ModelConfig:
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"ModelConfig: field 'remat_policy' is {self.remat_policy!r}; use one of "
                              f"{', '.join(REMAT_POLICIES)}.")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"ModelConfig: field 'attention_impl' is {self.attention_impl!r}; use one "
+                             f"of {', '.join(ATTENTION_IMPLS)}.")
+        if self.attention_block < 1:
+            raise ValueError(f"ModelConfig: field 'attention_block' must be >= 1, got "
+                             f"{self.attention_block}.")
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype, source="ModelConfig"))
         object.__setattr__(self, "param_dtype",
                            canonical_dtype(self.param_dtype, source="ModelConfig", field="param_dtype"))

@@ -1,5 +1,7 @@
 """Decoder building blocks (Flax linen): RMSNorm, RoPE, GQA attention, SwiGLU MLP, Block.
 
+The attention kernels themselves (dense / block-wise, masks from ids) live in attention.py.
+
 Every parameter carries logical axis names (see rossjax/sharding.py for the rules that map them
 to mesh axes). Numerics follow transformers: RMSNorm and softmax in float32, RoPE with the
 rotate-half convention, scores scaled by head_dim**-0.5 after the q.k product.
@@ -11,12 +13,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rossjax.models import attention as attn_kernels
+from rossjax.models.attention import MaskSpec
 from rossjax.models.config import ModelConfig
-
-# Large finite negative instead of -inf: a fully masked row (never produced by our masks, but
-# cheap insurance) then gives a uniform softmax instead of NaN.
-_MASK_VALUE = -1e30
-
 
 def _kernel_init(cfg: ModelConfig, names):
     return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), names)
@@ -59,23 +58,6 @@ def apply_rope(x, cos, sin):
     return out.astype(x.dtype)
 
 
-def attention(q, k, v, mask):
-    """Grouped-query attention without repeating k/v.
-
-    q [b, s, H, hd], k/v [b, t, K, hd], mask [b, s, t] bool (True = may attend).
-    Scores and softmax in float32; returns [b, s, H, hd] in q.dtype.
-    """
-    b, s, h, hd = q.shape
-    n_kv = k.shape[2]
-    qg = q.reshape(b, s, n_kv, h // n_kv, hd)
-    scores = jnp.einsum("bskgd,btkd->bkgst", qg, k, preferred_element_type=jnp.float32)
-    scores = scores * (hd ** -0.5)
-    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
-    return out.reshape(b, s, h, hd)
-
-
 class Attention(nn.Module):
     cfg: ModelConfig
 
@@ -87,9 +69,14 @@ class Attention(nn.Module):
             dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None):
-        """x [b, s, d]. With kv_cache=(k, v) [b, T, K, hd], the new keys/values are written at
-        slots [cache_index, cache_index + s) and attention runs over all T slots."""
+    def __call__(self, x, cos, sin, mask: MaskSpec, kv_cache=None, cache_mask: MaskSpec | None = None):
+        """x [b, s, d]; `mask` describes which of these s tokens each one sees.
+
+        With kv_cache=(k, v) [b, T, K, hd] (read-only: never copied or written here), queries also
+        attend to the cached slots that `cache_mask` allows, merged with the new tokens by
+        logsumexp; the new (k, v) [b, s, K, hd] come back in the cache dtype for the caller to
+        write once. Without a cache the second output is None.
+        """
         cfg = self.cfg
         q = self._proj(cfg.n_heads, ("heads", "head_dim"), cfg.qkv_bias, "q")(x)
         k = self._proj(cfg.n_kv_heads, ("kv_heads", "head_dim"), cfg.qkv_bias, "k")(x)
@@ -98,19 +85,22 @@ class Attention(nn.Module):
             q = RMSNorm(cfg, axis_name="head_dim", name="q_norm")(q)
             k = RMSNorm(cfg, axis_name="head_dim", name="k_norm")(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        new_cache = None
-        if kv_cache is not None:
+        kw = {"impl": cfg.attention_impl, "block": cfg.attention_block}
+        if kv_cache is None:
+            out, new_kv = attn_kernels.attend(q, k, v, mask, **kw), None
+        else:
             kc, vc = kv_cache
-            k = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), (0, cache_index, 0, 0))
-            v = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), (0, cache_index, 0, 0))
-            new_cache = (k, v)
-            k, v = k.astype(q.dtype), v.astype(q.dtype)
-        out = attention(q, k, v, mask)
+            new_kv = (k.astype(kc.dtype), v.astype(vc.dtype))
+            # Round through the cache dtype so a step sees exactly what later steps will read.
+            k, v = new_kv[0].astype(q.dtype), new_kv[1].astype(q.dtype)
+            old = attn_kernels.attend(q, kc.astype(q.dtype), vc.astype(q.dtype), cache_mask,
+                                      return_lse=True, **kw)
+            out = attn_kernels.merge([old, attn_kernels.attend(q, k, v, mask, return_lse=True, **kw)])
         out = nn.DenseGeneral(
             features=cfg.d_model, axis=(-2, -1), use_bias=cfg.o_bias, name="o",
             kernel_init=_kernel_init(cfg, ("heads", "head_dim", "embed")), bias_init=_zeros(("norm",)),
             dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))(out)
-        return out, new_cache
+        return out, new_kv
 
 
 class MLP(nn.Module):
@@ -137,9 +127,9 @@ class Block(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_index=None):
+    def __call__(self, x, cos, sin, mask: MaskSpec, kv_cache=None, cache_mask=None):
         h, new_cache = Attention(self.cfg, name="attn")(RMSNorm(self.cfg, name="attn_norm")(x),
-                                                        cos, sin, mask, kv_cache, cache_index)
+                                                        cos, sin, mask, kv_cache, cache_mask)
         x = x + h
         x = x + MLP(self.cfg, name="mlp")(RMSNorm(self.cfg, name="mlp_norm")(x))
         return x, new_cache

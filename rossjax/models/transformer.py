@@ -24,6 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rossjax.models.attention import MaskSpec
 from rossjax.models.config import ModelConfig
 from rossjax.models.layers import Block, Embed, LMHead, RMSNorm, rope_cos_sin
 
@@ -36,7 +37,8 @@ def _dummies(cfg: ModelConfig):
     dt = jnp.dtype(cfg.dtype)
     x = jnp.zeros((1, 1, cfg.d_model), dt)
     cs = jnp.zeros((1, 1, cfg.head_dim), jnp.float32)
-    return x, cs, cs, jnp.ones((1, 1, 1), bool)
+    ids = jnp.zeros((1, 1), jnp.int32)
+    return x, cs, cs, MaskSpec(ids, ids, ids[0], ids[0], ids, ids, jnp.int32(0))
 
 
 def _init_boxed(cfg: ModelConfig, rng, *, stacked: bool):
@@ -97,34 +99,23 @@ def default_positions(segment_ids):
     return idx - jax.lax.cummax(jnp.where(start, idx, 0), axis=1)
 
 
-def _masks(cfg, q_seg, kv_seg, q_idx, kv_idx, q_pos, kv_pos):
-    """(base, sliding) boolean masks [b, s, t]; sliding is None unless some layers use a window."""
-    base = (kv_idx[None, None, :] <= q_idx[None, :, None]) & (q_seg[:, :, None] == kv_seg[:, None, :])
-    windows = set(cfg.layer_windows())
-    if windows == {0}:
-        return base, None
-    w = max(windows)
-    sliding = base & ((q_pos[:, :, None] - kv_pos[:, None, :]) < w)
-    if 0 not in windows:  # every layer slides (Mistral): one mask suffices
-        return sliding, None
-    return base, sliding
-
-
-def _stack(cfg: ModelConfig, layers, x, cos, sin, masks, *, collect: bool, kv=None, cache_index=None):
-    """Run all blocks. Returns (x, per-layer outputs [L, b, s, d] or None, new kv or None)."""
+def _stack(cfg: ModelConfig, layers, x, cos, sin, mask: MaskSpec, *, collect: bool, kv=None,
+           cache_mask: MaskSpec | None = None):
+    """Run all blocks. Returns (x, per-layer outputs [L, b, s, d] or None, new k/v [L, b, s, K, hd]
+    or None). `kv` (the stacked cache) is only read; layer windows are set per layer."""
     block = Block(cfg)
-    base, sliding = masks
-    is_sliding = jnp.asarray([w > 0 for w in cfg.layer_windows()])
+    windows = jnp.asarray(cfg.layer_windows(), jnp.int32)
 
     def body(h, xs):
-        p, slide, layer_kv = xs
-        m = base if sliding is None else jnp.where(slide, sliding, base)
-        h, new_kv = block.apply({"params": p}, h, cos, sin, m, layer_kv, cache_index)
+        p, window, layer_kv = xs
+        m = mask._replace(window=window)
+        cm = None if cache_mask is None else cache_mask._replace(window=window)
+        h, new_kv = block.apply({"params": p}, h, cos, sin, m, layer_kv, cm)
         return h, (h if collect else None, new_kv)
 
     if cfg.remat_policy != "none":
         body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
-    xs = (layers, is_sliding, kv)
+    xs = (layers, windows, kv)
     if cfg.scan_layers:
         x, (outs, new_kv) = jax.lax.scan(body, x, xs)
         return x, outs, new_kv
@@ -149,9 +140,9 @@ def _trunk(cfg, params, tokens, positions, segment_ids, collect):
     x = Embed(cfg).apply({"params": params["embed"]}, tokens)
     cos, sin = rope_cos_sin(cfg, pos)
     idx = jnp.arange(tokens.shape[1], dtype=jnp.int32)
-    masks = _masks(cfg, seg, seg, idx, idx, pos, pos)
+    mask = MaskSpec(seg, seg, idx, idx, pos, pos, jnp.int32(0))
     emb = x
-    x, outs, _ = _stack(cfg, params["layers"], x, cos, sin, masks, collect=collect)
+    x, outs, _ = _stack(cfg, params["layers"], x, cos, sin, mask, collect=collect)
     h = RMSNorm(cfg).apply({"params": params["final_norm"]}, x)
     return emb, outs, h
 
@@ -216,19 +207,27 @@ def _forward_cached(params, tokens, positions, cache, cache_index, token_mask, *
     b, t = tokens.shape
     tm = jnp.ones((b, t), bool) if token_mask is None else jnp.asarray(token_mask, bool)
     ci = jnp.asarray(cache_index, jnp.int32)
-    kv_mask = jax.lax.dynamic_update_slice(cache["mask"], tm, (0, ci))
-    kv_pos = jax.lax.dynamic_update_slice(cache["pos"], positions, (0, ci))
-    q_idx = ci + jnp.arange(t, dtype=jnp.int32)
-    kv_idx = jnp.arange(kv_mask.shape[1], dtype=jnp.int32)
-    # Same-segment rule with segment = validity: real tokens see only valid slots.
-    masks = _masks(cfg, tm.astype(jnp.int32), kv_mask.astype(jnp.int32), q_idx, kv_idx,
-                   positions, kv_pos)
+    n_slots = cache["mask"].shape[1]
+    q_idx = jnp.arange(t, dtype=jnp.int32)
+    kv_idx = jnp.arange(n_slots, dtype=jnp.int32)
+    seg = tm.astype(jnp.int32)
+    zero = jnp.int32(0)
+    # The new tokens among themselves: same-segment rule with segment = validity.
+    mask = MaskSpec(seg, seg, q_idx, q_idx, positions, positions, zero)
+    # Cached slots before cache_index that hold a valid token (id 1, which only real queries
+    # carry); slots from cache_index on are being replaced by this call, so they are excluded.
+    old_seg = jnp.where(cache["mask"] & (kv_idx < ci)[None], 1, -1).astype(jnp.int32)
+    cache_mask = MaskSpec(seg, old_seg, ci + q_idx, kv_idx, positions, cache["pos"], zero)
     x = Embed(cfg).apply({"params": params["embed"]}, tokens)
     cos, sin = rope_cos_sin(cfg, positions)
-    x, _, (k, v) = _stack(cfg, params["layers"], x, cos, sin, masks, collect=False,
-                          kv=(cache["k"], cache["v"]), cache_index=ci)
+    x, _, (k, v) = _stack(cfg, params["layers"], x, cos, sin, mask, collect=False,
+                          kv=(cache["k"], cache["v"]), cache_mask=cache_mask)
     h = RMSNorm(cfg).apply({"params": params["final_norm"]}, x)
-    return compute_logits(cfg, params, h), {"k": k, "v": v, "mask": kv_mask, "pos": kv_pos}
+    # One write per tensor; inside a jitted loop with the cache in the carry it happens in place.
+    put = lambda c, new, at: jax.lax.dynamic_update_slice(c, new, at)
+    new_cache = {"k": put(cache["k"], k, (0, 0, ci, 0, 0)), "v": put(cache["v"], v, (0, 0, ci, 0, 0)),
+                 "mask": put(cache["mask"], tm, (0, ci)), "pos": put(cache["pos"], positions, (0, ci))}
+    return compute_logits(cfg, params, h), new_cache
 
 
 def forward_cached(cfg: ModelConfig, params, tokens, positions, cache, cache_index, token_mask=None):

@@ -1,0 +1,266 @@
+"""Grouped-query attention kernels in pure JAX: dense for short rows, block-wise for long ones.
+
+Masks are described by ids (`MaskSpec`), never passed as a [b, s, t] array: key slot j is
+visible to query i when
+
+    kv_idx[j] <= q_idx[i]                                   (causal, by slot)
+    and q_seg[b, i] == kv_seg[b, j]                         (same packed document / validity)
+    and (window == 0 or q_pos[b, i] - kv_pos[b, j] < window)   (sliding window, by position)
+
+The block-wise path is flash attention (online softmax) with a custom VJP: the forward keeps only
+the output and the per-row logsumexp, the backward recomputes each [block_q, block_k] tile, so
+memory stays O(s * block) in both directions, and tiles that the mask empties entirely (later
+slots, other documents, outside the window) are skipped. Scores and softmax are float32.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+# Large finite negative instead of -inf: fully masked rows stay finite (uniform, as in the dense
+# softmax) instead of NaN, and exp(masked - max) underflows to exactly 0 once a row sees a key.
+MASK_VALUE = -1e30
+
+
+class MaskSpec(NamedTuple):
+    q_seg: jax.Array    # [b, s] int32
+    kv_seg: jax.Array   # [b, t] int32
+    q_idx: jax.Array    # [s] int32 slot of each query
+    kv_idx: jax.Array   # [t] int32 slot of each key
+    q_pos: jax.Array    # [b, s] int32 RoPE positions (sliding windows measure these)
+    kv_pos: jax.Array   # [b, t] int32
+    window: jax.Array   # [] int32, 0 = no window
+
+
+def _visible(q_seg, kv_seg, q_idx, kv_idx, q_pos, kv_pos, window):
+    """[b, s, t] bool from (possibly block-sliced) ids."""
+    ok = (kv_idx[None, None, :] <= q_idx[None, :, None]) & (q_seg[:, :, None] == kv_seg[:, None, :])
+    in_window = (q_pos[:, :, None] - kv_pos[:, None, :]) < window
+    return ok & ((window == 0) | in_window)
+
+
+def mask_array(m: MaskSpec):
+    return _visible(*m)
+
+
+def dense(q, k, v, m: MaskSpec, *, return_lse: bool = False):
+    """q [b, s, K, G, hd], k/v [b, t, K, hd] -> out [b, s, K, G, hd] in q.dtype (and lse [b, K, G, s])."""
+    hd = q.shape[-1]
+    scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask_array(m)[:, None, None], scores * (hd ** -0.5), MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bkgst,btkd->bskgd", probs.astype(v.dtype), v).astype(q.dtype)
+    if return_lse:
+        return out, jax.nn.logsumexp(scores, axis=-1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Block-wise (flash) attention.
+
+def _pad_to(x, axis, size, value):
+    extra = size - x.shape[axis]
+    if extra == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _blocks(x, axis, n):
+    """Split `axis` into n blocks and move the block index to the front."""
+    shape = x.shape[:axis] + (n, x.shape[axis] // n) + x.shape[axis + 1:]
+    return jnp.moveaxis(x.reshape(shape), axis, 0)
+
+
+def _unblock(x, axis):
+    """Inverse of _blocks (block index at 0 goes back in front of `axis`)."""
+    x = jnp.moveaxis(x, 0, axis)
+    return x.reshape(x.shape[:axis] + (x.shape[axis] * x.shape[axis + 1],) + x.shape[axis + 2:])
+
+
+class _Tiles(NamedTuple):
+    """Mask ids cut into blocks plus the [nq, nk] table of tiles that hold any visible pair."""
+    q_seg: jax.Array   # [nq, b, bq]
+    kv_seg: jax.Array  # [nk, b, bk]
+    q_idx: jax.Array   # [nq, bq]
+    kv_idx: jax.Array  # [nk, bk]
+    q_pos: jax.Array
+    kv_pos: jax.Array
+    window: jax.Array
+    needed: jax.Array  # [nq, nk] bool
+
+
+def _tiles(m: MaskSpec, s_pad, t_pad, bq, bk) -> _Tiles:
+    nq, nk = s_pad // bq, t_pad // bk
+    big = jnp.iinfo(jnp.int32).max
+    # Padded queries/keys get segment ids that match nothing (-1 vs -2).
+    q_seg = _blocks(_pad_to(m.q_seg, 1, s_pad, -1), 1, nq)
+    kv_seg = _blocks(_pad_to(m.kv_seg, 1, t_pad, -2), 1, nk)
+    q_idx = _blocks(_pad_to(m.q_idx, 0, s_pad, big), 0, nq)
+    kv_idx = _blocks(_pad_to(m.kv_idx, 0, t_pad, big), 0, nk)
+    q_pos = _blocks(_pad_to(m.q_pos, 1, s_pad, 0), 1, nq)
+    kv_pos = _blocks(_pad_to(m.kv_pos, 1, t_pad, 0), 1, nk)
+    # A tile can hold a visible pair only if every rule can hold for some pair in it; the range
+    # tests below are necessary conditions, so skipping on them is exact.
+    causal = kv_idx.min(1)[None, :] <= jnp.where(q_idx < big, q_idx, -1).max(1)[:, None]
+    qs_lo, qs_hi = q_seg.min(2), q_seg.max(2)            # [nq, b]
+    ks_lo, ks_hi = kv_seg.min(2), kv_seg.max(2)          # [nk, b]
+    seg = (ks_lo[None] <= qs_hi[:, None]) & (qs_lo[:, None] <= ks_hi[None])      # [nq, nk, b]
+    win = (q_pos.min(2)[:, None] - kv_pos.max(2)[None]) < m.window
+    seg = seg & ((m.window == 0) | win)
+    return _Tiles(q_seg, kv_seg, q_idx, kv_idx, q_pos, kv_pos, m.window, causal & seg.any(-1))
+
+
+def _tile_scores(qb, kb, tl: _Tiles, i, j, scale):
+    """Masked, scaled float32 scores [b, K, G, bq, bk] of query block i against key block j."""
+    s = jnp.einsum("bqkgd,btkd->bkgqt", qb, kb, preferred_element_type=jnp.float32) * scale
+    vis = _visible(tl.q_seg[i], tl.kv_seg[j], tl.q_idx[i], tl.kv_idx[j], tl.q_pos[i], tl.kv_pos[j],
+                   tl.window)
+    return jnp.where(vis[:, None, None], s, MASK_VALUE)
+
+
+def _flash_forward(q, k, v, m: MaskSpec, bq: int, bk: int):
+    """(out [b, s, K, G, hd] q.dtype, lse [b, K, G, s] float32)."""
+    b, s, nkv, g, hd = q.shape
+    t = k.shape[1]
+    bq, bk = min(bq, s), min(bk, t)
+    s_pad, t_pad = -(-s // bq) * bq, -(-t // bk) * bk
+    nq, nk = s_pad // bq, t_pad // bk
+    tl = _tiles(m, s_pad, t_pad, bq, bk)
+    qb_all = _blocks(_pad_to(q, 1, s_pad, 0), 1, nq)          # [nq, b, bq, K, G, hd]
+    kb_all = _blocks(_pad_to(k, 1, t_pad, 0), 1, nk)          # [nk, b, bk, K, hd]
+    vb_all = _blocks(_pad_to(v, 1, t_pad, 0), 1, nk)
+    scale = hd ** -0.5
+
+    def q_block(_, i):
+        qb = qb_all[i]
+
+        def kv_step(j, carry):
+            def tile(c):
+                o, mx, l = c
+                sc = _tile_scores(qb, kb_all[j], tl, i, j, scale)
+                m_new = jnp.maximum(mx, sc.max(-1))
+                corr = jnp.exp(mx - m_new)
+                p = jnp.exp(sc - m_new[..., None])
+                o = o * corr[..., None] + jnp.einsum("bkgqt,btkd->bkgqd", p.astype(v.dtype),
+                                                     vb_all[j], preferred_element_type=jnp.float32)
+                return o, m_new, l * corr + p.sum(-1)
+            return jax.lax.cond(tl.needed[i, j], tile, lambda c: c, carry)
+
+        init = (jnp.zeros((b, nkv, g, bq, hd), jnp.float32),
+                jnp.full((b, nkv, g, bq), -jnp.inf, jnp.float32),
+                jnp.zeros((b, nkv, g, bq), jnp.float32))
+        o, mx, l = jax.lax.fori_loop(0, nk, kv_step, init)
+        l = jnp.where(l == 0, 1.0, l)     # rows with no computed tile (padding only)
+        mx = jnp.where(jnp.isfinite(mx), mx, MASK_VALUE)
+        return None, (jnp.moveaxis(o / l[..., None], 3, 1).astype(q.dtype), mx + jnp.log(l))
+
+    _, (o, lse) = jax.lax.scan(q_block, None, jnp.arange(nq))
+    # o [nq, b, bq, K, G, hd]; lse [nq, b, K, G, bq]
+    return _unblock(o, 1)[:, :s], _unblock(lse, 3)[..., :s]
+
+
+def _flash_backward(q, k, v, m: MaskSpec, o, lse, do, bq: int, bk: int):
+    b, s, nkv, g, hd = q.shape
+    t = k.shape[1]
+    bq, bk = min(bq, s), min(bk, t)
+    s_pad, t_pad = -(-s // bq) * bq, -(-t // bk) * bk
+    nq, nk = s_pad // bq, t_pad // bk
+    tl = _tiles(m, s_pad, t_pad, bq, bk)
+    scale = hd ** -0.5
+    delta = jnp.einsum("bskgd,bskgd->bkgs", do.astype(jnp.float32), o.astype(jnp.float32))
+    qb_all = _blocks(_pad_to(q, 1, s_pad, 0), 1, nq)
+    dob_all = _blocks(_pad_to(do.astype(q.dtype), 1, s_pad, 0), 1, nq)
+    lse_all = _blocks(_pad_to(lse, 3, s_pad, 0.0), 3, nq)          # [nq, b, K, G, bq]
+    delta_all = _blocks(_pad_to(delta, 3, s_pad, 0.0), 3, nq)
+    kb_all = _blocks(_pad_to(k, 1, t_pad, 0), 1, nk)
+    vb_all = _blocks(_pad_to(v, 1, t_pad, 0), 1, nk)
+
+    def kv_block(dq_all, j):
+        kb, vb = kb_all[j], vb_all[j]
+
+        def q_step(i, carry):
+            def tile(c):
+                dk, dv, dq_all = c
+                qb, dob = qb_all[i], dob_all[i]
+                sc = _tile_scores(qb, kb, tl, i, j, scale)
+                p = jnp.exp(sc - lse_all[i][..., None])                         # [b,K,G,bq,bk]
+                dv = dv + jnp.einsum("bkgqt,bqkgd->btkd", p.astype(dob.dtype), dob,
+                                     preferred_element_type=jnp.float32)
+                dp = jnp.einsum("bqkgd,btkd->bkgqt", dob, vb, preferred_element_type=jnp.float32)
+                ds = (p * (dp - delta_all[i][..., None]) * scale).astype(q.dtype)
+                dk = dk + jnp.einsum("bkgqt,bqkgd->btkd", ds, qb, preferred_element_type=jnp.float32)
+                dq = jnp.einsum("bkgqt,btkd->bqkgd", ds, kb, preferred_element_type=jnp.float32)
+                return dk, dv, dq_all.at[i].add(dq)
+            return jax.lax.cond(tl.needed[i, j], tile, lambda c: c, carry)
+
+        zeros = jnp.zeros((b, bk, nkv, hd), jnp.float32)
+        dk, dv, dq_all = jax.lax.fori_loop(0, nq, q_step, (zeros, zeros, dq_all))
+        return dq_all, (dk, dv)
+
+    dq_all = jnp.zeros((nq, b, bq, nkv, g, hd), jnp.float32)
+    dq_all, (dk, dv) = jax.lax.scan(kv_block, dq_all, jnp.arange(nk))
+    dq = _unblock(dq_all, 1)[:, :s].astype(q.dtype)
+    return dq, _unblock(dk, 1)[:, :t].astype(k.dtype), _unblock(dv, 1)[:, :t].astype(v.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _flash(q, k, v, m, bq, bk):
+    return _flash_forward(q, k, v, m, bq, bk)[0]
+
+
+def _flash_fwd_rule(q, k, v, m, bq, bk):
+    o, lse = _flash_forward(q, k, v, m, bq, bk)
+    return o, (q, k, v, m, o, lse)
+
+
+def _flash_bwd_rule(bq, bk, res, do):
+    q, k, v, m, o, lse = res
+    dq, dk, dv = _flash_backward(q, k, v, m, o, lse, do, bq, bk)
+    return dq, dk, dv, None
+
+
+_flash.defvjp(_flash_fwd_rule, _flash_bwd_rule)
+
+
+def blockwise(q, k, v, m: MaskSpec, *, block: int = 512, return_lse: bool = False):
+    """Same contract as `dense`, O(s * block) memory. With return_lse it is forward-only."""
+    if return_lse:
+        return _flash_forward(q, k, v, m, block, block)
+    return _flash(q, k, v, m, block, block)
+
+
+def use_blockwise(impl: str, s: int, t: int, block: int) -> bool:
+    """'auto' picks dense while the scores of one row fit a couple of blocks (dense is faster on
+    CPU at short lengths), block-wise beyond."""
+    if impl == "dense":
+        return False
+    if impl == "blockwise":
+        return True
+    return t > 2 * block and s > 1
+
+
+def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 512, return_lse: bool = False):
+    """q [b, s, H, hd], k/v [b, t, K, hd] -> [b, s, H, hd] (and lse [b, s, H] with return_lse)."""
+    b, s, h, hd = q.shape
+    nkv = k.shape[2]
+    qg = q.reshape(b, s, nkv, h // nkv, hd)
+    fn = blockwise if use_blockwise(impl, s, k.shape[1], block) else dense
+    kw = {"block": block} if fn is blockwise else {}
+    res = fn(qg, k, v, m, return_lse=return_lse, **kw)
+    if not return_lse:
+        return res.reshape(b, s, h, hd)
+    out, lse = res
+    return out.reshape(b, s, h, hd), jnp.moveaxis(lse, 3, 1).reshape(b, s, h)
+
+
+def merge(parts):
+    """Combine attention over disjoint key sets: [(out [b, s, H, hd], lse [b, s, H]), ...]."""
+    lse = functools.reduce(jnp.logaddexp, [l for _, l in parts])
+    out = sum(o.astype(jnp.float32) * jnp.exp(l - lse)[..., None] for o, l in parts)
+    return out.astype(parts[0][0].dtype)
