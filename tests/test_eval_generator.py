@@ -40,8 +40,16 @@ def test_cli_runlocal(tmp_path):
 
 
 def test_generator_mode_with_programmatic_solvers(tmp_path, monkeypatch):
+    import importlib.util
+    import os
+
     from rossjax.train.eval_generator import evaluate_generator
-    from configs.eval_generator import get_config
+
+    path = os.path.join(os.path.dirname(__file__), "..", "configs", "eval_generator.py")
+    spec = importlib.util.spec_from_file_location("eval_generator_config", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    get_config = mod.get_config
 
     texts = ["```python\ndef f(x):\n    return x * 3 + 1\n```\n```inputs\n1\n2\n```",
              "```python\ndef f(s):\n    return s[::-1]\n```\n```inputs\n'ab'\n'xyz'\n```",
