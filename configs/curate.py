@@ -1,6 +1,8 @@
 """Curate saved rollouts into masked training examples (ArrayRecord shards + report.json).
 
-Run (defaults: the shipped sample rollouts, the real Qwen tokenizer, verdicts stored in the rows):
+Run (defaults: the shipped sample rollouts, the real Qwen tokenizer; verify=auto uses the verdict
+stored in a row and runs the row's verifier where none is stored; rows with no verdict at all are
+withheld as `unverified` unless --config.unverified=keep):
 
     rossjax curate --config=configs/curate.py --config.output=/tmp/curated
     rossjax curate --config=configs/curate.py --config.input=rollouts.jsonl.gz \
@@ -27,9 +29,12 @@ def get_config():
     c.template = "chatml"  # chatml | llama3 | mistral | tokenizer (the tokenizer's jinja template)
     c.max_length = 32768  # longer rollouts are withheld as too_long; 0 = no limit
     c.mask_mode = "annotated"  # annotated | eligible ("ROSS w/o mask": every assistant token)
-    c.verify = "stored"  # stored: trust record.verifier.passed | rerun: run the verifiers again
-    c.verify_workers = 2  # CPU processes for verify=rerun
+    # auto: the stored record.verifier.passed, else run the named verifier | stored: stored
+    # verdicts only | rerun: run every named verifier again (ignoring stored verdicts)
+    c.verify = "auto"
+    c.verify_workers = 2  # CPU processes for the verifier runs
     c.undecided = "withhold"  # withhold | keep rows whose verifier returned passed=None
+    c.unverified = "withhold"  # withhold | keep rows left with no verdict at all (see pipeline.py)
     c.workers = 0  # grain worker processes for compiling (0 = in this process)
     c.chunk_rows = 4096  # rows verified and compiled per step (bounds memory)
     c.examples_per_shard = 8192

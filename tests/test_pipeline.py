@@ -106,24 +106,40 @@ def test_curate_rerun_verifies_and_withholds(tmp_path):
             {"name": "code", "passed": True}),  # stored verdict is wrong; rerun catches it
         rec(2, {"domain": "math", "reference": "4"}, r"2+2 = \boxed{4}"),
         rec(3, {"domain": "math", "reference": "{{{"}, r"\boxed{4}"),  # gold unparseable
-        rec(4, {"domain": "chat"}, "hello"),  # no verifier at all: kept
+        rec(4, {"domain": "chat"}, "hello"),  # no verifier at all: withheld as unverified
     ]
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{broken\n")
     out = str(tmp_path / "out")
     rep = curate(_cfg(input=str(src), output=out, progress=False, verify="rerun"))
     assert rep["input_rows"] == 6
-    assert rep["buckets"] == {"kept": 3, "withheld": 2, "invalid": 1}
-    assert rep["reasons"]["withheld"] == {"verifier_failed": 1, "verifier_undecided": 1}
-    assert rep["verify"] == {"mode": "rerun", "passed": 2, "failed": 1, "undecided": 1,
-                             "unverified": 1}
-    assert sorted(e["id"] for e in read_compiled(out)) == ["r0", "r2", "r4"]
+    assert rep["buckets"] == {"kept": 2, "withheld": 3, "invalid": 1}
+    assert rep["reasons"]["withheld"] == {"verifier_failed": 1, "verifier_undecided": 1,
+                                          "unverified": 1}
+    assert rep["verify"] == {"mode": "rerun", "unverified_policy": "withhold",
+                             "undecided_policy": "withhold", "passed": 2, "failed": 1,
+                             "undecided": 1, "unverified": 1, "rerun": 4}
+    assert sorted(e["id"] for e in read_compiled(out)) == ["r0", "r2"]
     withheld = {x["id"]: x for x in _lines(os.path.join(out, "withheld.jsonl"))}
     assert withheld["r1"]["reason"] == "verifier_failed" and "AssertionError" in withheld["r1"]["detail"]
+    assert "config.unverified=keep" in withheld["r4"]["detail"]
 
-    # Stored mode trusts the row: r1 is kept, r3 is unverified and compiled.
+    # unverified=keep trains on the row nobody checked (and says so in the counts).
+    rep = curate(_cfg(input=str(src), output=out, progress=False, verify="rerun", unverified="keep"))
+    assert rep["buckets"] == {"kept": 3, "withheld": 2, "invalid": 1}
+    assert rep["verify"]["unverified"] == 1
+
+    # auto (the default): r1's stored (wrong) verdict is trusted, the others are run.
     rep = curate(_cfg(input=str(src), output=out, progress=False))
-    assert rep["buckets"] == {"kept": 5, "withheld": 0, "invalid": 1}
+    assert rep["verify"]["mode"] == "auto" and rep["verify"]["rerun"] == 3
+    assert sorted(e["id"] for e in read_compiled(out)) == ["r0", "r1", "r2"]
+    assert rep["reasons"]["withheld"] == {"verifier_undecided": 1, "unverified": 1}
+
+    # stored: only r1 has a verdict; every other valid row is unverified, and nothing runs.
+    rep = curate(_cfg(input=str(src), output=out, progress=False, verify="stored"))
+    assert rep["buckets"] == {"kept": 1, "withheld": 4, "invalid": 1}
+    assert rep["verify"]["unverified"] == 4 and rep["verify"]["rerun"] == 0
+    assert all("verify=stored" in x["detail"] for x in _lines(os.path.join(out, "withheld.jsonl")))
 
 
 def test_cli_curate_and_bad_config(tmp_path, capsys):
@@ -136,3 +152,49 @@ def test_cli_curate_and_bad_config(tmp_path, capsys):
     assert "config.verify" in capsys.readouterr().err
     assert _cli(["curate", f"--config={CONFIG}", f"--config.input={tmp_path}/none.jsonl",
                  f"--config.output={out}"]) == 2
+
+
+def test_cli_bad_inputs_are_one_sentence_never_a_traceback(tmp_path, capsys):
+    import gzip
+
+    good = {"id": "g", "messages": [{"role": "user", "content": "hi"},
+                                    {"role": "assistant", "content": "hello"}],
+            "verifier": {"name": "math", "passed": True}}
+    bad_role = {**good, "id": "b", "messages": [{"role": "robot", "content": "x"}]}
+    body = "".join(json.dumps(r) + "\n" for r in [good] * 50 + [bad_role]).encode()
+    trunc = tmp_path / "t.jsonl.gz"
+    trunc.write_bytes(gzip.compress(body)[:-40])  # cut inside the stream
+    out = str(tmp_path / "o")
+    base = [f"--config={CONFIG}", f"--config.output={out}", "--config.progress=False"]
+
+    # A truncated .gz: the readable rows count, the break is one invalid row, the report adds up.
+    assert _cli(["curate", *base, f"--config.input={trunc}"]) == 0
+    rep = json.load(open(os.path.join(out, "report.json")))
+    assert rep["input_rows"] == sum(rep["buckets"].values()) and rep["buckets"]["invalid"] >= 1
+    last = _lines(os.path.join(out, "invalid.jsonl"))[-1]
+    assert "t.jsonl.gz row" in last["detail"] and "truncated" in last["detail"]
+
+    # An invalid row keeps its id in invalid.jsonl when the id could be read.
+    src = tmp_path / "r.jsonl"
+    src.write_text(json.dumps(bad_role) + "\n")
+    assert _cli(["curate", *base, f"--config.input={src}"]) == 0
+    assert _lines(os.path.join(out, "invalid.jsonl"))[0]["id"] == "b"
+    capsys.readouterr()
+
+    # Not Parquet at all, a tokenizer that does not exist: one line naming the file / field.
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(b"not parquet")
+    assert _cli(["curate", *base, f"--config.input={junk}"]) == 2
+    err = capsys.readouterr().err
+    assert "junk.parquet" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert _cli(["curate", *base, f"--config.input={src}",
+                 f"--config.tokenizer={tmp_path}/no-tok"]) == 2
+    err = capsys.readouterr().err
+    assert "config.tokenizer" in err and "no-tok" in err and "Traceback" not in err
+
+    # An empty file is a documented outcome: an empty output and a warning, not a crash.
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    assert _cli(["curate", *base, f"--config.input={empty}"]) == 0
+    assert "holds no rows" in capsys.readouterr().err
+    assert json.load(open(os.path.join(out, "report.json")))["input_rows"] == 0

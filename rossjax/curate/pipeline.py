@@ -4,10 +4,17 @@
 
 Stages, per chunk of `chunk_rows` input rows (so memory stays bounded on millions of rows):
   read     schema.iter_records; a malformed row goes to `invalid` with its reason;
-  verify   `verify="stored"` trusts record.verifier.passed; `verify="rerun"` runs the named
-           verifier (verifier.name, else task.domain) on `verify_workers` CPU processes and writes
-           the verdict into the record; undecided verdicts (passed=None) are withheld as
-           `verifier_undecided` unless `undecided="keep"`;
+  verify   a row's verdict comes from, per `verify`:
+             "auto"   (default) the stored record.verifier.passed when the row has one, else a
+                      fresh run of the named verifier (verifier.name, else task.domain);
+             "stored" the stored verdict only;
+             "rerun"  a fresh run for every row that names a verifier;
+           runs go to `verify_workers` CPU processes and the verdict is written into the record.
+           passed=False is withheld as `verifier_failed`; passed=None (the verifier could not
+           decide) as `verifier_undecided` unless `undecided="keep"`; a row left with no verdict
+           at all (nothing stored, or no verifier named) as `unverified` unless
+           `unverified="keep"`: ROSS trains on verifier-positive rollouts, so an unchecked row is
+           never trained on silently. report.json `verify` counts each case;
   compile  masks.compile_rollout as a grain MapDataset map (grain worker processes when
            `workers > 0`, each loading the tokenizer once);
   write    kept examples into DIR/compiled-NNNNN.array_record (`examples_per_shard` each);
@@ -36,6 +43,7 @@ import numpy as np
 _MAGIC = b"RJX1"
 _ARRAYS = (("input_ids", "int32"), ("loss_mask", "uint8"), ("eligible_mask", "uint8"))
 SHARD_GLOB = "compiled-*.array_record"
+VERIFY_MODES = ("auto", "stored", "rerun")
 
 
 def encode_example(ex) -> bytes:
@@ -176,6 +184,21 @@ def _chunks(it, n):
         yield chunk
 
 
+_UNVERIFIED = {
+    "stored": "the row stores no verifier verdict and verify=stored runs none "
+              "(set config.verify=auto, or config.unverified=keep to train on it anyway)",
+    "auto": "the row stores no verifier verdict and names no verifier to run (verifier.name, "
+            "or a task.domain that is a verifier); set config.unverified=keep to train on it anyway",
+}
+_UNVERIFIED["rerun"] = _UNVERIFIED["auto"]
+
+
+def has_verdict(record: dict) -> bool:
+    """True when the record stores a verdict: verifier.passed present (true, false or null)."""
+    ver = record.get("verifier")
+    return isinstance(ver, dict) and "passed" in ver
+
+
 def curate(cfg) -> dict:
     """Run the pipeline for an ml-collections config (see configs/curate.py); returns the report."""
     import grain
@@ -185,14 +208,21 @@ def curate(cfg) -> dict:
     from rossjax.curate.schema import iter_records
     from rossjax.curate.verifiers import VerifierPool, verifier_name
 
-    if cfg.verify not in ("stored", "rerun"):
-        raise ValueError(f"config.verify {cfg.verify!r} must be 'stored' or 'rerun'")
-    if cfg.undecided not in ("withhold", "keep"):
-        raise ValueError(f"config.undecided {cfg.undecided!r} must be 'withhold' or 'keep'")
+    from rossjax.curate.tokenizers import load_tokenizer
+
+    if cfg.verify not in VERIFY_MODES:
+        raise ValueError(f"config.verify {cfg.verify!r} must be one of {', '.join(VERIFY_MODES)}")
+    for key in ("undecided", "unverified"):
+        if cfg[key] not in ("withhold", "keep"):
+            raise ValueError(f"config.{key} {cfg[key]!r} must be 'withhold' or 'keep'")
     if not cfg.output:
         raise ValueError("config.output is empty; set --config.output=DIR")
     if not os.path.exists(cfg.input):
         raise FileNotFoundError(f"{cfg.input}: input rollouts not found (config.input)")
+    try:  # fail before touching the output dir, not inside a worker after reading rows
+        load_tokenizer(cfg.tokenizer)
+    except (FileNotFoundError, ValueError) as e:
+        raise ValueError(f"config.tokenizer {cfg.tokenizer!r} cannot be loaded: {e}") from None
     os.makedirs(cfg.output, exist_ok=True)
     _clear_outputs(cfg.output)
     report = Report(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg))
@@ -209,29 +239,34 @@ def curate(cfg) -> dict:
 
     bar = tqdm(total=_count_lines(cfg.input), unit="row", desc="curate", disable=not cfg.progress,
                file=sys.stderr)
-    pool = VerifierPool(cfg.verify_workers if cfg.verify == "rerun" else 0)
+    pool = VerifierPool(cfg.verify_workers if cfg.verify != "stored" else 0)  # spawns on first use
     try:
         with pool:
             for chunk in _chunks(iter_records(cfg.input), cfg.chunk_rows):
                 todo = []
                 for row in chunk:
                     if row.record is None:
-                        bucket("invalid", row.row, None, "invalid_record", row.reason)
+                        bucket("invalid", row.row, row.id, "invalid_record", row.reason)
                     else:
                         todo.append((row.row, row.record))
-                if cfg.verify == "rerun":
-                    named = [(i, verifier_name(r)) for i, (_, r) in enumerate(todo)]
+                if cfg.verify != "stored":
+                    named = [(i, verifier_name(r)) for i, (_, r) in enumerate(todo)
+                             if cfg.verify == "rerun" or not has_verdict(r)]
                     named = [(i, n) for i, n in named if n]
                     verdicts = pool.map([todo[i][1] for i, _ in named]) if named else []
                     for (i, name), v in zip(named, verdicts):
                         rec = todo[i][1]
                         rec["verifier"] = {**(rec.get("verifier") or {}), "name": name,
                                            "passed": v.passed, "evidence": v.evidence}
+                    report.verify["rerun"] += len(named)
                 ready = []
                 for row, rec in todo:
                     ver = rec.get("verifier")
-                    if ver is None or ("passed" not in ver and not ver.get("name")):
+                    if not has_verdict(rec):
                         report.verify["unverified"] += 1
+                        if cfg.unverified == "withhold":
+                            bucket("withheld", row, rec["id"], "unverified", _UNVERIFIED[cfg.verify])
+                            continue
                     else:
                         report.add_verdict(ver.get("passed"))
                         if ver.get("passed") is None and cfg.undecided == "withhold":
@@ -257,6 +292,9 @@ def curate(cfg) -> dict:
         shards.close()
         for f in lists.values():
             f.close()
+    if report.input_rows == 0:
+        print(f"rossjax curate: warning: {cfg.input} holds no rows; the output is empty",
+              file=sys.stderr)
     out = report.write(cfg.output, time.perf_counter() - t0)
     print(f"rossjax curate: {report.summary()} -> {cfg.output}", file=sys.stderr)
     return out

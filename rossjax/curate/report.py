@@ -6,7 +6,10 @@ report.json holds
   reasons   {withheld: {code: n}, invalid: {code: n}}
   tokens    {kept_total, kept_eligible, kept_supervised, kept_excluded_eligible}
   ter       excluded eligible / eligible tokens over kept rows (token-weighted TER)
-  verify    {mode, passed, failed, undecided, unverified}
+  verify    {mode, unverified_policy, undecided_policy, passed, failed, undecided, unverified,
+             rerun}: verdicts by outcome; `unverified` rows had no verdict at all (withheld as
+             `unverified` unless config.unverified="keep"); `rerun` verdicts were computed in
+             this run, the rest were read from the records
   shards    [{path, examples}], config, elapsed_s, rows_per_s
 """
 
@@ -25,7 +28,8 @@ class Report:
         self.reasons = {"withheld": Counter(), "invalid": Counter()}
         self.tokens = Counter({"kept_total": 0, "kept_eligible": 0, "kept_supervised": 0,
                                "kept_excluded_eligible": 0})
-        self.verify = Counter({"passed": 0, "failed": 0, "undecided": 0, "unverified": 0})
+        self.verify = Counter({"passed": 0, "failed": 0, "undecided": 0, "unverified": 0,
+                               "rerun": 0})
         self.shards: list[dict] = []
 
     def add(self, status: str, reason: str | None = None, example=None):
@@ -60,7 +64,9 @@ class Report:
             "reasons": {k: dict(sorted(v.items())) for k, v in self.reasons.items()},
             "tokens": dict(self.tokens),
             "ter": self.ter,
-            "verify": {"mode": self.config.get("verify"), **self.verify},
+            "verify": {"mode": self.config.get("verify"),
+                       "unverified_policy": self.config.get("unverified"),
+                       "undecided_policy": self.config.get("undecided"), **self.verify},
             "shards": self.shards,
             "config": self.config,
             "elapsed_s": round(elapsed_s, 3),

@@ -12,6 +12,7 @@ import gzip
 import json
 import math
 import os
+import zlib
 from typing import Iterator, NamedTuple
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -24,6 +25,12 @@ class Row(NamedTuple):
     row: int  # 1-based position in the file
     record: dict | None
     reason: str | None
+    id: str | None = None  # the record's id when it could be read, also for an invalid row
+
+
+def _id_of(obj) -> str | None:
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    return rid if isinstance(rid, str) and rid else None
 
 
 def _is_int(x) -> bool:
@@ -184,9 +191,14 @@ def validate_record(obj) -> str | None:
 
 
 def _parquet_rows(path: str) -> Iterator[object]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:  # not Parquet at all: nothing can be read
+        raise ValueError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
+    for batch in pf.iter_batches(batch_size=1024):
         for rec in batch.to_pylist():
             # Parquet has no "absent": drop nulls so optional fields read like JSON's missing keys.
             yield _drop_nulls(rec)
@@ -216,7 +228,7 @@ def iter_records(path: str) -> Iterator[Row]:
     if path.endswith(".parquet"):
         for k, rec in enumerate(_parquet_rows(path), start=1):
             err = validate_record(rec)
-            yield Row(k, None, f"{name} row {k}: {err}") if err else Row(k, rec, None)
+            yield Row(k, None, f"{name} row {k}: {err}", _id_of(rec)) if err else Row(k, rec, None)
         return
     if not path.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
         raise ValueError(f"{path}: rollout files must be .jsonl, .jsonl.gz or .parquet")
@@ -231,6 +243,12 @@ def iter_records(path: str) -> Iterator[Row]:
             # A bad byte breaks the text stream; report it as the next row and stop reading.
             yield Row(k + 1, None, f"{name} row {k + 1}: line is not valid UTF-8 ({e.reason})")
             return
+        except (EOFError, OSError, zlib.error) as e:
+            # A truncated or corrupt .gz cannot be read past this point: the rows read so far
+            # still count, and the break itself is one invalid row, so the report adds up.
+            yield Row(k + 1, None, f"{name} row {k + 1}: the compressed file is truncated or "
+                                   f"corrupt here, so no further rows could be read ({e})")
+            return
         k += 1
         if line.endswith("\n"):
             line = line[:-1]
@@ -242,4 +260,4 @@ def iter_records(path: str) -> Iterator[Row]:
             yield Row(k, None, f"{name} row {k}: line is not valid JSON ({e.msg} at column {e.colno})")
             continue
         err = validate_record(obj)
-        yield Row(k, None, f"{name} row {k}: {err}") if err else Row(k, obj, None)
+        yield Row(k, None, f"{name} row {k}: {err}", _id_of(obj)) if err else Row(k, obj, None)
