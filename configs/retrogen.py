@@ -10,8 +10,12 @@ Needs: trajectories as JSONL (layout in rossjax/curate/retrogen.py). Writes DIR/
 DIR/report.json (per domain: mean, median, P25, P75, threshold). Takes seconds per 10k rows.
 """
 
+import os
+
 import ml_collections
 from ml_collections import config_dict
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -30,7 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.evidence_in_prompt = False
     c.system = ""
     if "runlocal" in variants:
-        c.input = "data/retrogen/sample.jsonl"
+        c.input = os.path.join(_REPO, "data/retrogen/sample.jsonl")
         c.output = "runs/retrogen_local"
         c.quantile = 0.5
     if "artifact_only" in variants:

@@ -14,8 +14,12 @@ rows per problem) and selection.png (2-D PCA of pool vs chosen; look at it befor
 selection). Time: ~1 s per 3,000 records to fingerprint on one core, plus a few seconds.
 """
 
+import os
+
 import ml_collections
 from ml_collections import config_dict
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -35,7 +39,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.tokenizer = ""             # for a curated-dir input: decodes the token ids (e.g. "qwen")
     c.plot = True
     if arg == "runlocal":
-        c.input = "data/select/sample.jsonl"
+        c.input = os.path.join(_REPO, "data/select/sample.jsonl")
         c.output = "runs/select_local"
         c.budget = 12
         c.per_group = 2

@@ -177,8 +177,42 @@ def test_run_writes_outputs(tmp_path):
     assert len(kept) + len(disc) == 24
     assert set(rep["domains"]) == {"finance", "health", "software"}
     assert all(d["threshold_mode"] == "quantile 0.5" for d in rep["domains"].values())
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"id": 1}\n{not json\n')
-    cfg.input = str(bad)
-    with pytest.raises(ValueError, match="bad.jsonl row 2: line is not valid JSON"):
-        run(cfg)
+    assert rep["discarded"] == {k: sum(json.loads(x)["reason"] == k for x in disc)
+                                for k in rep["discarded"]}
+    assert sum(rep["discarded"].values()) == len(disc)
+    assert all(json.loads(x)["detail"].startswith("sample.jsonl row ") for x in disc)
+
+
+def test_run_buckets_unreadable_lines_and_reads_gz(tmp_path, monkeypatch):
+    """A line that is not JSON is discarded with its row, not the end of the run."""
+    import gzip
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "configs", "retrogen.py")
+    spec = importlib.util.spec_from_file_location("retrogen_cfg2", path)
+    rcfg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rcfg)
+    good = {"id": "g", "domain": "d", "task": "t", "draft": "answer",
+            "trace": [{"type": "call", "id": "c", "name": "search", "arguments": {"q": 1}},
+                      {"type": "observation", "call_id": "c", "content": "found"}],
+            "scores": {k: 0.9 for k in ("rubric", "quality", "grounding", "consistency")}}
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(gzip.compress(('{"id": 1}\n{not json\n\n' + json.dumps(good) + "\n").encode()))
+    cfg = rcfg.get_config()
+    cfg.input, cfg.output = str(bad), str(tmp_path / "out")
+    res = run(cfg)
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert rep["rows"] == 3 and rep["kept"] == 1 == len(res.kept)
+    assert rep["discarded"] == {"invalid_json": 1, "missing_task": 1}
+    disc = [json.loads(x) for x in (tmp_path / "out" / "discarded.jsonl").read_text().splitlines()]
+    assert {d["row"]: d["reason"] for d in disc} == {1: "missing_task", 2: "invalid_json"}
+    assert all(d["detail"].startswith("bad.jsonl.gz row ") for d in disc)
+
+    # The default config is found from any working directory (not only the repo root).
+    from rossjax.curate.retrogen import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([f"--config.input={bad}", f"--config.output={tmp_path / 'o2'}"]) == 0
+    assert (tmp_path / "o2" / "report.json").exists()

@@ -209,8 +209,9 @@ def write_shards(out_dir: str, paths: dict, selected: dict, per_shard: int,
 
 def main(argv=None) -> int:
     from rossjax.cli import parse_config
+    from rossjax.curate.pipeline import repo_config
 
-    cfg, _, _ = parse_config(list(argv or []), default_config="configs/mixture.py")
+    cfg, _, _ = parse_config(list(argv or []), default_config=repo_config("mixture.py"))
     mix = run(cfg)
     print(format_report(mix.report))
     return 0

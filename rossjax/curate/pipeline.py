@@ -300,12 +300,17 @@ def curate(cfg) -> dict:
     return out
 
 
+def repo_config(name: str) -> str:
+    """Absolute path of configs/<name> in this checkout, so a command's default config is found
+    from any working directory."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(here, "configs", name)
+
+
 def main(argv=None) -> int:
     from rossjax.cli import parse_config
 
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    cfg, _, rest = parse_config(list(argv or []),
-                                default_config=os.path.join(here, "configs", "curate.py"))
+    cfg, _, rest = parse_config(list(argv or []), default_config=repo_config("curate.py"))
     if rest:
         raise ValueError(f"rossjax curate takes no positional arguments, got {' '.join(rest)}")
     curate(cfg)

@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 
 import numpy as np
 
@@ -40,7 +41,8 @@ FORMS = ("json", "react")
 @dataclasses.dataclass
 class Scored:
     kept: list          # [{"record", "score", "threshold"}]
-    discarded: list     # [{"id", "domain", "reason", "detail"}] (gate failures and below threshold)
+    discarded: list     # [{"index", "id", "domain", "reason", "detail"}] (gate failures and
+                        # below threshold; index: 0-based position in the input records)
     report: dict        # per domain: counts, mean, median, p25, p75, threshold, mode
 
 
@@ -143,15 +145,16 @@ def score_traces(records, weights=None, *, threshold: float = 0.5, quantile: flo
         bad = gate(rec)
         if bad:
             failed.setdefault(dom, {})[bad[0]] = failed.setdefault(dom, {}).get(bad[0], 0) + 1
-            discarded.append({"id": rid, "domain": dom, "reason": bad[0], "detail": bad[1]})
+            discarded.append({"index": k, "id": rid, "domain": dom, "reason": bad[0],
+                              "detail": bad[1]})
             by_domain.setdefault(dom, [])
             continue
         s = sum(w[x] * float(rec["scores"][x]) for x in SIGNALS)
-        by_domain.setdefault(dom, []).append((rec, s))
+        by_domain.setdefault(dom, []).append((k, rec, s))
     kept, report = [], {}
     for dom in sorted(by_domain):
         rows = by_domain[dom]
-        scores = np.array([s for _, s in rows], np.float64)
+        scores = np.array([s for _, _, s in rows], np.float64)
         if domain_thresholds and dom in domain_thresholds:
             thr, mode = float(domain_thresholds[dom]), "fixed (domain)"
         elif quantile is not None and len(scores):
@@ -159,12 +162,13 @@ def score_traces(records, weights=None, *, threshold: float = 0.5, quantile: flo
         else:
             thr, mode = float(threshold), "fixed"
         n_kept = 0
-        for rec, s in rows:
+        for k, rec, s in rows:
             if s >= thr:
                 kept.append({"record": rec, "score": s, "threshold": thr})
                 n_kept += 1
             else:
-                discarded.append({"id": rec.get("id"), "domain": dom, "reason": "below_threshold",
+                discarded.append({"index": k, "id": rec.get("id"), "domain": dom,
+                                  "reason": "below_threshold",
                                   "detail": f"score {s:.4f} < threshold {thr:.4f}"})
         q = (lambda p: float(np.percentile(scores, p))) if len(scores) else (lambda p: None)
         report[dom] = {"rows": len(rows) + sum(failed.get(dom, {}).values()),
@@ -267,21 +271,33 @@ def to_rollouts(kept: list, *, seed: int = 0, react_prob: float = 0.5, artifact_
 
 
 def run(cfg) -> Scored:
-    """Read cfg.input (JSONL), score, write cfg.output/{retrogen.jsonl, discarded.jsonl, report.json}."""
+    """Read cfg.input (.jsonl[.gz]), score, write cfg.output/{retrogen.jsonl, discarded.jsonl,
+    report.json}. Every input line ends kept or discarded with a reason (a line that is not JSON
+    is discarded as `invalid_json`), and report.json's counts add up to the input rows."""
+    from collections import Counter
+
+    from rossjax.curate.schema import iter_json_lines
+
     if not cfg.input or not cfg.output:
         raise ValueError("retrogen needs --config.input (trajectories .jsonl) and "
                          "--config.output (a directory).")
-    records = []
-    name = os.path.basename(cfg.input)
-    with open(cfg.input, encoding="utf-8") as f:
-        for k, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{name} row {k}: line is not valid JSON ({e.msg}).") from None
+    if not os.path.exists(cfg.input):
+        raise FileNotFoundError(f"{cfg.input}: no such trajectory file (config.input)")
+    records, lines, unreadable = [], [], []
+    for row in iter_json_lines(cfg.input):
+        if row.record is None:
+            unreadable.append({"row": row.row, "id": None, "domain": None, "reason": "invalid_json",
+                               "detail": row.reason})
+        else:
+            records.append(row.record)
+            lines.append(row.row)
     res = score_traces(records, dict(cfg.weights), threshold=cfg.threshold, quantile=cfg.quantile,
                        domain_thresholds=dict(cfg.domain_thresholds))
+    name = os.path.basename(cfg.input)
+    for d in res.discarded:  # name the input line, so a person can find the trajectory
+        d["row"] = lines[d.pop("index")]
+        d["detail"] = f"{name} row {d['row']}: {d['detail']}"
+    res.discarded[:0] = unreadable
     rows = to_rollouts(res.kept, seed=cfg.seed, react_prob=cfg.react_prob,
                        artifact_only=cfg.artifact_only, system=cfg.system or None,
                        evidence_in_prompt=cfg.evidence_in_prompt)
@@ -289,10 +305,14 @@ def run(cfg) -> Scored:
     with open(os.path.join(cfg.output, "retrogen.jsonl"), "w") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     with open(os.path.join(cfg.output, "discarded.jsonl"), "w") as f:
-        f.writelines(json.dumps(d) + "\n" for d in res.discarded)
+        f.writelines(json.dumps(d, ensure_ascii=False) + "\n" for d in res.discarded)
+    n_in = len(records) + len(unreadable)
+    if len(rows) + len(res.discarded) != n_in:  # the accounting promise; never write a lie
+        raise AssertionError(f"{len(rows)} kept + {len(res.discarded)} discarded != {n_in} rows")
     forms = [r["verifier"]["evidence"].rsplit(" ", 1)[-1] for r in rows]
     with open(os.path.join(cfg.output, "report.json"), "w") as f:
-        json.dump({"input": cfg.input, "rows": len(records), "kept": len(rows),
+        json.dump({"input": cfg.input, "rows": n_in, "kept": len(rows),
+                   "discarded": dict(sorted(Counter(d["reason"] for d in res.discarded).items())),
                    "forms": {x: forms.count(x) for x in FORMS}, "artifact_only": cfg.artifact_only,
                    "domains": res.report}, f, indent=2)
     return res
@@ -300,9 +320,17 @@ def run(cfg) -> Scored:
 
 def main(argv=None) -> int:
     from rossjax.cli import parse_config
+    from rossjax.curate.pipeline import repo_config
 
-    cfg, _, _ = parse_config(list(argv or []), default_config="configs/retrogen.py")
+    cfg, _, _ = parse_config(list(argv or []), default_config=repo_config("retrogen.py"))
     res = run(cfg)
     print(format_report(res.report))
-    print(f"kept {len(res.kept)} -> {os.path.join(cfg.output, 'retrogen.jsonl')}")
+    gone = {}
+    for d in res.discarded:
+        gone[d["reason"]] = gone.get(d["reason"], 0) + 1
+    if not res.kept and not res.discarded:
+        print(f"warning: {cfg.input} holds no rows", file=sys.stderr)
+    print(f"kept {len(res.kept)}, discarded {len(res.discarded)} "
+          f"({', '.join(f'{k} {n}' for k, n in sorted(gone.items())) or 'none'}) "
+          f"-> {os.path.join(cfg.output, 'retrogen.jsonl')}")
     return 0

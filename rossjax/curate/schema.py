@@ -219,19 +219,14 @@ def _json_rows(path: str) -> Iterator[object]:
             yield line
 
 
-def iter_records(path: str) -> Iterator[Row]:
-    """Yield one `Row` per record (JSONL: `row` is the 1-based line number; blank lines skipped)."""
+def iter_json_lines(path: str) -> Iterator[Row]:
+    """One `Row(line number, parsed JSON value, None)` per non-blank line of a .jsonl[.gz] file,
+    or `Row(k, None, reason)` for a line that is not JSON; a bad byte or a truncated .gz ends
+    the file with one such row. No schema check (`iter_records` adds it; retrogen has its own)."""
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such rollout file")
+        raise FileNotFoundError(f"{path}: no such file")
     name = os.path.basename(path)
-    if path.endswith(".parquet"):
-        for k, rec in enumerate(_parquet_rows(path), start=1):
-            err = validate_record(rec)
-            yield Row(k, None, f"{name} row {k}: {err}", _id_of(rec)) if err else Row(k, rec, None)
-        return
-    if not path.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
-        raise ValueError(f"{path}: rollout files must be .jsonl, .jsonl.gz or .parquet")
     k = 0
     it = _json_rows(path)
     while True:
@@ -255,9 +250,27 @@ def iter_records(path: str) -> Iterator[Row]:
         if not line.strip():  # blank lines are not rows; `row` stays the line number
             continue
         try:
-            obj = json.loads(line)
+            yield Row(k, json.loads(line), None)
         except json.JSONDecodeError as e:
             yield Row(k, None, f"{name} row {k}: line is not valid JSON ({e.msg} at column {e.colno})")
+
+
+def iter_records(path: str) -> Iterator[Row]:
+    """Yield one `Row` per record (JSONL: `row` is the 1-based line number; blank lines skipped)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such rollout file")
+    name = os.path.basename(path)
+    if path.endswith(".parquet"):
+        for k, rec in enumerate(_parquet_rows(path), start=1):
+            err = validate_record(rec)
+            yield Row(k, None, f"{name} row {k}: {err}", _id_of(rec)) if err else Row(k, rec, None)
+        return
+    if not path.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
+        raise ValueError(f"{path}: rollout files must be .jsonl, .jsonl.gz or .parquet")
+    for row in iter_json_lines(path):
+        if row.record is None:
+            yield row
             continue
-        err = validate_record(obj)
-        yield Row(k, None, f"{name} row {k}: {err}", _id_of(obj)) if err else Row(k, obj, None)
+        err = validate_record(row.record)
+        yield Row(row.row, None, f"{name} row {row.row}: {err}", _id_of(row.record)) if err else row

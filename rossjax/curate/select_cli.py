@@ -206,8 +206,9 @@ def run(cfg) -> dict:
 
 def main(argv=None) -> int:
     from rossjax.cli import parse_config
+    from rossjax.curate.pipeline import repo_config
 
-    cfg, _, _ = parse_config(list(argv or []), default_config="configs/select_routes.py")
+    cfg, _, _ = parse_config(list(argv or []), default_config=repo_config("select_routes.py"))
     report = run(cfg)
     print(f"selected {report['budget']} of {report['pool']['rows']} rows with {report['method']} "
           f"-> {report['output']}")
