@@ -30,4 +30,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.seed = 0
     c.tolerance_pp = 0.5
     c.examples_per_shard = 4096
+    c.progress = True        # tqdm bars on stderr (reading the sources, writing the mixture)
     return c

@@ -38,6 +38,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.only_passed = False        # keep only rows whose verifier.passed is true
     c.tokenizer = ""             # for a curated-dir input: decodes the token ids (e.g. "qwen")
     c.plot = True
+    c.workers = 0                # processes for fingerprinting (0: this process; 2 on 2 cores)
+    c.progress = True            # tqdm bars on stderr
     if arg == "runlocal":
         c.input = os.path.join(_REPO, "data/select/sample.jsonl")
         c.output = "runs/select_local"

@@ -29,6 +29,9 @@ def test_shares_within_half_a_point_and_rules_hold():
         assert p["tokens"] == int(src[name][rows].sum())
         assert src[name][rows].max() <= 16384
     assert rep["sources"]["agentic"]["dropped_too_long"] == int((src["agentic"] > 16384).sum()) > 0
+    for name, p in rep["sources"].items():  # nothing is lost: drawn + dropped + undrawn = pool
+        assert p["rows"] + p["dropped_too_long"] + p["dropped_empty"] + p["not_drawn"] == \
+            p["pool_rows"] == len(src[name]) and p["not_drawn"] >= 0
     assert abs(rep["achieved_tokens"] - 2_000_000) < 4000
     assert "within 0.5 pp: True" in format_report(rep)
 
@@ -114,7 +117,7 @@ def _curated_dir(path, name, lengths):
     w.close()
 
 
-def test_run_reads_curated_dirs_and_writes_a_curated_mixture(tmp_path):
+def test_run_reads_curated_dirs_and_writes_a_curated_mixture(tmp_path, capsys):
     import importlib.util
 
     from rossjax.curate.mixture import run
@@ -135,6 +138,8 @@ def test_run_reads_curated_dirs_and_writes_a_curated_mixture(tmp_path):
     cfg.max_length = 2048
     cfg.examples_per_shard = 100
     mix = run(cfg)
+    err = capsys.readouterr().err
+    assert "read math" in err and "write" in err  # progress bars on stderr
     rep = json.loads((tmp_path / "mix" / "report.json").read_text())
     assert rep["within_tolerance"] and len(rep["shards"]) >= 2
     lines = [json.loads(x) for x in (tmp_path / "mix" / "mixture.jsonl").read_text().splitlines()]

@@ -170,6 +170,8 @@ def test_select_cli_writes_subset_report_and_png(tmp_path):
     tasks = [r["task"]["id"] for r in recs]
     assert max(tasks.count(t) for t in tasks) <= 2                 # per_group=2 in :runlocal
     assert report["pool"]["skipped"] == {"not_passed": 4}
+    assert report["rows"] == {"input_rows": len(lines), "skipped": {"not_passed": 4},
+                              "selected": 12, "not_selected": len(lines) - 4 - 12}
     m = report["methods"]
     assert set(m) == {"diverse", "similar", "random", "topology"}
     for key in ("mean_pairwise_distance", "distinct_label_sequences", "clusters_covered",
@@ -240,3 +242,21 @@ def test_select_cli_on_a_curated_dir(tmp_path):
     assert rep["methods"]["diverse"]["rows_per_problem"]["max"] == 1
     with pytest.raises(ValueError, match="set --config.tokenizer"):
         run(_cfg(input=str(src), output=str(out), budget=8))
+
+
+def test_fingerprint_many_equals_one_call_in_chunks_and_workers():
+    """Chunked (and multi-process) fingerprinting gives the same bits as one call; bad rows are
+    named by their index in the whole list, not in a chunk."""
+    import json
+
+    from rossjax.curate.routes import fingerprint, fingerprint_many, trace_text
+
+    texts = [trace_text(json.loads(line)) for line in open("data/select/sample.jsonl")]
+    want, want_r = fingerprint(texts, "math", 32, 3, return_routes=True)
+    for kw in ({"chunk": 7}, {"chunk": 11, "workers": 2}):
+        got, got_r = fingerprint_many(texts, "math", 32, 3, **kw)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got_r, want_r)
+    with pytest.raises(ValueError, match=r"texts\[9\] is empty"):
+        fingerprint_many(texts[:9] + ["  "], chunk=4)
+    assert fingerprint_many([], dim=8)[0].shape == (0, 8)

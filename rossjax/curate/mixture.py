@@ -109,9 +109,10 @@ def plan_mixture(sources: dict, shares: dict, budget_tokens: int, *, max_length:
         order = rng.permutation(np.flatnonzero(ok))
         rows, got = _fill(n_tok, order, target) if target > 0 else (np.zeros(0, np.int64), 0)
         selected[name] = rows
+        # Every pool row is drawn, dropped (too long / empty) or left undrawn: these add up.
         per[name] = {"rows": int(len(rows)), "tokens": got, "target_tokens": target,
                      "target_share": share, "dropped_too_long": n_long, "dropped_empty": n_empty,
-                     "pool_rows": int(len(n_tok))}
+                     "not_drawn": int(ok.sum()) - int(len(rows)), "pool_rows": int(len(n_tok))}
     total = sum(p["tokens"] for p in per.values())
     for p in per.values():
         p["achieved_share"] = p["tokens"] / total if total else 0.0
@@ -133,16 +134,35 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def read_lengths(path: str) -> tuple[list[str], np.ndarray]:
+def _bar(desc: str, total: int | None, progress: bool):
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="row", desc=desc, disable=not progress, file=sys.stderr)
+
+
+def _n_examples(path: str) -> int | None:
+    """Example count from a curated dir's report.json (for the progress bar's ETA), if present."""
+    try:
+        with open(os.path.join(path, "report.json")) as f:
+            return int(json.load(f)["buckets"]["kept"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def read_lengths(path: str, progress: bool = False) -> tuple[list[str], np.ndarray]:
     """(ids, token counts) of a curated output dir, streamed through pipeline.read_compiled."""
     from rossjax.curate.pipeline import read_compiled
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: mixture source is not a curated output directory")
     ids, lens = [], []
-    for ex in read_compiled(path):
-        ids.append(str(ex["id"]))
-        lens.append(len(ex["input_ids"]))
+    with _bar(f"read {os.path.basename(os.path.normpath(path))}", _n_examples(path), progress) as bar:
+        for ex in read_compiled(path):
+            ids.append(str(ex["id"]))
+            lens.append(len(ex["input_ids"]))
+            bar.update()
     return ids, np.asarray(lens, np.int64)
 
 
@@ -157,7 +177,7 @@ def run(cfg) -> Mixture:
         src = cfg.sources[name]
         if not src.path:
             raise ValueError(f"config.sources.{name}.path is empty.")
-        ids[name], lens[name] = read_lengths(src.path)
+        ids[name], lens[name] = read_lengths(src.path, progress=cfg.progress)
         shares[name] = float(src.share)
     mix = plan_mixture(lens, shares, cfg.budget_tokens, max_length=cfg.max_length or None,
                        seed=cfg.seed, tolerance_pp=cfg.tolerance_pp)
@@ -168,14 +188,15 @@ def run(cfg) -> Mixture:
                 f.write(json.dumps({"source": name, "path": cfg.sources[name].path, "row": r,
                                     "id": ids[name][r], "n_tokens": int(lens[name][r])}) + "\n")
     mix.report["shards"] = write_shards(cfg.output, {n: cfg.sources[n].path for n in names},
-                                        mix.selected, cfg.examples_per_shard)
+                                        mix.selected, cfg.examples_per_shard,
+                                        progress=cfg.progress)
     with open(os.path.join(cfg.output, "report.json"), "w") as f:
         json.dump(mix.report, f, indent=2)
     return mix
 
 
 def write_shards(out_dir: str, paths: dict, selected: dict, per_shard: int,
-                 tag: str | None = "mixture_source") -> list[str]:
+                 tag: str | None = "mixture_source", progress: bool = False) -> list[str]:
     """Copy the drawn examples (row numbers in read order) of each source into
     compiled-NNNNN.array_record shards; `tag` names the provenance key that records the source."""
     import glob
@@ -187,11 +208,13 @@ def write_shards(out_dir: str, paths: dict, selected: dict, per_shard: int,
     for old in glob.glob(os.path.join(out_dir, "compiled-*.array_record")):
         os.remove(old)  # a rerun must not leave shards of an earlier mixture behind
     shards, writer, count = [], None, 0
+    bar = _bar("write", sum(len(selected[n]) for n in paths), progress)
     for name, path in paths.items():
         want = set(selected[name].tolist())
         for row, ex in enumerate(read_compiled(path)):
             if row not in want:
                 continue
+            bar.update()
             if writer is None:
                 shards.append(os.path.join(out_dir, f"compiled-{len(shards):05d}.array_record"))
                 writer = ArrayRecordWriter(shards[-1], "group_size:1")
@@ -204,6 +227,7 @@ def write_shards(out_dir: str, paths: dict, selected: dict, per_shard: int,
                 writer, count = None, 0
     if writer is not None:
         writer.close()
+    bar.close()
     return [os.path.basename(p) for p in shards]
 
 

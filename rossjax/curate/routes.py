@@ -306,3 +306,39 @@ def trace_text(record: dict):
         for call in m.get("tool_calls") or []:
             parts.append("<tool_call>" + json.dumps(call, sort_keys=True) + "</tool_call>")
     return "\n\n".join(parts)
+
+
+def _fingerprint_job(args):
+    texts, domain, dim, seed = args
+    return fingerprint(texts, domain, dim, seed, return_routes=True)
+
+
+def fingerprint_many(texts, domain: str = "math", dim: int = 64, seed: int = 0, *,
+                     chunk: int = 4096, workers: int = 0, progress: bool = False):
+    """`fingerprint(texts, ..., return_routes=True)` for large pools: in chunks (each row's vector
+    depends on that row only, so the result is identical), over `workers` spawned processes when
+    > 0, with a tqdm bar when `progress`. Returns (float32 [n, dim], int64 [n] route signatures)."""
+    import multiprocessing as mp
+    import sys
+
+    from tqdm import tqdm
+
+    texts = list(texts)
+    get_vocab(domain)  # bad input fails here with the whole-list row, before any worker starts
+    _validate(texts)
+    jobs = [(texts[s:s + chunk], domain, dim, seed) for s in range(0, len(texts), chunk)]
+    fps, sigs = [np.zeros((0, int(dim)), np.float32)], [np.zeros(0, np.int64)]
+    with tqdm(total=len(texts), unit="trace", desc="fingerprint", disable=not progress,
+              file=sys.stderr) as bar:
+        if workers > 0 and len(jobs) > 1:
+            # spawn: fresh workers, no inherited BLAS threads or parent memory
+            with mp.get_context("spawn").Pool(workers) as pool:
+                results = pool.imap(_fingerprint_job, jobs)
+                for (f, r), job in zip(results, jobs):
+                    fps.append(f), sigs.append(r), bar.update(len(job[0]))
+        else:
+            for job in jobs:
+                f, r = _fingerprint_job(job)
+                fps.append(f), sigs.append(r), bar.update(len(job[0]))
+    return np.concatenate(fps), np.concatenate(sigs)
+

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from rossjax.curate.routes import fingerprint, trace_text
+from rossjax.curate.routes import fingerprint_many, trace_text
 from rossjax.curate.selection import METHODS, cluster_pool, default_clusters, select
 
 _PAIR_SAMPLE = 2000
@@ -155,8 +155,8 @@ def run(cfg) -> dict:
     if cfg.budget > len(records):
         raise ValueError(f"config.budget {cfg.budget} is larger than the {len(records)} usable records "
                          f"in {cfg.input}.")
-    fps, routes = fingerprint([trace_text(r) for r in records], cfg.domain, cfg.dim, cfg.seed,
-                              return_routes=True)
+    fps, routes = fingerprint_many([trace_text(r) for r in records], cfg.domain, cfg.dim, cfg.seed,
+                                   workers=cfg.workers, progress=cfg.progress)
     groups = None
     if cfg.group_by:
         vals = [_field(r, cfg.group_by) for r in records]
@@ -191,7 +191,12 @@ def run(cfg) -> dict:
         written = os.path.join(cfg.output, written[0]) if len(written) == 1 else cfg.output
     else:
         written = _write_subset(cfg.input, rows[chosen[cfg.method]], cfg.output)
+    # Every input row is accounted for: skipped (with a reason), selected, or left in the pool.
+    n_sel = int(len(chosen[cfg.method]))
+    rows_in = {"input_rows": int(len(records) + sum(skipped.values())), "skipped": skipped,
+               "selected": n_sel, "not_selected": int(len(records) - n_sel)}
     report = {"input": cfg.input, "output": written, "method": cfg.method, "budget": cfg.budget,
+              "rows": rows_in,
               "domain": cfg.domain, "seed": cfg.seed, "clusters": int(len(clustering.centers)),
               "pool": {**stats(np.arange(len(fps))), "skipped": skipped},
               "methods": {m: stats(idx) for m, idx in chosen.items()},
@@ -210,7 +215,10 @@ def main(argv=None) -> int:
 
     cfg, _, _ = parse_config(list(argv or []), default_config=repo_config("select_routes.py"))
     report = run(cfg)
-    print(f"selected {report['budget']} of {report['pool']['rows']} rows with {report['method']} "
+    r = report["rows"]
+    skipped = ", ".join(f"{k} {n}" for k, n in sorted(r["skipped"].items())) or "none"
+    print(f"selected {r['selected']} of {report['pool']['rows']} usable rows "
+          f"({r['input_rows']} read; skipped: {skipped}) with {report['method']} "
           f"-> {report['output']}")
     print(f"{'method':10s} {'mean dist':>9s} {'routes':>7s} {'clusters':>8s}")
     for m, s in report["methods"].items():
