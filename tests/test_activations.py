@@ -10,6 +10,7 @@ import pytest
 
 from rossjax.models import forward, get_preset, init_params
 from rossjax.probes import activations as A
+from rossjax.probes import store as S
 
 
 @pytest.fixture(scope="module")
@@ -85,26 +86,26 @@ def test_store_reads_back_exactly_and_resumes_after_a_kill(model, tmp_path, monk
 
     monkeypatch.setattr(A, "iter_extract", killed_after_two)
     with pytest.raises(KeyboardInterrupt):
-        A.write_store(out, cfg, params, ids, rows, (1, 2), "mean", batch_tokens=64, progress=False)
+        S.write_store(out, cfg, params, ids, rows, (1, 2), "mean", batch_tokens=64, progress=False)
     first = sorted(seen)
     assert 0 < len(first) < len(rows)
     with pytest.raises(ValueError, match="unfinished"):
-        A.open_store(out)
+        S.open_store(out)
     assert json.load(open(os.path.join(out, "manifest.json")))["complete"] is False
 
     seen.clear()
     monkeypatch.setattr(A, "iter_extract", lambda *a, **kw: (seen.extend(x[0].tolist()) or x
                                                             for x in real(*a, **kw)))
-    man = A.write_store(out, cfg, params, ids, rows, (1, 2), "mean", batch_tokens=64, progress=False)
+    man = S.write_store(out, cfg, params, ids, rows, (1, 2), "mean", batch_tokens=64, progress=False)
     assert man["complete"] is True
     assert sorted(seen) == sorted(set(range(len(rows))) - set(first))  # finished rows skipped
-    store = A.open_store(out)
+    store = S.open_store(out)
     assert store.ids == ids
     np.testing.assert_array_equal(store.read(), fresh)
     np.testing.assert_array_equal(store.read(layer=2), fresh[:, 1])
     # a different setting on the same directory is refused, not mixed in
     with pytest.raises(ValueError, match="other settings"):
-        A.write_store(out, cfg, params, ids, rows, (1, 2), "max", progress=False)
+        S.write_store(out, cfg, params, ids, rows, (1, 2), "max", progress=False)
 
 
 def test_bad_input(model, tmp_path, monkeypatch):
@@ -116,19 +117,19 @@ def test_bad_input(model, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="turn_spans"):
         A.extract(cfg, params, [[1, 2]], (1,), "mean", [[(1, 5)]])
     with pytest.raises(ValueError, match="repeats"):
-        A.write_store(str(tmp_path / "s"), cfg, params, ["a", "a"], [[1], [2]], (1,), progress=False)
-    monkeypatch.setattr(A.shutil, "disk_usage", lambda p: type("U", (), {"free": 10})())
+        S.write_store(str(tmp_path / "s"), cfg, params, ["a", "a"], [[1], [2]], (1,), progress=False)
+    monkeypatch.setattr(S.shutil, "disk_usage", lambda p: type("U", (), {"free": 10})())
     with pytest.raises(ValueError, match="needs .* bytes but the disk has 10 free"):
-        A.write_store(str(tmp_path / "full"), cfg, params, ["a"], [[1]], (1,), progress=False)
+        S.write_store(str(tmp_path / "full"), cfg, params, ["a"], [[1]], (1,), progress=False)
     monkeypatch.undo()
     if os.geteuid() != 0:  # root ignores permission bits
         ro = tmp_path / "ro"
         ro.mkdir()
         ro.chmod(0o555)
         with pytest.raises(ValueError, match="not writable"):
-            A.write_store(str(ro / "s"), cfg, params, ["a"], [[1]], (1,), progress=False)
+            S.write_store(str(ro / "s"), cfg, params, ["a"], [[1]], (1,), progress=False)
     with pytest.raises(ValueError, match="not an activation store"):
-        A.open_store(str(tmp_path))
+        S.open_store(str(tmp_path))
 
 
 def test_cli_writes_store(tmp_path):
@@ -139,12 +140,47 @@ def test_cli_writes_store(tmp_path):
     out = tmp_path / "acts"
     assert main(["extract", "--config=configs/extract.py", f"--config.input={src}",
                  f"--config.output={out}", "--config.pooling=last"]) == 0
-    store = A.open_store(str(out))
+    store = S.open_store(str(out))
     assert store.ids == [f"x{i}" for i in range(5)] and store.manifest["pooling"] == "last"
     cfg = get_preset("tiny_qwen2")
-    np.testing.assert_array_equal(store.read(), A.extract(cfg, init_params(cfg, jax.random.PRNGKey(0)),
-                                                          rows, (1, 2), "last"))
+    # the CLI ran data-parallel over all 8 simulated devices; one device gives the same vectors
+    np.testing.assert_allclose(store.read(), A.extract(cfg, init_params(cfg, jax.random.PRNGKey(0)),
+                                                       rows, (1, 2), "last"), atol=1e-5, rtol=0)
+    # TensorBoard events and metrics.jsonl next to the store
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(out / "tb"))
+    rows_m = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    assert rows_m[-1]["split"] == "extract" and rows_m[-1]["rows_done"] == 5
+    assert rows_m[-1]["tokens_per_s"] > 0 and 0 <= rows_m[-1]["padding_share"] < 1
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "input_ids": [1]}\n{"id": "b", "input_ids": []}\n')
     assert main(["extract", "--config=configs/extract.py", f"--config.input={bad}",
                  f"--config.output={tmp_path / 'o2'}"]) == 2
+
+
+def test_cli_bad_input_is_one_sentence(tmp_path, capsys):
+    from rossjax.cli import main
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": "a", "input_ids": [1, 2]}\n')
+    base = ["extract", "--config=configs/extract.py", f"--config.input={src}",
+            f"--config.output={tmp_path / 'o'}"]
+    for extra, says in ((["--config.layers=(5,)"], "layer 5, but the model has 2 layers"),
+                        (["--config.model=/nonexistent/model"], "field 'model'"),
+                        (["--config.mesh.data=16"], "asks for 16 devices"),
+                        (["--config.no_such=1"], "no field 'no_such'"),
+                        (["stray"], "unexpected arguments")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("sizes,pooling,turns", [((8, 1, 1), "mean", False), ((2, 2, 2), "last", True)])
+def test_extract_on_a_mesh_equals_one_device(model, sizes, pooling, turns):
+    from rossjax.sharding import make_mesh
+    cfg, params = model
+    rng = np.random.RandomState(4)
+    rows = [rng.randint(0, 256, k).tolist() for k in rng.randint(2, 16, 11)]  # one length bucket
+    spans = [[(0, len(r) // 2), (len(r) // 2, len(r))] for r in rows] if turns else None
+    one = A.extract(cfg, params, rows, (0, 2), pooling, spans, turn_pooling="max", batch_tokens=64)
+    many = A.extract(cfg, params, rows, (0, 2), pooling, spans, turn_pooling="max", batch_tokens=64,
+                     mesh=make_mesh(*sizes))
+    np.testing.assert_allclose(many, one, atol=1e-5, rtol=0)

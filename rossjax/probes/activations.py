@@ -1,6 +1,7 @@
-"""Activations of a frozen reference model, pooled per row, stored in a tensorstore zarr array.
+"""Activations of a frozen reference model, pooled per row (the store is in store.py).
 
     acts = extract(cfg, params, token_lists, layers=(4, 8), pooling="mean")   # [n, 2, d] float32
+    acts = extract(cfg, params, token_lists, (4, 8), mesh=make_mesh(data=-1))  # batch over devices
     rossjax extract --config=configs/extract.py --config.output=runs/acts
 
 Pooling. Without turn spans a row is pooled over all its tokens (`mean`, `last`, `max`). With
@@ -12,20 +13,18 @@ n_layers = after the final norm.
 Rows are sorted by length and run in length-bucketed batches (few compiled shapes, little padding);
 right padding carries segment id 0, so it never leaks into real tokens.
 
-Store layout (a directory): activations.zarr [n, len(layers), d] float32, ids.json (row order),
-done.bits (packed bitmap of finished rows, replaced atomically after each written batch) and
-manifest.json, whose `complete` flag is set last. A killed run resumes from done.bits; a store
-whose manifest is not complete is refused by `open_store`, so it is never read as finished.
+With a mesh, each forward batch is split over the mesh's batch axes (data x fsdp by default) and
+params follow `rossjax.sharding.param_shardings` (heads/MLP over tensor); batches are padded with
+dummy rows to a multiple of the batch-axis size. Single process only: every host would need its
+own rows and its own part of the store, which this does not do yet.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import os
-import shutil
 from collections.abc import Sequence
 
 import jax
@@ -36,7 +35,7 @@ POOLINGS = ("mean", "last", "max")
 _BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
-def _check_inputs(cfg, token_lists, layers, pooling, turn_pooling, turn_spans):
+def check_inputs(cfg, token_lists, layers, pooling, turn_pooling, turn_spans):
     if pooling not in POOLINGS or turn_pooling not in POOLINGS:
         raise ValueError(f"extract: pooling {pooling!r}/{turn_pooling!r} is not one of {POOLINGS}.")
     layers = tuple(int(x) for x in layers)
@@ -70,11 +69,12 @@ def _bucket(n: int) -> int:
     return -(-n // 4096) * 4096
 
 
-def plan_batches(lengths: Sequence[int], batch_tokens: int):
+def plan_batches(lengths: Sequence[int], batch_tokens: int, multiple: int = 1):
     """Yield (bucket_len, rows_per_batch, row indices) in length order.
 
-    rows_per_batch is a power of two with rows * bucket_len <= batch_tokens (at least 1), fixed per
-    bucket, so the number of compiled shapes is the number of buckets.
+    rows_per_batch is a power of two with rows * bucket_len <= batch_tokens (at least 1), rounded up
+    to a multiple of `multiple` (the devices the batch is split over), fixed per bucket, so the
+    number of compiled shapes is the number of buckets.
     """
     order = np.argsort(np.asarray(lengths), kind="stable")
     by_bucket: dict[int, list[int]] = {}
@@ -82,6 +82,7 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int):
         by_bucket.setdefault(_bucket(int(lengths[i])), []).append(int(i))
     for blen, rows in sorted(by_bucket.items()):
         per = max(1, 1 << int(np.floor(np.log2(max(1, batch_tokens // blen)))))
+        per = -(-per // multiple) * multiple
         for s in range(0, len(rows), per):
             yield blen, per, rows[s:s + per]
 
@@ -92,6 +93,8 @@ class _PoolSpec:
     layers: tuple
     pooling: str
     turn_pooling: str
+    mesh: object = None   # jax.sharding.Mesh or None (one device)
+    rules: tuple = ()
 
 
 def _pool_tokens(h, mask, last_idx, how: str):
@@ -116,11 +119,19 @@ def _pool_turns(v, valid, how: str):
     return jnp.take_along_axis(v, last[:, None, None], axis=1)[:, 0]
 
 
+def _shardings(spec: _PoolSpec):
+    """(params, [b, s], [b, T, s], [b, T], [b, L, d]) shardings on the mesh; the batch dim over
+    the batch axes, everything else replicated."""
+    from rossjax import sharding
+
+    rows = lambda nd: sharding.batch_sharding(spec.mesh, nd, spec.rules)
+    return sharding.param_shardings(spec.cfg, spec.mesh, spec.rules), rows(2), rows(3), rows(2), rows(3)
+
+
 @functools.lru_cache(maxsize=16)
 def _make_batch_fn(spec: _PoolSpec):
     from rossjax import models
 
-    @jax.jit
     def run(params, tokens, seg, mask, last_idx, turn_valid):
         _, hidden = models.forward(spec.cfg, params, tokens, segment_ids=seg,
                                    hidden_layers=spec.layers)
@@ -129,20 +140,44 @@ def _make_batch_fn(spec: _PoolSpec):
                                  spec.turn_pooling) for l in spec.layers]
         return jnp.stack(per_layer, axis=1)   # [b, len(layers), d]
 
-    return run
+    if spec.mesh is None:
+        return jax.jit(run)
+    p, r2, r3, t2, out = _shardings(spec)
+    return jax.jit(run, in_shardings=(p, r2, r2, r3, t2, t2), out_shardings=out)
+
+
+def _batch_axis_size(mesh, rules) -> int:
+    from rossjax import sharding
+
+    axes = sharding.batch_sharding(mesh, 2, rules).spec[0]
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    return int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
 
 
 def iter_extract(cfg, params, token_lists, layers, pooling="mean", turn_spans=None, *,
-                 turn_pooling="mean", batch_tokens=8192, skip=None):
+                 turn_pooling="mean", batch_tokens=8192, skip=None, mesh=None, rules=None,
+                 with_padding=False):
     """Yield (row indices, activations [k, len(layers), d]) batch by batch, skipping rows where
-    `skip[row]` is true. The streaming core of `extract` and of the resumable store writer."""
-    layers = _check_inputs(cfg, token_lists, layers, pooling, turn_pooling, turn_spans)
-    run = _make_batch_fn(_PoolSpec(cfg, layers, pooling, turn_pooling))
+    `skip[row]` is true. The streaming core of `extract` and of the resumable store writer.
+
+    `mesh` (rossjax.sharding.make_mesh): run each batch sharded, rows over the batch axes, params
+    placed by `rossjax.sharding.param_shardings` (a no-op for params already on the mesh). With
+    `with_padding` the tuples carry a third item, the padded token count of the batch."""
+    from rossjax import sharding
+
+    layers = check_inputs(cfg, token_lists, layers, pooling, turn_pooling, turn_spans)
+    rules = sharding.normalize_rules(rules) if mesh is not None else ()
+    spec = _PoolSpec(cfg, layers, pooling, turn_pooling, mesh, rules)
+    run = _make_batch_fn(spec)
+    shards = 1
+    if mesh is not None:
+        shards = _batch_axis_size(mesh, rules)
+        params = jax.device_put(params, _shardings(spec)[0])
     todo = [i for i in range(len(token_lists)) if skip is None or not skip[i]]
     lengths = [len(token_lists[i]) for i in todo]
     max_turns = 1 if turn_spans is None else max(len(turn_spans[i]) for i in todo) if todo else 1
     n_turns = 1 << int(np.ceil(np.log2(max_turns)))  # bucketed too: few compiled shapes
-    for blen, per, local in plan_batches(lengths, batch_tokens):
+    for blen, per, local in plan_batches(lengths, batch_tokens, multiple=shards):
         rows = [todo[j] for j in local]
         tokens = np.zeros((per, blen), np.int32)
         seg = np.zeros((per, blen), np.int32)
@@ -158,168 +193,52 @@ def iter_extract(cfg, params, token_lists, layers, pooling="mean", turn_spans=No
         for r in range(len(rows), per):  # dummy rows keep the batch shape fixed
             seg[r, 0], mask[r, 0, 0], valid[r, 0] = 1, True, True
         out = np.asarray(run(params, tokens, seg, mask, last_idx, valid))[:len(rows)]
-        yield np.asarray(rows), out
+        yield (np.asarray(rows), out, per * blen) if with_padding else (np.asarray(rows), out)
 
 
 def extract(cfg, params, token_lists, layers, pooling="mean", turn_spans=None, *,
-            turn_pooling="mean", batch_tokens=8192) -> np.ndarray:
+            turn_pooling="mean", batch_tokens=8192, mesh=None, rules=None) -> np.ndarray:
     """Pooled activations [n, len(layers), d_model] (float32) for every row, in input order."""
     n = len(token_lists)
     out = np.zeros((n, len(tuple(layers)), cfg.d_model), np.float32)
     for rows, acts in iter_extract(cfg, params, token_lists, layers, pooling, turn_spans,
-                                   turn_pooling=turn_pooling, batch_tokens=batch_tokens):
+                                   turn_pooling=turn_pooling, batch_tokens=batch_tokens, mesh=mesh,
+                                   rules=rules):
         out[rows] = acts
     return out
 
 
-# ----------------------------------------------------------------------------- the store
-
-def _store_paths(d):
-    return {k: os.path.join(d, v) for k, v in (("array", "activations.zarr"), ("ids", "ids.json"),
-                                                   ("done", "done.bits"), ("manifest", "manifest.json"))}
-
-
-def _atomic_write(path: str, data: bytes):
-    """Write-then-rename, so a crash leaves the old file or the new one, never half of one."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _ids_digest(ids) -> str:
-    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
-
-
-def _ts_spec(path, shape=None):
-    spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": path}}
-    if shape is not None:
-        chunk = max(1, min(shape[0], (4 << 20) // max(1, 4 * shape[1] * shape[2])))  # ~4 MiB chunks
-        spec["metadata"] = {"shape": list(shape), "chunks": [chunk, shape[1], shape[2]], "dtype": "<f4"}
-    return spec
-
-
-def write_store(out_dir, cfg, params, ids, token_lists, layers, pooling="mean", turn_spans=None, *,
-                turn_pooling="mean", batch_tokens=8192, model_name="", progress=True) -> dict:
-    """Extract into `out_dir`, resuming a run that was killed with the same settings.
-
-    Returns the manifest. Settings that differ from an unfinished store's manifest are an error
-    (its finished rows would not be comparable with the new ones).
-    """
-    import tensorstore as ts
-    from tqdm import tqdm
-
-    ids = [str(i) for i in ids]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{out_dir}: field 'id' repeats; activation rows need unique ids.")
-    if len(ids) != len(token_lists):
-        raise ValueError(f"{out_dir}: {len(ids)} ids for {len(token_lists)} token lists.")
-    layers = _check_inputs(cfg, token_lists, layers, pooling, turn_pooling, turn_spans)
-    n, shape = len(ids), (len(ids), len(layers), cfg.d_model)
-    manifest = {"model": model_name, "model_config": dataclasses.asdict(cfg), "layers": list(layers),
-                "pooling": pooling, "turn_pooling": turn_pooling, "turns": turn_spans is not None,
-                "n": n, "d_model": cfg.d_model, "dtype": "float32", "ids_sha256": _ids_digest(ids),
-                "complete": False}
-    paths = _store_paths(out_dir)
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        probe_file = os.path.join(out_dir, ".write_test")
-        with open(probe_file, "wb") as f:
-            f.write(b"x")
-        os.remove(probe_file)
-    except OSError as e:
-        raise ValueError(f"{out_dir}: the activation store directory is not writable ({e.strerror}).") from None
-    done = np.zeros(n, bool)
-    if os.path.exists(paths["manifest"]):
-        old = json.load(open(paths["manifest"]))
-        same = {k: v for k, v in old.items() if k != "complete"} == \
-               {k: v for k, v in json.loads(json.dumps(manifest)).items() if k != "complete"}
-        if not same:
-            raise ValueError(f"{paths['manifest']}: an existing store was written with other settings "
-                             "(model, layers, pooling or ids); use a new output directory.")
-        if old["complete"]:
-            return old
-        if os.path.exists(paths["done"]):
-            done = np.unpackbits(np.frombuffer(open(paths["done"], "rb").read(), np.uint8))[:n].astype(bool)
-        arr = ts.open(_ts_spec(paths["array"]), open=True).result()
-    else:
-        need = int(np.prod(shape)) * 4
-        free = shutil.disk_usage(out_dir).free
-        if need > free:
-            raise ValueError(f"{out_dir}: the activation store needs {need} bytes but the disk has "
-                             f"{free} free.")
-        try:
-            arr = ts.open(_ts_spec(paths["array"], shape), create=True, delete_existing=True).result()
-            _atomic_write(paths["ids"], json.dumps(ids).encode())
-            _atomic_write(paths["manifest"], json.dumps(manifest, indent=1).encode())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{out_dir}: could not create the activation store ({e}).") from None
-    bar = tqdm(total=n, initial=int(done.sum()), desc="extract", unit="row", disable=not progress)
-    for rows, acts in iter_extract(cfg, params, token_lists, layers, pooling, turn_spans,
-                                   turn_pooling=turn_pooling, batch_tokens=batch_tokens, skip=done):
-        try:
-            arr.oindex[rows] = acts  # noqa: the write completes (or raises) before `done` moves
-            done[rows] = True
-            _atomic_write(paths["done"], np.packbits(done).tobytes())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{out_dir}: writing activations failed ({e}); rerun to resume.") from None
-        bar.update(len(rows))
-    bar.close()
-    manifest["complete"] = True
-    _atomic_write(paths["manifest"], json.dumps(manifest, indent=1).encode())  # last: marks finished
-    return manifest
-
-
-@dataclasses.dataclass
-class ActivationStore:
-    path: str
-    ids: list
-    manifest: dict
-    array: object  # tensorstore handle [n, len(layers), d]
-
-    def read(self, layer: int | None = None, rows=None) -> np.ndarray:
-        """[n, len(layers), d], or [n, d] for one stored `layer` (a model layer index)."""
-        a = self.array
-        if layer is not None:
-            if layer not in self.manifest["layers"]:
-                raise ValueError(f"{self.path}: layer {layer} is not in the store (layers "
-                                 f"{self.manifest['layers']}).")
-            a = a[:, self.manifest["layers"].index(layer)]
-        if rows is not None:
-            a = a.oindex[np.asarray(rows)]
-        return np.asarray(a.read().result())
-
-
-def open_store(path) -> ActivationStore:
-    """Open a finished store; an unfinished or foreign directory is a ValueError."""
-    import tensorstore as ts
-
-    paths = _store_paths(path)
-    if not os.path.exists(paths["manifest"]):
-        raise ValueError(f"{path}: no manifest.json; this is not an activation store.")
-    manifest = json.load(open(paths["manifest"]))
-    if not manifest.get("complete"):
-        raise ValueError(f"{path}: the activation store is unfinished (manifest 'complete' is false); "
-                         "rerun `rossjax extract` to resume it.")
-    ids = json.load(open(paths["ids"]))
-    if _ids_digest(ids) != manifest["ids_sha256"] or len(ids) != manifest["n"]:
-        raise ValueError(f"{paths['ids']}: field 'ids' does not match the manifest's ids digest.")
-    return ActivationStore(path, ids, manifest, ts.open(_ts_spec(paths["array"]), open=True).result())
-
-
-
 # ----------------------------------------------------------------------------- CLI
 
-def load_model(spec: str, seed: int = 0, dtype: str = "float32"):
-    """"preset:NAME" (random init, for smoke runs and tests) or a Hugging Face model folder."""
-    from rossjax import models
+def load_model(spec: str, seed: int = 0, dtype: str = "float32", mesh=None, rules=None):
+    """"preset:NAME" (random init, for smoke runs and tests) or a Hugging Face model folder; with a
+    mesh the params land sharded (a HF folder is read tensor by tensor onto it)."""
+    from rossjax import models, sharding
 
     if spec.startswith("preset:"):
         cfg = models.get_preset(spec.split(":", 1)[1], dtype=dtype, param_dtype=dtype)
+        if mesh is not None:
+            return cfg, sharding.init_params_sharded(cfg, jax.random.PRNGKey(seed), mesh, rules)
         return cfg, models.init_params(cfg, jax.random.PRNGKey(seed))
-    return models.load_hf(spec, dtype=dtype)
+    if not os.path.isdir(spec):
+        raise ValueError(f"configs/extract.py: field 'model' is {spec!r}, which is neither "
+                         "preset:NAME nor an existing Hugging Face model folder.")
+    return models.load_hf(spec, dtype=dtype, mesh=mesh, rules=rules)
+
+
+def mesh_from_config(m):
+    """A (data, fsdp, tensor) mesh from config sizes; without a -1 it takes the first
+    data*fsdp*tensor devices, so `data=1, fsdp=1, tensor=1` is one device."""
+    from rossjax import sharding
+
+    sizes = (int(m.data), int(m.fsdp), int(m.tensor))
+    devices = jax.devices()
+    if -1 not in sizes:
+        if int(np.prod(sizes)) > len(devices):
+            raise ValueError(f"config.mesh asks for {int(np.prod(sizes))} devices (data x fsdp x "
+                             f"tensor = {' x '.join(map(str, sizes))}) but there are {len(devices)}.")
+        devices = devices[:int(np.prod(sizes))]
+    return sharding.make_mesh(*sizes, devices=devices)
 
 
 def read_rows(path: str, tokenizer: str = "", use_turns: bool = False):
@@ -374,16 +293,25 @@ def read_rows(path: str, tokenizer: str = "", use_turns: bool = False):
 def main(argv=None) -> int:
     from rossjax.cli import parse_config
 
-    c, flags, _ = parse_config(argv or [], default_config=None)
+    from rossjax import sharding
+    from rossjax.probes.store import write_store
+
+    c, flags, rest = parse_config(argv or [], default_config=None)
     if c is None:
         raise ValueError("rossjax extract: --config=configs/extract.py is required.")
+    if rest:
+        raise ValueError(f"rossjax extract: unexpected arguments {' '.join(rest)!r}; options go in "
+                         "--config.x=y.")
     out = c.output or (os.path.join(flags.workdir, "activations") if flags.workdir else "")
     if not c.input or not out:
         raise ValueError("configs/extract.py: fields 'input' and 'output' must be set.")
-    cfg, params = load_model(c.model, c.seed, c.dtype)
+    mesh = mesh_from_config(c.mesh)
+    rules = sharding.normalize_rules(c.sharding_rules or None)
     ids, lists, spans = read_rows(c.input, c.tokenizer, c.use_turns)
+    cfg, params = load_model(c.model, c.seed, c.dtype, mesh, rules)
     man = write_store(out, cfg, params, ids, lists, tuple(c.layers), c.pooling, spans,
-                      turn_pooling=c.turn_pooling, batch_tokens=c.batch_tokens, model_name=c.model)
+                      turn_pooling=c.turn_pooling, batch_tokens=c.batch_tokens, model_name=c.model,
+                      mesh=mesh, rules=rules)
     print(f"rossjax extract: {man['n']} rows x layers {man['layers']} x d {man['d_model']} "
-          f"({man['pooling']} pooling) -> {out}")
+          f"({man['pooling']} pooling) on mesh {dict(mesh.shape)} -> {out}")
     return 0

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rossjax.probes import heads, labels as labels_mod, metrics
-from rossjax.probes.activations import open_store
+from rossjax.probes.store import open_store
 
 FIELDS = ("layer", "pooling", "head", "balance", "seed", "epochs", "temperature", "val_balanced_accuracy",
           "val_ece", "test_accuracy", "test_balanced_accuracy", "test_f1", "test_ece", "test_spearman",
