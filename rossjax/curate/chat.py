@@ -99,6 +99,16 @@ def _args_json(args) -> str:
     return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
 
 
+def _reasoning_then_content(b: "_Builder", i: int, m: dict, content: str, think_open: str,
+                            think_close: str) -> None:
+    """An assistant turn's reasoning (inside the template's think markers) and its content, both
+    eligible; the markers are part of the reasoning part, so the model learns to emit them."""
+    if m.get("reasoning") is not None:
+        b.part(i, "assistant", "reasoning", m["reasoning"], prefix=think_open, suffix=think_close,
+               eligible=True)
+    b.part(i, "assistant", "content", content, eligible=True)
+
+
 def _chatml(messages) -> Rendered:
     b = _Builder()
     n = len(messages)
@@ -118,10 +128,7 @@ def _chatml(messages) -> Rendered:
             b.part(i, role, "content", content)
             b.ctx("<|im_end|>\n")
             continue
-        if m.get("reasoning") is not None:
-            b.part(i, role, "reasoning", m["reasoning"], prefix="<think>\n", suffix="\n</think>\n\n",
-                   eligible=True)
-        b.part(i, role, "content", content, eligible=True)
+        _reasoning_then_content(b, i, m, content, "<think>\n", "\n</think>\n\n")
         calls = m.get("tool_calls") or []
         if calls:
             blocks = []
@@ -148,10 +155,7 @@ def _llama3(messages) -> Rendered:
             b.part(i, role, "content", content)
             b.ctx("<|eot_id|>")
             continue
-        if m.get("reasoning") is not None:
-            b.part(i, role, "reasoning", m["reasoning"], prefix="<think>\n", suffix="\n</think>\n\n",
-                   eligible=True)
-        b.part(i, role, "content", content, eligible=True)
+        _reasoning_then_content(b, i, m, content, "<think>\n", "\n</think>\n\n")
         calls = m.get("tool_calls") or []
         if calls:
             body = "\n".join(
@@ -191,10 +195,7 @@ def _mistral(messages) -> Rendered:
             b.ctx("[/TOOL_RESULTS]")
             continue
         b.ctx(" ")
-        if m.get("reasoning") is not None:
-            b.part(i, role, "reasoning", m["reasoning"], prefix="[THINK]", suffix="[/THINK]",
-                   eligible=True)
-        b.part(i, role, "content", content, eligible=True)
+        _reasoning_then_content(b, i, m, content, "[THINK]", "[/THINK]")
         calls = m.get("tool_calls") or []
         if calls:
             body = json.dumps([{"name": tool_call_fields(tc)[0],
