@@ -8,8 +8,9 @@ withheld as `unverified` unless --config.unverified=keep):
     rossjax curate --config=configs/curate.py --config.input=rollouts.jsonl.gz \
         --config.output=/tmp/curated --config.verify=rerun --config.verify_workers=2
 
-Needs: CPU only (no jax import); `verify=rerun` runs math-verify, reasoning-gym and sandboxed
-Python in worker processes. Takes ~5 s on the 30-row sample (~10 s with verify=rerun); on 2 CPU
+Needs: CPU only (no jax import); verifier runs use math-verify, reasoning-gym and sandboxed
+Python in worker processes. Takes ~6 s on the 30-row sample (verify=auto runs the verifiers of
+the 21 rows that store no verdict; ~10 s with verify=rerun); on 2 CPU
 cores compiling runs at hundreds of ~2k-token rollouts/s and sandboxed code verification at
 ~30 programs/s. Then: `rossjax inspect /tmp/curated --id <ID>` to eyeball a mask.
 """

@@ -83,8 +83,11 @@ class Report:
         return d
 
     def summary(self) -> str:
-        b = self.buckets
+        b, v = self.buckets, self.verify
         top = ", ".join(f"{k} {n}" for k, n in (self.reasons["withheld"] + self.reasons["invalid"]).most_common(4))
         return (f"{self.input_rows} rows: {b['kept']} kept, {b['withheld']} withheld, "
                 f"{b['invalid']} invalid ({top or 'no reasons'}); "
-                f"{self.tokens['kept_supervised']} supervised tokens, TER {self.ter:.3f}")
+                f"{self.tokens['kept_supervised']} supervised tokens, TER {self.ter:.3f}; "
+                f"verify={self.config.get('verify')}: {v['passed']} passed, {v['failed']} failed, "
+                f"{v['undecided']} undecided, {v['unverified']} unverified, "
+                f"{v['rerun']} verdicts computed now")
