@@ -6,6 +6,7 @@ on a random-init model's activations must decode it; with shuffled labels it mus
 """
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -68,8 +69,18 @@ def _trials(nums, rng):
     return out
 
 
-def test_probe_sweep_cli_end_to_end(wide_model, tmp_path):
+def test_probe_sweep_cli_end_to_end(wide_model, tmp_path, monkeypatch, capsys):
     from rossjax.cli import main
+    from rossjax.probes import sweep
+
+    seen = []  # (train ids, val ids) of every probe the sweep trains
+
+    def recording(xt, yt, xv, yv, tc, *, train_ids, val_ids):
+        seen.append((list(train_ids), list(val_ids)))
+        return real(xt, yt, xv, yv, tc, train_ids=train_ids, val_ids=val_ids)
+
+    real = heads.train_probe
+    monkeypatch.setattr(sweep.heads, "train_probe", recording)
 
     cfg, params = wide_model
     rows, nums = _texts(1000, seed=1)
@@ -91,6 +102,14 @@ def test_probe_sweep_cli_end_to_end(wide_model, tmp_path):
     lines = (out / "cells.csv").read_text().strip().splitlines()
     assert len(lines) == 1 + 2 * 2 * 2   # header + pooling x layer x seed
     assert (out / "heatmap_linear.png").stat().st_size > 1000
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(out / "tb"))
+    logged = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    assert len([r for r in logged if r["split"] == "sweep"]) == 8
+    assert {r["split"] for r in logged} >= {"linear/layer1/mean/reweight/seed0", "linear/layer2/max/reweight/seed1"}
+    # probe training never sees validation (or test) rows
+    assert len(seen) == 8
+    for tr_ids, va_ids in seen:
+        assert not set(tr_ids) & set(va_ids) and len(tr_ids) + len(va_ids) < len(ids)
     probe, man = load_probe(str(out / "selected_probe"))
     assert man["head"] == "linear" and man["layer"] in (1, 2) and man["pooling"] in ("mean", "max")
     summary = [r for r in _csv(out / "summary.csv")]
@@ -100,14 +119,44 @@ def test_probe_sweep_cli_end_to_end(wide_model, tmp_path):
     s = probe.score(x)
     assert s.shape == (1000,) and ((s >= 0.5) == (nums > 49)).mean() > 0.7  # accuracy proper: the honesty test
     # group k-fold split and a label file whose ids are not in the store
+    seen.clear()
     assert main(argv[:-3] + ["--config.split=group_kfold", "--config.seeds=(0,)", "--config.max_epochs=3",
                              f"--config.output={tmp_path / 'sweep_g'}"]) == 0
+    group = {i: f"g{j % 9}" for j, i in enumerate(ids)}
+    for tr_ids, va_ids in seen:  # whole groups: validation groups never appear in training
+        assert not {group[i] for i in tr_ids} & {group[i] for i in va_ids}
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"id": "nope", "label": 1}) + "\n")
-    assert main(argv[:3] + [f"--config.labels={bad}", f"--config.output={tmp_path / 'x'}"]) == 2
+    one_class = tmp_path / "one_class.jsonl"
+    one_class.write_text("\n".join(json.dumps({"id": i, "label": 1}) for i in ids))
+    capsys.readouterr()
+    for extra, says in (([f"--config.labels={bad}"], "not in the activation store"),
+                        ([f"--config.labels={tmp_path / 'missing.jsonl'}"], "field 'labels'"),
+                        ([f"--config.labels={lab}", "--config.stores=('',)"], "field 'stores' is empty"),
+                        ([f"--config.labels={one_class}"], "needs both in-band and out-of-band")):
+        assert main(argv[:2] + [argv[2]] + extra + [f"--config.output={tmp_path / 'x'}"]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, err
 
 
 def _csv(path):
     import csv
     with open(path) as f:
         return list(csv.DictReader(f))
+
+
+def test_rvp_reward_is_the_rl_gate():
+    from rossjax.probes import sweep
+
+    class Fixed:  # a probe whose scores are given
+        def score(self, x):
+            return np.asarray(x, np.float64)
+
+    s, valid = np.array([0.9, 0.2, 0.6, 0.4]), np.array([1.0, 0.0, 1.0, 0.0])
+    np.testing.assert_array_equal(sweep.make_reward("hard_gate", -0.2)(Fixed(), s, valid), [0.9, -0.2, 0.6, -0.2])
+    np.testing.assert_array_equal(sweep.make_reward("probe_only")(Fixed(), s, valid), s)
+    np.testing.assert_allclose(sweep.make_reward("soft_gate")(Fixed(), s, valid * 0.5), [0.45, 0, 0.3, 0])
+    assert metrics.rvp(lambda v: sweep.make_reward("hard_gate")(Fixed(), s, v), valid) == pytest.approx(
+        np.var([0.9, -0.2, 0.6, -0.2]))
+    with pytest.raises(ValueError, match="field 'reward'"):
+        sweep.make_reward("gate_of_gold")

@@ -156,7 +156,12 @@ def train_probe(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_v
         raise ValueError(f"probe training: head {cfg.head!r} is not one of {tuple(HEADS)}.")
     if train_ids is not None and val_ids is not None:
         overlap = set(map(str, train_ids)) & set(map(str, val_ids))
-        assert not overlap, f"probe training would see {len(overlap)} validation rows, e.g. {next(iter(overlap))!r}"
+        if overlap:  # an explicit raise: `assert` would vanish under python -O
+            raise AssertionError(f"probe training would see {len(overlap)} validation rows, e.g. "
+                                 f"{next(iter(overlap))!r}")
+        if len(train_ids) != len(x_train) or len(val_ids) != len(x_val):
+            raise ValueError(f"probe training: {len(train_ids)}/{len(val_ids)} ids for "
+                             f"{len(x_train)}/{len(x_val)} train/val rows.")
     x_train = np.asarray(x_train, np.float32)
     y_train = np.asarray(y_train, np.int32)
     if len(x_train) == 0 or len(x_val) == 0:

@@ -13,7 +13,8 @@ best-calibrated cell wins and the manifest records it.
 
 Outputs in the output dir: cells.csv (one line per cell and seed), summary.csv (mean over seeds),
 heatmap_<head>.png (layer x pooling, validation balanced accuracy), selected_probe/ (orbax) and
-selected_probe.json (the manifest: head, layer, pooling, model, temperature, metrics).
+selected_probe.json (the manifest: head, layer, pooling, model, temperature, metrics), and
+TensorBoard events (tb/) + metrics.jsonl: every cell's epoch curve and one point per cell.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rossjax.probes import heads, labels as labels_mod, metrics
+from rossjax.probes import heads, labels as labels_mod, metrics, reward as reward_lib
 from rossjax.probes.store import open_store
 
 FIELDS = ("layer", "pooling", "head", "balance", "seed", "epochs", "temperature", "val_balanced_accuracy",
@@ -34,13 +35,12 @@ FIELDS = ("layer", "pooling", "head", "balance", "seed", "epochs", "temperature"
 
 
 def make_reward(kind: str = "probe_only", invalid_reward: float = -0.2) -> Callable:
-    """reward(probe, x, valid) -> [n]: the probe score, or with `hard_gate` the score where the task
-    is valid and `invalid_reward` elsewhere (the gate the RL loop applies)."""
-    if kind == "probe_only":
-        return lambda probe, x, valid: probe.score(x)
-    if kind == "hard_gate":
-        return lambda probe, x, valid: np.where(valid, probe.score(x), invalid_reward)
-    raise ValueError(f"configs/probe_sweep.py: field 'reward' is {kind!r}, not probe_only or hard_gate.")
+    """reward(probe, x, valid) -> [n]: the probe score through the same gate the RL loop applies
+    (`rossjax.probes.reward.gate`: probe_only | hard_gate | soft_gate), so RVP measures its reward."""
+    if kind not in reward_lib.GATES:
+        raise ValueError(f"configs/probe_sweep.py: field 'reward' is {kind!r}, not one of "
+                         f"{', '.join(reward_lib.GATES)}.")
+    return lambda probe, x, valid: reward_lib.gate(kind, probe.score(x), valid, invalid_reward)
 
 
 def _split(c, n, groups):
@@ -54,9 +54,14 @@ def _split(c, n, groups):
 def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool = True) -> dict:
     from tqdm import tqdm
 
+    from rossjax.train.metrics import MetricsWriter
+
+    if not c.stores or not all(c.stores):
+        raise ValueError("configs/probe_sweep.py: field 'stores' is empty; give the directories "
+                         "written by `rossjax extract`.")
+    if not os.path.isfile(c.labels):
+        raise ValueError(f"configs/probe_sweep.py: field 'labels' is {c.labels!r}, which is not a file.")
     stores = [open_store(p) for p in c.stores]
-    if not stores:
-        raise ValueError("configs/probe_sweep.py: field 'stores' is empty.")
     ids = stores[0].ids
     for s in stores[1:]:
         if s.ids != ids:
@@ -65,8 +70,12 @@ def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool
     rows = labels_mod.read_label_file(c.labels)
     idx, lab, groups = labels_mod.align_labels(rows, ids, path=c.labels, lo=c.lo, hi=c.hi,
                                                band=c.band, min_valid=c.min_valid)
+    if len(np.unique(lab.y)) < 2:
+        raise ValueError(f"{c.labels}: all {len(lab.y)} labelled rows (after min_valid) fall in class "
+                         f"{int(lab.y[0]) if len(lab.y) else '-'}; a probe needs both in-band and "
+                         "out-of-band rows.")
     kept_rows = [rows[i] for i in lab.kept]
-    valid = np.asarray([bool(r.get("valid", True)) for r in kept_rows])
+    valid = np.asarray([float(r.get("valid", 1.0)) for r in kept_rows])  # 0/1, or a soft_gate score
     tr, va, te = _split(c, len(idx), groups)
     row_ids = np.asarray([ids[i] for i in idx])
     reward_fn = reward_fn or make_reward(c.reward, c.invalid_reward)
@@ -75,6 +84,9 @@ def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool
         s = open_store(p)
         rvp_by_pool[s.manifest["pooling"]] = s
 
+    # TensorBoard: each cell's epoch curve under its own tag, and one point per cell under sweep/.
+    os.makedirs(out_dir, exist_ok=True)
+    writer = MetricsWriter(out_dir)
     cells, trained = [], {}
     grid = [(s, layer, head, bal, seed) for s in stores for layer in (c.layers or s.manifest["layers"])
             for head in c.heads for bal in c.balance for seed in c.seeds]
@@ -90,7 +102,7 @@ def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool
         pooling = s.manifest["pooling"]
         if pooling in rvp_by_pool:
             ref = rvp_by_pool[pooling]
-            xr, vr, src = ref.read(layer=layer), np.ones(len(ref.ids), bool), ref.path
+            xr, vr, src = ref.read(layer=layer), np.ones(len(ref.ids)), ref.path
         else:
             xr, vr, src = x[te], valid[te], "test_split"
         rvp = metrics.rvp(lambda sample: reward_fn(probe, sample[0], sample[1]), _Pair(xr, vr))
@@ -100,8 +112,15 @@ def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool
                 **{f"test_{k}": v for k, v in test.items()}, "rvp": rvp, "rvp_source": src}
         cells.append(cell)
         trained[(layer, pooling, head, bal, seed)] = (probe, s)
+        tag = f"{head}/layer{layer}/{pooling}/{bal}/seed{seed}"
+        for h in probe.history:
+            writer.write(h["epoch"], {"loss": h["loss"], "val_balanced_accuracy": h["val_balanced_accuracy"]},
+                         prefix=tag)
+        writer.write(len(cells) - 1, {k: v for k, v in cell.items()
+                                      if isinstance(v, (int, float)) and k not in ("layer", "seed")},
+                     prefix="sweep")
+    writer.close()
 
-    os.makedirs(out_dir, exist_ok=True)
     _write_csv(os.path.join(out_dir, "cells.csv"), cells, FIELDS)
     summary = _summarize(cells)
     _write_csv(os.path.join(out_dir, "summary.csv"), summary, list(summary[0]))
@@ -185,7 +204,8 @@ def _heatmap(path, rows, head):
     im = ax.imshow(grid, vmin=0.5, vmax=1.0, cmap="viridis", aspect="auto")
     for i in range(len(layers)):
         for j in range(len(pools)):
-            ax.text(j, i, f"{grid[i, j]:.3f}", ha="center", va="center", color="w", fontsize=8)
+            ax.text(j, i, f"{grid[i, j]:.3f}", ha="center", va="center", fontsize=8,
+                    color="k" if grid[i, j] > 0.8 else "w")  # dark text on viridis' yellow end
     ax.set_xticks(range(len(pools)), pools)
     ax.set_yticks(range(len(layers)), layers)
     ax.set_xlabel("pooling")
@@ -225,9 +245,12 @@ def load_probe(path: str) -> tuple[heads.Probe, dict]:
 def main(argv=None) -> int:
     from rossjax.cli import parse_config
 
-    c, flags, _ = parse_config(argv or [], default_config=None)
+    c, flags, rest = parse_config(argv or [], default_config=None)
     if c is None:
         raise ValueError("rossjax probe-sweep: --config=configs/probe_sweep.py is required.")
+    if rest:
+        raise ValueError(f"rossjax probe-sweep: unexpected arguments {' '.join(rest)!r}; options go "
+                         "in --config.x=y.")
     out = c.output or (os.path.join(flags.workdir, "probe_sweep") if flags.workdir else "")
     if not out or not c.labels:
         raise ValueError("configs/probe_sweep.py: fields 'labels' and 'output' must be set.")
