@@ -9,15 +9,21 @@ Run:
 
 Needs: a curated dir written by `rossjax curate` (ArrayRecord shards of compiled examples). The
 recipe decides how that dir must be curated — the *same* rollouts and optimizer, differing only in
-rows and mask (see RECIPES; pass `--config.mask_mode=...` and the row filter to `rossjax curate`):
-  ross          accepted (annotated) verifier-positive rows, annotated masks
-  ross_no_mask  the same rows, every eligible (assistant) token supervised
-  positive_sft  all verifier-positive rows, every eligible token supervised
-The trainer checks the dir's report.json against the recipe when the report records it.
+rows and mask (sft.RECIPES):
+  ross          rossjax curate --config.mask_mode=annotated   rows the reviewer accepted or revised
+                (verifier-positive), supervised where the annotation says
+  ross_no_mask  rossjax curate --config.mask_mode=eligible    the same rows, every eligible
+                (assistant) token supervised
+  positive_sft  rossjax curate --config.mask_mode=eligible --config.rows=verifier_positive
+                every verifier-positive row, reviewer drops included, every eligible token
+The trainer compares report.json's `mask_mode` and `rows` with the recipe: a mismatch stops the
+run, a report that does not record `rows` gets a note on stderr.
 
-Time: `:runlocal` ~1 minute on this 2-core CPU. The paper recipe (global batch 128 x 32,768
-tokens, 3 epochs) on a ~1.5B model is a TPU job: about 1-2 s per optimizer step on a v5e-8
-with bf16 compute and full remat, i.e. a few hours for ~10k rows; on this CPU it is infeasible.
+Time: `:runlocal` ~20 s on this 2-core CPU (5 steps on test-sized data; compilation dominates).
+The paper recipe (global batch 128 x 32,768 tokens, 3 epochs) on a ~1.5B model is a TPU job: one
+optimizer step is 6 x 1.5e9 x 4.2M tokens ~ 3.8e16 FLOPs, about a minute on a v5e-8 (bf16, full
+remat, ~40% MFU); 10k rollouts of ~8k tokens make ~20 steps an epoch, so ~1 hour for 3 epochs.
+On this CPU the paper recipe is infeasible; use `:runlocal` or a preset-sized model.
 """
 
 import ml_collections

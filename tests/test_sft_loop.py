@@ -162,3 +162,30 @@ def test_bad_input_is_one_clear_sentence(tmp_path, capsys):
     assert "incompatible" in err and "embedding" in err and "(128, 64)" in err
 
     assert not json.dumps(err).count("Traceback")
+
+
+def test_recipe_check_compares_mask_mode_and_rows(tmp_path):
+    from rossjax.cli import parse_config
+
+    def cfg(recipe):
+        return parse_config([f"--config={CONFIG}:runlocal,{recipe}"])[0]
+
+    def curated(name, **conf):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "report.json").write_text(json.dumps({"config": conf}))
+        return str(d)
+
+    annotated = curated("a", mask_mode="annotated", rows="accepted")
+    eligible = curated("e", mask_mode="eligible", rows="accepted")
+    positive = curated("p", mask_mode="eligible", rows="verifier_positive")
+    old = curated("o", mask_mode="eligible")   # a report from before curate recorded `rows`
+    assert loop.check_recipe(cfg("ross"), [annotated]) == []
+    assert loop.check_recipe(cfg("ross_no_mask"), [eligible]) == []
+    assert loop.check_recipe(cfg("positive_sft"), [positive]) == []
+    for recipe, d, field in (("ross", eligible, "mask_mode"), ("ross_no_mask", annotated, "mask_mode"),
+                             ("ross_no_mask", positive, "rows"), ("positive_sft", eligible, "rows")):
+        with pytest.raises(ValueError, match=f"field '{field}'.*--config.{field}="):
+            loop.check_recipe(cfg(recipe), [d])
+    notes = loop.check_recipe(cfg("positive_sft"), [old])
+    assert len(notes) == 1 and "'rows'" in notes[0] and "verifier_positive" in notes[0]

@@ -81,21 +81,34 @@ def load_params(cfg, model_cfg, source, mesh, rules, p_shardings):
     return sharding.init_params_sharded(model_cfg, jax.random.PRNGKey(cfg.train.seed), mesh, rules)
 
 
-def check_recipe(cfg, paths):
-    """Refuse a training dir whose report.json says it was curated for another recipe."""
+def check_recipe(cfg, paths) -> list[str]:
+    """Refuse a training dir whose report.json says it was curated for another recipe.
+
+    Compares `mask_mode` and, when the report records it, the row filter `rows` (accepted |
+    verifier_positive) with `sft.RECIPES[cfg.recipe]`. Returns notes for what could not be
+    checked (a report that does not record `rows`), which the loop prints.
+    """
     if cfg.recipe not in sft.RECIPES:
         raise ValueError(f"config.recipe {cfg.recipe!r} is not one of {', '.join(sft.RECIPES)}.")
-    want = sft.RECIPES[cfg.recipe]["mask_mode"]
+    want = sft.RECIPES[cfg.recipe]
+    notes = []
     for p in paths:
         report = os.path.join(p, "report.json") if os.path.isdir(p) else None
         if not report or not os.path.exists(report):
+            notes.append(f"{p} has no report.json; cannot check it was curated for recipe {cfg.recipe!r}.")
             continue
         with open(report) as f:
             rep = json.load(f)
-        got = rep.get("mask_mode") or (rep.get("config") or {}).get("mask_mode")
-        if got and got != want:
-            raise ValueError(f"{report}: field 'mask_mode' is {got!r} but recipe {cfg.recipe!r} "
-                             f"trains on mask_mode {want!r}.")
+        for field in ("mask_mode", "rows"):
+            got = rep.get(field) or (rep.get("config") or {}).get(field)
+            if got and got != want[field]:
+                raise ValueError(f"{report}: field {field!r} is {got!r} but recipe {cfg.recipe!r} "
+                                 f"trains on {field} {want[field]!r} (curate with "
+                                 f"--config.{field}={want[field]}).")
+            if not got:
+                notes.append(f"{report} does not record {field!r}; recipe {cfg.recipe!r} expects "
+                             f"{field} {want[field]!r}.")
+    return notes
 
 
 def evaluate(eval_step, params, cfg, paths, rows, batch_shard, global_rows) -> dict:
@@ -126,7 +139,9 @@ def run(cfg, workdir: str) -> dict:
     model_cfg, source = abstract_model(cfg)
     train_paths = data_lib.split_paths(cfg.data.train, "data.train")
     eval_paths = data_lib.split_paths(cfg.data.eval, "data.eval") if cfg.data.eval else []
-    check_recipe(cfg, train_paths)
+    for note in check_recipe(cfg, train_paths):
+        if jax.process_index() == 0:
+            print(f"rossjax train: note: {note}", file=sys.stderr)
 
     # One pass over this host's shard: how many steps the epochs make, and is anything supervised.
     open_train = lambda: data_lib.open_loader(train_paths, cfg.data, rows_per_host=rows,
