@@ -107,6 +107,12 @@ class ProbeReward:
                  batch_tokens: int = 8192):
         if not probes:
             raise ValueError("ProbeReward: no probe given (config.reward.probe.path).")
+        for p in [*probes, *([auxiliary] if auxiliary is not None else [])]:
+            dim = np.shape(p.probe.mean)[-1]
+            if p.layer > model_cfg.n_layers or dim != model_cfg.d_model:
+                raise ValueError(f"config.reward.probe: a probe reads layer {p.layer} of width {dim}, "
+                                 f"but the reference model has {model_cfg.n_layers} layers of width "
+                                 f"{model_cfg.d_model}.")
         self.model_cfg, self.ref_params, self.render = model_cfg, ref_params, render
         self.probes, self.auxiliary, self.batch_tokens = list(probes), auxiliary, batch_tokens
 

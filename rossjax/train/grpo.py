@@ -27,12 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rossjax import models, sample, sharding
+from rossjax import sample, sharding
 from rossjax.curate.tokenizers import load_tokenizer
 from rossjax.models import lora
 from rossjax.probes import reward as reward_lib
 from rossjax.train import checkpoint as ckpt_lib
 from rossjax.train import grpo_losses, grpo_step, history, optim, rollout
+from rossjax.train.grpo_config import check_config, default_config  # noqa: F401 (configs use it)
 from rossjax.train import loop as sft_loop
 from rossjax.train import metrics as metrics_lib
 
@@ -63,7 +64,8 @@ _STEP_FNS: dict = {}
 class _Run:
     """Holds the model, step functions and reward machinery of one run."""
 
-    def __init__(self, cfg, workdir):
+    def __init__(self, cfg, workdir, cpu_scorer=None):
+        check_config(cfg)
         self.cfg, self.workdir = cfg, workdir
         g = cfg.grpo
         self.tok, self.tok_spec = _setup_tokenizer(cfg, workdir)
@@ -98,6 +100,9 @@ class _Run:
         if rows % self.minibatch:
             raise ValueError(f"config.grpo.minibatch {self.minibatch} does not divide the "
                              f"{rows} rows of a step (contexts x group_size).")
+        if self.minibatch % g.micro_batches:
+            raise ValueError(f"config.grpo.micro_batches {g.micro_batches} does not divide the "
+                             f"minibatch of {self.minibatch} rows.")
         self.updates_per_step = g.num_iterations * (rows // self.minibatch)
         self.optimizer, schedule = optim.make_optimizer(cfg.optim, g.steps * self.updates_per_step)
         abstract_t = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -123,19 +128,12 @@ class _Run:
         self.cpu_kinds = tuple(f for f in cfg.reward.functions if f in rollout.CPU_REWARDS)
         if self._uses_probe() and cfg.reward.probe.gate != "probe_only":
             self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.probe.validity,)))
-        unknown = [f for f in cfg.reward.functions if f not in (*rollout.CPU_REWARDS, "probe")]
-        if unknown or len(cfg.reward.functions) != len(cfg.reward.weights):
-            raise ValueError(f"config.reward.functions {tuple(cfg.reward.functions)} must name "
-                             f"{', '.join([*rollout.CPU_REWARDS, 'probe'])}, one weight each.")
-        self.workers = rollout.RewardWorkers(cfg.reward.workers)
+        self.workers = rollout.RewardWorkers(cfg.reward.workers, cpu_scorer or rollout.score_batch)
         self.probe_reward = None
         if self._uses_probe():
             p = cfg.reward.probe
             render = _render_fn(cfg, self.tok)
             paths = [x for x in [p.path, *p.ensemble.split(",")] if x]
-            if not paths:
-                raise ValueError("config.reward.probe.path is empty; give the probe selected by "
-                                 "`rossjax probe-sweep` (its .json manifest beside it).")
             scorers = [reward_lib.bootstrap_validity_probe(self.model_cfg, self.ref, render,
                                                            seed=cfg.train.seed)
                        if x == "bootstrap" else reward_lib.ProbeScorer.load(x) for x in paths]
@@ -193,52 +191,16 @@ class _Run:
         return total, per
 
 
-def default_config():
-    """Every field a GRPO config has (configs/grpo_verifier.py and configs/propel_azr.py start here)."""
-    import ml_collections as mlc
-
-    from rossjax.train import optim as optim_lib
-
-    c = mlc.ConfigDict()
-    c.workdir = ""
-    c.run_name = "grpo"
-    c.tokenizer = "qwen"       # load_tokenizer spec, or "ascii" (written to WORKDIR/tokenizer)
-    c.template = "chatml"
-    c.system = ""              # optional system message before each task prompt
-    c.model = mlc.ConfigDict(dict(path="", preset="", dtype="bfloat16", param_dtype="float32",
-                                  remat_policy="none", vocab_size=-1))
-    c.train = mlc.ConfigDict(dict(seed=0))
-    c.data = mlc.ConfigDict(dict(tasks="gen:arith", seed=0))
-    c.grpo = mlc.ConfigDict(dict(
-        steps=200, contexts=16, group_size=8, max_new_tokens=512, temperature=1.0, top_p=1.0,
-        top_k=0, num_iterations=1, minibatch=0, shuffle_minibatches=True, advantages="mean",
-        eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean", is_mode="none", is_how="truncate",
-        is_low=0.0, is_high=2.0, loss_chunk=512, async_sampling=False, max_bad_steps=5,
-        stop_after=-1))  # stop_after > 0: save and exit after that step (as on SIGTERM)
-    c.lora = mlc.ConfigDict(dict(enabled=False, rank=16, alpha=32.0, targets="all"))
-    c.reward = mlc.ConfigDict(dict(functions=("verifier",), weights=(1.0,), workers=2,
-                                   success_threshold=0.5))
-    c.reward.probe = mlc.ConfigDict(dict(path="", ensemble="", auxiliary="", gate="hard_gate",
-                                         invalid_reward=-0.2, validity="validity", render="task"))
-    c.optim = optim_lib.default_config()
-    c.optim.peak_lr, c.optim.end_lr, c.optim.warmup_steps, c.optim.weight_decay = 1e-6, 1e-6, 0, 0.0
-    c.optim.schedule = "constant"
-    c.checkpoint = mlc.ConfigDict(dict(save_every=50, keep=3, async_save=True))
-    c.log_every = 1
-    c.sample_every = 10
-    c.mesh = mlc.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))
-    c.sharding_rules = ()
-    return c
-
-
 def _data_state(src_index, hist_bytes):
     return {"tasks_index": int(src_index), "history_bytes": int(hist_bytes)}
 
 
-def run(cfg, workdir: str) -> dict:
+def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
+    """`cpu_scorer(kinds, records) -> [{kind: (reward, verdict)}]` replaces `rollout.score_batch`
+    on the reward workers (a picklable module-level function; the benchmark's chosen-cost reward)."""
     g = cfg.grpo
     os.makedirs(workdir, exist_ok=True)
-    R = _Run(cfg, workdir)
+    R = _Run(cfg, workdir, cpu_scorer)
     ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=cfg.checkpoint.save_every,
                                  keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     source = rollout.TaskSource(cfg.data.tasks, cfg.data.seed)
@@ -327,37 +289,20 @@ def run(cfg, workdir: str) -> dict:
                     if verdicts:
                         rec["verifier"] = verdicts[0]
                 hist.append(cur["records"])
-                lengths = cur["gen"].lengths
-                valid_r = total[~np.isnan(total)]
                 done = step + 1
                 step_s = time.perf_counter() - t_step
-                m = {"reward_mean": float(np.mean(valid_r)) if len(valid_r) else float("nan"),
-                     "reward_std": float(np.std(valid_r)) if len(valid_r) else float("nan"),
-                     "reward_nan_frac": float(np.mean(np.isnan(total))),
-                     **{f"reward_{n}_mean": float(np.nanmean(v)) if np.any(~np.isnan(v)) else float("nan")
-                        for n, v in per.items()},
-                     **rollout.group_stats(total, g.group_size, cfg.reward.success_threshold),
-                     "entropy": float(np.sum(np.asarray(ent) * mask) / max(mask.sum(), 1)),
-                     "completion_len_mean": float(np.mean(lengths)),
-                     "completion_len_max": float(np.max(lengths)),
-                     "truncated_frac": float(np.mean([f == "length" for f in cur["gen"].finish_reason])),
-                     **{k: float(np.mean([u[k] for u in ums])) for k in
-                        ("loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean",
-                         "grad_norm", "lr", "skipped")},
-                     **{k: float(v) for k, v in is_m.items()},
-                     "time_sample_s": sample_s, "time_logp_s": device_s, "time_ref_s": ref_s,
-                     "time_reward_wait_s": wait_s, "time_reward_probe_s": reward_dev_s,
-                     "time_update_s": update_s, "time_step_s": step_s,
-                     "accelerator_idle_frac": wait_s / max(step_s, 1e-9)}
+                m = rollout.step_metrics(
+                    total, per, g.group_size, cfg.reward.success_threshold, ent=np.asarray(ent),
+                    mask=mask, lengths=cur["gen"].lengths, finish=cur["gen"].finish_reason,
+                    updates=ums, is_metrics=is_m)
+                m.update(time_sample_s=sample_s, time_logp_s=device_s, time_ref_s=ref_s,
+                         time_reward_wait_s=wait_s, time_reward_probe_s=reward_dev_s,
+                         time_update_s=update_s, time_step_s=step_s,
+                         accelerator_idle_frac=wait_s / max(step_s, 1e-9))
                 if done % cfg.log_every == 0 or done == g.steps:
                     writer.write(done, m)
                 if cfg.sample_every > 0 and done % cfg.sample_every == 0:
-                    for rec in cur["records"][:: max(1, g.group_size // 2)]:
-                        samples_f.write(json.dumps({"step": done, "task": rec["task"]["id"],
-                                                    "prompt": rec["messages"][-2]["content"],
-                                                    "completion": rec["messages"][-1]["content"],
-                                                    "reward": history._clean(rec["reward"])}) + "\n")
-                    samples_f.flush()
+                    history.write_samples(samples_f, done, cur["records"][:: max(1, g.group_size // 2)])
                 bar.update(1, reward=m["reward_mean"], kl=m["kl"], len=m["completion_len_mean"])
                 # The data state counts only tasks of finished steps (a pending batch is redone).
                 ds = _data_state(consumed, hist.tell())

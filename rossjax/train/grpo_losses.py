@@ -83,28 +83,48 @@ def importance_weights(trainer_logp, sampler_logp, mask, *, mode: str = "token",
     return w_out, metrics
 
 
-def _aggregate(x, mask, agg: str, max_len):
-    tok = jnp.where(mask != 0, x * mask, 0.0)
+def normalizers(mask, agg: str, max_len=None):
+    """(aggregation denominator, masked-token count) of a whole batch.
+
+    The loss of `agg` is sum(terms) / denominator with terms that add over rows, so micro-batches
+    that each divide by the *whole* batch's normalizers add up to exactly the whole-batch loss
+    (and gradient): token_mean divides by the masked-token count, seq_mean_token_mean by the
+    number of rows holding a token (each row contributes its token mean), and
+    seq_mean_token_sum_norm by B * L_max.
+    """
+    mask = jnp.asarray(mask, jnp.float32)
+    count = mask.sum()
     if agg == "token_mean":
-        return tok.sum() / jnp.maximum(mask.sum(), 1.0)
+        denom = jnp.maximum(count, 1.0)
+    elif agg == "seq_mean_token_mean":
+        denom = jnp.maximum((mask.sum(axis=1) > 0).sum().astype(jnp.float32), 1.0)
+    elif agg == "seq_mean_token_sum_norm":
+        denom = jnp.asarray(mask.shape[0] * (mask.shape[1] if max_len is None else max_len),
+                            jnp.float32)
+    else:
+        raise ValueError(f"grpo_loss: agg {agg!r} is not one of {', '.join(AGGREGATIONS)}.")
+    return denom, jnp.maximum(count, 1.0)
+
+
+def _aggregate(x, mask, agg: str, denom):
+    tok = jnp.where(mask != 0, x * mask, 0.0)
     if agg == "seq_mean_token_mean":
-        per_row = mask.sum(axis=1)
-        row_mean = tok.sum(axis=1) / jnp.maximum(per_row, 1.0)
-        has = (per_row > 0).astype(jnp.float32)
-        return (row_mean * has).sum() / jnp.maximum(has.sum(), 1.0)
-    # seq_mean_token_sum_norm (Dr. GRPO): token sums over a constant B * L_max
-    return tok.sum() / (mask.shape[0] * max_len)
+        row_mean = tok.sum(axis=1) / jnp.maximum(mask.sum(axis=1), 1.0)  # 0 for an empty row
+        return row_mean.sum() / denom
+    return tok.sum() / denom  # token_mean, seq_mean_token_sum_norm (Dr. GRPO)
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, eps_low: float = 0.2,
               eps_high: float = 0.2, beta: float = 0.0, agg: str = "token_mean", *,
-              is_weights=None, max_len: int | None = None):
+              is_weights=None, max_len: int | None = None, norm=None):
     """Clipped surrogate plus beta x k3 KL to the reference, aggregated over the batch.
 
     per token: -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) + beta (e^(ref-logp) - (ref-logp) - 1)
     with rho = exp(logp - old_logp). logp/old_logp/ref_logp/mask [B, T]; advantages [B] (one per
     completion) or [B, T]. `ref_logp` may be None when beta == 0. `is_weights` [B, T] (from
     `importance_weights`) multiply the surrogate term. `max_len` is Dr. GRPO's L_max (default T).
+    `norm` = `normalizers(...)` of an enclosing batch: this batch is then one micro-batch of it,
+    and loss and metrics are its additive share (summing the shares gives the whole-batch values).
     Returns (loss, metrics) with pg_loss, kl, clip fractions (low/high), ratio mean.
     """
     if agg not in AGGREGATIONS:
@@ -116,7 +136,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, eps_low: float = 0.2,
     if adv.ndim == 1:
         adv = adv[:, None]
     adv = jax.lax.stop_gradient(jnp.broadcast_to(adv, logp.shape))
-    max_len = logp.shape[1] if max_len is None else max_len
+    denom, cnt = normalizers(mask, agg, max_len) if norm is None else norm
 
     # Padding positions may hold anything (even inf): neutralize them before exp.
     log_ratio = jnp.where(mask != 0, logp - old_logp, 0.0)
@@ -136,11 +156,10 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, eps_low: float = 0.2,
     elif beta:
         raise ValueError("grpo_loss: beta > 0 needs ref_logp.")
 
-    loss = _aggregate(per_tok, mask, agg, max_len)
-    cnt = jnp.maximum(mask.sum(), 1.0)
+    loss = _aggregate(per_tok, mask, agg, denom)
     tmean = lambda x: jnp.sum(jnp.where(mask != 0, x * mask, 0.0)) / cnt
     metrics = {
-        "pg_loss": _aggregate(pg, mask, agg, max_len),
+        "pg_loss": _aggregate(pg, mask, agg, denom),
         "kl": tmean(kl),
         # A token is clipped when the clipped branch is the one min() picks and it differs.
         "clip_frac_low": tmean(((ratio < 1.0 - eps_low) & (adv < 0)).astype(jnp.float32)),

@@ -21,11 +21,12 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rossjax import models
+from rossjax import models, sharding
 from rossjax.models import lora
-from rossjax.train import grpo_losses, losses
+from rossjax.train import grpo_losses, losses, sft
 
 BATCH_KEYS = ("tokens", "positions", "segment_ids", "targets", "mask")
+_METRICS = ("pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean")  # grpo_loss's
 
 
 def round_up(n: int, m: int) -> int:
@@ -88,8 +89,6 @@ def init_state(trainable, optimizer, seed: int = 0):
 
 
 def state_shardings(train_shardings, optimizer, abstract_trainable, mesh):
-    from rossjax.train import sft
-
     return sft.state_shardings(train_shardings, optimizer, abstract_trainable, mesh)
 
 
@@ -114,20 +113,41 @@ class StepFns:
                             out_shardings=(rows, rows))
         c = loss_cfg
 
-        def step(state, base, batch):
-            def loss_fn(trainable):
-                params = policy_params(trainable, base, lora_alpha)
-                h = models.hidden_states(model_cfg, params, batch["tokens"], batch["positions"],
-                                         batch["segment_ids"])
-                logp = losses.chunked_token_logprobs(h, models.lm_head(model_cfg, params),
-                                                     batch["targets"], chunk)
-                return grpo_losses.grpo_loss(
-                    logp, batch["old_logp"], batch["ref_logp"] if c.beta else None, batch["adv"],
-                    batch["mask"], c.eps_low, c.eps_high, c.beta, c.agg,
-                    is_weights=batch["is_weights"] if c.is_mode != "none" else None,
-                    max_len=max_new)
+        n_micro = int(c.micro_batches)
 
-            (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        def micro_sharding(x):  # [n, rows / n, ...]: rows stay split over the data axes
+            shape = (n_micro, x.shape[0] // n_micro, *x.shape[1:])
+            logical = P(None, "batch", *([None] * (x.ndim - 1)))
+            return NamedSharding(mesh, sharding.logical_to_mesh_spec(logical, None, shape, mesh))
+
+        def step(state, base, batch):
+            # Exact gradient accumulation: every micro-batch divides by the whole minibatch's
+            # normalizers, so the summed shares are the minibatch's loss and gradient.
+            norm = grpo_losses.normalizers(batch["mask"], c.agg, max_new)
+            micro = jax.tree.map(lambda x: sft._split_micro(x, n_micro, micro_sharding(x)), batch)
+
+            def loss_fn(trainable, mb):
+                params = policy_params(trainable, base, lora_alpha)
+                h = models.hidden_states(model_cfg, params, mb["tokens"], mb["positions"],
+                                         mb["segment_ids"])
+                logp = losses.chunked_token_logprobs(h, models.lm_head(model_cfg, params),
+                                                     mb["targets"], chunk)
+                return grpo_losses.grpo_loss(
+                    logp, mb["old_logp"], mb["ref_logp"] if c.beta else None, mb["adv"],
+                    mb["mask"], c.eps_low, c.eps_high, c.beta, c.agg,
+                    is_weights=mb["is_weights"] if c.is_mode != "none" else None,
+                    max_len=max_new, norm=norm)
+
+            def accumulate(acc, mb):
+                (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], mb)
+                return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), acc,
+                                    (g, {"loss": loss, **m})), None
+
+            zeros = (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state["params"]),
+                     {k: jnp.zeros((), jnp.float32) for k in ("loss", *_METRICS)})
+            (grads, m), _ = jax.lax.scan(accumulate, zeros, micro)
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state["params"])
+            loss = m.pop("loss")
             gnorm = optax.tree.norm(grads)
             finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
             updates, new_opt = optimizer.update(grads, state["opt_state"], state["params"])
@@ -147,8 +167,6 @@ class StepFns:
 
     @staticmethod
     def _batch_spec(mesh):
-        from rossjax import sharding
-
         return sharding.logical_to_mesh_spec(P("batch", None), None, None, mesh)
 
     def put_rows(self, arrays: dict) -> dict:

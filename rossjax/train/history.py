@@ -62,6 +62,18 @@ class HistoryWriter:
             self._f = None
 
 
+def write_samples(f, step: int, records):
+    """A few completions with their rewards (WORKDIR/samples.jsonl, every `sample_every` steps)."""
+    for rec in records:
+        f.write(json.dumps(_clean({"step": step, "task": rec["task"]["id"],
+                                   "prompt": rec["messages"][-2]["content"],
+                                   "completion": rec["messages"][-1]["content"],
+                                   "finish_reason": rec["source"]["finish_reason"],
+                                   "reward": rec.get("reward"), "rewards": rec.get("rewards", {})}),
+                           ensure_ascii=False) + "\n")
+    f.flush()
+
+
 def read_history(path: str) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -191,8 +191,8 @@ class RewardWorkers:
     """CPU rewards on `workers` spawned processes (math-verify's signal timeouts need each
     verifier in a main thread); workers=0 scores lazily in this process when asked."""
 
-    def __init__(self, workers: int):
-        self.workers = int(workers)
+    def __init__(self, workers: int, scorer=score_batch):
+        self.workers, self.scorer = int(workers), scorer
         self._ex = (cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
                     if self.workers > 0 else None)
 
@@ -200,9 +200,9 @@ class RewardWorkers:
         if not kinds:
             return lambda: [{} for _ in records]
         if self._ex is None:
-            return lambda: score_batch(kinds, records)
+            return lambda: self.scorer(kinds, records)
         per = max(1, -(-len(records) // (2 * self.workers)))
-        futs = [self._ex.submit(score_batch, kinds, records[i:i + per])
+        futs = [self._ex.submit(self.scorer, kinds, records[i:i + per])
                 for i in range(0, len(records), per)]
         return lambda: [x for f in futs for x in f.result()]
 
@@ -220,6 +220,31 @@ def group_stats(rewards: np.ndarray, g: int, success: float) -> dict:
         zero_var.append(len(v) < 2 or np.all(v == v[0]))
         mixed.append(bool(np.any(v >= success) and np.any(v < success)))
     return {"zero_var_group_frac": float(np.mean(zero_var)), "mixed_outcome_rate": float(np.mean(mixed))}
+
+
+def _nanmean(v) -> float:
+    v = np.asarray(v, np.float64)
+    return float(np.mean(v[~np.isnan(v)])) if np.any(~np.isnan(v)) else float("nan")
+
+
+def step_metrics(total, per: dict, g: int, success: float, *, ent, mask, lengths, finish,
+                 updates: list[dict], is_metrics: dict) -> dict:
+    """The per-step scalars of a GRPO step (rewards over scorable rows; update metrics averaged
+    over the step's minibatch updates; entropy over completion tokens)."""
+    ok = ~np.isnan(total)
+    return {"reward_mean": _nanmean(total),
+            "reward_std": float(np.std(total[ok])) if ok.any() else float("nan"),
+            "reward_nan_frac": float(np.mean(~ok)),
+            **{f"reward_{n}_mean": _nanmean(v) for n, v in per.items()},
+            **group_stats(total, g, success),
+            "entropy": float(np.sum(ent * mask) / max(mask.sum(), 1)),
+            "completion_len_mean": float(np.mean(lengths)),
+            "completion_len_max": float(np.max(lengths)),
+            "truncated_frac": float(np.mean([f == "length" for f in finish])),
+            **{k: float(np.mean([u[k] for u in updates])) for k in
+               ("loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean",
+                "grad_norm", "lr", "skipped")},
+            **{k: float(v) for k, v in is_metrics.items()}}
 
 
 def write_ascii_tokenizer(folder: str) -> str:
