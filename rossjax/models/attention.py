@@ -47,9 +47,24 @@ def mask_array(m: MaskSpec):
     return _visible(*m)
 
 
+def _few_query_scores(q, k, vis):
+    """[b, K, G, s, t] scores one kv head at a time: with batch dims (b, K) the dot wants a
+    [b, K, t, hd] copy of k, which for a decode step is a copy of the whole cache layer."""
+    hd = q.shape[-1]
+    per_head = [jnp.einsum("bsgd,btd->bgst", q[:, :, h], k[:, :, h], preferred_element_type=jnp.float32)
+                for h in range(k.shape[2])]
+    return jnp.where(vis[:, None, None], jnp.stack(per_head, 1) * (hd ** -0.5), MASK_VALUE)
+
+
 def dense(q, k, v, m: MaskSpec, *, return_lse: bool = False):
     """q [b, s, K, G, hd], k/v [b, t, K, hd] -> out [b, s, K, G, hd] in q.dtype (and lse [b, K, G, s])."""
     hd = q.shape[-1]
+    if q.shape[1] <= 16:     # decode: a few queries against a long cache, which must not be copied
+        scores = _few_query_scores(q, k, mask_array(m))
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.stack([jnp.einsum("bgst,btd->bsgd", probs[:, h], v[:, :, h])
+                         for h in range(k.shape[2])], 2).astype(q.dtype)
+        return (out, jax.nn.logsumexp(scores, axis=-1)) if return_lse else out
     scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask_array(m)[:, None, None], scores * (hd ** -0.5), MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1)
