@@ -23,6 +23,67 @@ def test_metrics():
     assert ev.topic("def f(x):\n    return x * 2") == "arithmetic"
 
 
+def _count(seq, gram):
+    n = len(gram)
+    return sum(1 for i in range(len(seq) - n + 1) if tuple(seq[i:i + n]) == gram)
+
+
+def slow_self_bleu3(texts):
+    """Self-BLEU-3 from the definition, one n-gram occurrence at a time."""
+    toks = [t.split() for t in texts]
+    scores = []
+    for i, hyp in enumerate(toks):
+        refs = toks[:i] + toks[i + 1:]
+        logp = 0.0
+        for n in (1, 2, 3):
+            grams = [tuple(hyp[j:j + n]) for j in range(len(hyp) - n + 1)]
+            if not grams:
+                logp = None
+                break
+            clipped = 0
+            for g in set(grams):
+                clipped += min(_count(hyp, g), max(_count(r, g) for r in refs))
+            if clipped == 0:
+                logp = None
+                break
+            logp += math.log(clipped / len(grams)) / 3
+        if logp is None:
+            scores.append(0.0)
+            continue
+        closest = sorted(refs, key=lambda r: (abs(len(r) - len(hyp)), len(r)))[0]
+        bp = 1.0 if len(hyp) > len(closest) else math.exp(1 - len(closest) / len(hyp))
+        scores.append(bp * math.exp(logp))
+    return sum(scores) / len(scores)
+
+
+def test_diversity_and_pass_at_k_against_slow_references():
+    import itertools
+    import random
+
+    rng = random.Random(0)
+    words = "def f x return + * 1 2 s sorted".split()
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 12))) for _ in range(9)]
+    assert ev.self_bleu(texts) == pytest.approx(slow_self_bleu3(texts), rel=1e-9)
+    grams = [tuple(t.split()[j:j + 3]) for t in texts for j in range(len(t.split()) - 2)]
+    assert ev.distinct_n(texts) == pytest.approx(len(set(grams)) / len(grams))
+    # pass@k: the share of k-subsets of the n samples that hold a correct one
+    for n, c, k in [(6, 2, 1), (6, 2, 3), (7, 1, 4), (5, 0, 2), (5, 4, 2)]:
+        subsets = list(itertools.combinations([1] * c + [0] * (n - c), k))
+        assert ev.pass_at_k(n, c, k) == pytest.approx(sum(any(x) for x in subsets) / len(subsets))
+
+
+def test_bad_config_sentences():
+    from rossjax import cli
+
+    for over, says in [("--config.solver.kind=foo", "config.solver.kind"),
+                       ("--config.mode=poli", "config.mode"), ("--config.k=0", "config.k"),
+                       ("--config.lo=0.5", "config.lo")]:
+        c = cli.parse_config(["--config=configs/eval_generator.py:runlocal", over, "--config.hi=0.4"])[0]
+        with pytest.raises(ValueError, match=says):
+            ev.check_config(c)
+
+
+@pytest.mark.slow
 def test_cli_runlocal(tmp_path):
     from rossjax import cli
 

@@ -131,3 +131,30 @@ def test_lora_kl_async_icepop_and_resume(tmp_path):
     rows = read_history(os.path.join(tmp_path, "history.jsonl"))
     assert [r["source"]["step"] for r in rows[::16]] == [0, 1, 2, 3]
     assert [x["step"] for x in read_metrics(str(tmp_path))] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("over, says", [
+    ("--config.grpo.group_size=1", "config.grpo.group_size"),
+    ("--config.reward.functions=('nope',)", "config.reward.functions"),
+    ("--config.reward.weights=(1.0,2.0)", "config.reward.functions"),
+    ("--config.grpo.agg=sum", "config.grpo.agg"),
+    ("--config.grpo.is_mode=tok", "config.grpo.is_mode"),
+    ("--config.grpo.micro_batches=0", "config.grpo.micro_batches"),
+    ("--config.reward.functions=('probe',)", "config.reward.probe.path is empty"),
+])
+def test_bad_config_sentences(over, says):
+    from rossjax import cli
+
+    c = cli.parse_config(["--config=configs/grpo_verifier.py:runlocal", over])[0]
+    with pytest.raises(ValueError, match=says) as e:
+        grpo.check_config(c)
+    assert str(e.value).count(". ") == 0 and str(e.value).endswith(".")  # one sentence
+
+
+def test_missing_probe_manifest_is_named(tmp_path):
+    from rossjax import cli
+
+    c = cli.parse_config(["--config=configs/propel_azr.py",
+                          f"--config.reward.probe.path={tmp_path}/probe"])[0]
+    with pytest.raises(ValueError, match=f"{tmp_path}/probe.json"):
+        grpo.check_config(c)

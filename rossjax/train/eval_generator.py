@@ -129,6 +129,26 @@ def solver_prompt(task: dict, outputs: list) -> str:
             + pairs)
 
 
+def check_config(c):
+    """One-sentence ValueErrors for an eval-generator config, before any model loads."""
+    if c.mode not in ("generator", "policy"):
+        raise ValueError(f"config.mode {c.mode!r} is not generator or policy.")
+    if c.solver.kind not in ("model", "oracle", "identity"):
+        raise ValueError(f"config.solver.kind {c.solver.kind!r} is not model, oracle or identity.")
+    for field in ("num_tasks", "k", "max_new_tokens"):
+        if c[field] < 1:
+            raise ValueError(f"config.{field} is {c[field]}; it must be at least 1.")
+    if not 0 <= c.lo <= c.hi <= 1:
+        raise ValueError(f"config.lo {c.lo} and config.hi {c.hi} must satisfy 0 <= lo <= hi <= 1.")
+    needed = [("generator", c.generator)] if c.mode == "generator" else []
+    if c.solver.kind == "model" or c.mode == "policy":  # policy mode samples solver.path/preset
+        needed.append(("solver", c.solver))
+    for name, m in needed:
+        if not (m.path or m.preset):
+            raise ValueError(f"config.{name}.path and config.{name}.preset are both empty; give a "
+                             f"model folder or a preset name.")
+
+
 def evaluate_generator(c) -> dict:
     from rossjax.curate.tokenizers import load_tokenizer
     from rossjax.curate.verifiers.induction import _run_f, task_valid, verify
@@ -177,7 +197,7 @@ def evaluate_policy(c) -> dict:
     tok = load_tokenizer(rollout.write_ascii_tokenizer(os.path.join(c.workdir, "tokenizer"))
                          if c.tokenizer == "ascii" else c.tokenizer)
     mc, params = _model(c.solver.path, c.solver.preset, tok, c.seed)
-    src = rollout.TaskSource(c.tasks, c.seed)
+    src = rollout.TaskSource(c.tasks, c.seed, field="config.tasks")
     tasks = src.next(c.num_tasks)
     msgs = [rollout.prompt_messages(t) for t in tasks]
     answers = _sample(mc, params, tok, msgs, c.k, c, c.seed)
@@ -203,6 +223,7 @@ def main(argv=None) -> int:
     c.workdir = flags.workdir or c.workdir
     if not c.workdir:
         raise ValueError("no output directory: pass --workdir=DIR.")
+    check_config(c)
     os.makedirs(c.workdir, exist_ok=True)
     out = evaluate_generator(c) if c.mode == "generator" else evaluate_policy(c)
     with open(os.path.join(c.workdir, "eval_generator.json"), "w") as f:

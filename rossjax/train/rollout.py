@@ -38,13 +38,13 @@ INDUCTION_PROMPT = (
 class TaskSource:
     """An endless, seeded, resumable stream of tasks; `state()` / `set_state()` for checkpoints."""
 
-    def __init__(self, spec: str, seed: int = 0):
+    def __init__(self, spec: str, seed: int = 0, field: str = "config.data.tasks"):
         self.spec, self.seed, self.index = spec, int(seed), 0
         self._rows = None
         if not spec.startswith("gen:"):
-            self._rows = read_tasks(spec)
+            self._rows = read_tasks(spec, field)
         elif spec not in ("gen:contains", "gen:arith", "gen:induction"):
-            raise ValueError(f"config.data.tasks {spec!r} is not a task file or one of gen:contains, "
+            raise ValueError(f"{field} {spec!r} is not a task file or one of gen:contains, "
                              f"gen:arith, gen:induction.")
 
     def _make(self, i: int) -> dict:
@@ -78,9 +78,9 @@ class TaskSource:
         self.index = int(st["index"])
 
 
-def read_tasks(path: str) -> list[dict]:
+def read_tasks(path: str, field: str = "config.data.tasks") -> list[dict]:
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: task file not found (config.data.tasks).")
+        raise FileNotFoundError(f"{path}: task file not found ({field}).")
     rows = []
     with open(path, encoding="utf-8") as f:
         for k, line in enumerate(f, start=1):
