@@ -33,8 +33,10 @@ def write_curated(out, n=120, vocab=256, seed=0, supervised=True):
     for i in range(n):
         length = int(rng.integers(20, 60))
         elig = np.zeros(length, np.uint8)
-        elig[int(rng.integers(5, length - 5)):] = 1  # prompt context, then an assistant turn
+        start = int(rng.integers(5, length - 5))
+        elig[start:] = 1  # prompt context, then an assistant turn
         lm = elig.copy() if supervised else np.zeros(length, np.uint8)
+        lm[start + 1:start + 3] = 0  # a reviewer exclusion: eligible but not supervised
         w.write(encode_example({"id": f"ex{i}", "input_ids": rng.integers(0, vocab, length),
                                 "loss_mask": lm, "eligible_mask": elig}))
     w.close()
@@ -59,6 +61,7 @@ def test_runlocal_trains_evaluates_and_exports(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(np.isfinite(r["loss"]) and r["supervised_tokens"] > 0 for r in rows)
     assert {"grad_norm", "lr", "tokens_per_s", "supervised_tokens_per_s", "mfu"} <= set(rows[-1])
+    assert all(0 < r["target_exclusion_rate"] < 0.5 for r in rows)  # eligible_mask survives packing
     ev = read_metrics(str(work), "eval")
     assert len(ev) == 1 and np.isfinite(ev[0]["loss"])
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(work / "tb"))
