@@ -32,7 +32,7 @@ from rossjax.curate.tokenizers import load_tokenizer
 from rossjax.models import lora
 from rossjax.probes import reward as reward_lib
 from rossjax.train import checkpoint as ckpt_lib
-from rossjax.train import grpo_losses, grpo_step, history, optim, rollout
+from rossjax.train import grpo_losses, grpo_step, history, optim, rollout, sft
 from rossjax.train.grpo_config import check_config, default_config  # noqa: F401 (configs use it)
 from rossjax.train import loop as sft_loop
 from rossjax.train import metrics as metrics_lib
@@ -107,7 +107,7 @@ class _Run:
         self.optimizer, schedule = optim.make_optimizer(cfg.optim, g.steps * self.updates_per_step)
         abstract_t = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                   trainable, self.t_shard)
-        self.s_shard = grpo_step.state_shardings(self.t_shard, self.optimizer, abstract_t, self.mesh)
+        self.s_shard = sft.state_shardings(self.t_shard, self.optimizer, abstract_t, self.mesh)
         self.abstract_t = abstract_t
         self._trainable0 = trainable
         # Compiled steps are reused by later runs in this process with the same settings (a
@@ -200,22 +200,18 @@ def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
     on the reward workers (a picklable module-level function; the benchmark's chosen-cost reward)."""
     g = cfg.grpo
     os.makedirs(workdir, exist_ok=True)
+    source = rollout.TaskSource(cfg.data.tasks, cfg.data.seed)  # a bad task file fails first
     R = _Run(cfg, workdir, cpu_scorer)
     ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=cfg.checkpoint.save_every,
                                  keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-    source = rollout.TaskSource(cfg.data.tasks, cfg.data.seed)
     start = ckpt.latest_step()
-    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            jax.eval_shape(lambda t: grpo_step.init_state(t, R.optimizer), R.abstract_t),
-                            R.s_shard)
     if start is not None:
-        state, ds = ckpt.restore(start, abstract)
+        state, ds = ckpt.restore(start, sft.abstract_state(R.s_shard, R.optimizer, R.abstract_t))
         source.set_state({"index": ds["tasks_index"]})
         hist = history.HistoryWriter(os.path.join(workdir, "history.jsonl"), resume_bytes=ds["history_bytes"])
     else:
         start = 0
-        state = jax.jit(lambda t: grpo_step.init_state(t, R.optimizer, cfg.train.seed),
-                        out_shardings=R.s_shard)(R._trainable0)
+        state = sft.init_state(R._trainable0, R.optimizer, R.s_shard, cfg.train.seed)
         hist = history.HistoryWriter(os.path.join(workdir, "history.jsonl"))
     del R._trainable0
     ckpt_lib.write_model_config(workdir, R.model_cfg)

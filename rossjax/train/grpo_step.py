@@ -6,8 +6,8 @@ token p+1 and `mask[r, p] = 1` where token p+1 is a generated token (the stop to
 so `token_logprobs` at masked positions are exactly the completion's log-probs and the GRPO loss
 runs on [B, S] with that mask.
 
-Train state (what checkpoints hold): {"params": trainable (full params, or LoRA adapters),
-"opt_state", "step", "rng", "bad_steps"}. With LoRA the frozen base is a separate, non-donated
+Train state (what checkpoints hold): the SFT trainer's (`sft.init_state`), with "params" the
+trainable tree (full params, or LoRA adapters). With LoRA the frozen base is a separate, non-donated
 argument and the reference is that base with the adapters off.
 """
 
@@ -80,16 +80,6 @@ def logp_entropy(model_cfg, params, batch, chunk: int):
     lp, ent = jax.lax.map(block, (hp, tp))
     fix = lambda x: x.swapaxes(0, 1).reshape(b, -1)[:, :s]
     return fix(lp), fix(ent)
-
-
-def init_state(trainable, optimizer, seed: int = 0):
-    return {"params": trainable, "opt_state": optimizer.init(trainable),
-            "step": jnp.zeros((), jnp.int32), "rng": jax.random.PRNGKey(seed),
-            "bad_steps": jnp.zeros((), jnp.int32)}
-
-
-def state_shardings(train_shardings, optimizer, abstract_trainable, mesh):
-    return sft.state_shardings(train_shardings, optimizer, abstract_trainable, mesh)
 
 
 class StepFns:
