@@ -52,8 +52,8 @@ def parse_config(argv, *, default_config: str | None = None, extra_flags=None):
         extra_flags(fv)
     try:
         rest = fv(argv)[1:]
-    except flags.Error as e:  # absl's message already names the flag and the config field
-        raise UsageError(str(e).splitlines()[0]) from None
+    except flags.Error as e:
+        raise UsageError(_flag_error(str(e))) from None
     except (AttributeError, KeyError) as e:  # an override of a field the config does not have
         bad = [a.split("=")[0] for a in argv if a.startswith("--config.")]
         field = str(e).strip("'\"")
@@ -61,7 +61,36 @@ def parse_config(argv, *, default_config: str | None = None, extra_flags=None):
         raise UsageError(f"{flag}: the config has no field {field!r} "
                          f"(see the config file's get_config() for the fields it defines)") from None
     cfg = fv.config if fv["config"].present or default_config else None
+    if cfg is not None and type(cfg).__name__ == "_ErrorConfig":  # ml-collections defers the error
+        path = str(fv["config"].config_filename if hasattr(fv["config"], "config_filename")
+                   else default_config)
+        raise UsageError(f"--config={path}: the config file could not be loaded (does it exist?).")
     return cfg, fv, rest
+
+
+def _flag_error(msg: str) -> str:
+    """One sentence from absl's message; a config file that failed to load carries its traceback,
+    whose last line is the config's own error."""
+    lines = [ln for ln in msg.splitlines() if ln.strip()]
+    if len(lines) > 1 and "Traceback" in msg:
+        where = lines[0].split(": Error whilst")[0].removeprefix("flag ")
+        return f"{where}: {lines[-1].split(': ', 1)[-1].strip()}"
+    return lines[0] if lines else msg
+
+
+def command_config(argv, command: str, example: str, *, default_config: str | None = None,
+                   needs_workdir: bool = True, extra_flags=None):
+    """The start of every config-driven command: parse, insist on a config, refuse stray
+    arguments, resolve the workdir (--workdir, else config.workdir). Returns (cfg, workdir, flags)."""
+    cfg, fv, rest = parse_config(argv, default_config=default_config, extra_flags=extra_flags)
+    if cfg is None:
+        raise UsageError(f"rossjax {command} needs --config={example}.")
+    if rest:
+        raise UsageError(f"unexpected arguments {' '.join(rest)!r}; options go in --config.x=y.")
+    workdir = fv.workdir or cfg.get("workdir", "") or ""
+    if needs_workdir and not workdir:
+        raise UsageError("no output directory: pass --workdir=DIR.")
+    return cfg, workdir, fv
 
 
 def main(argv=None) -> int:

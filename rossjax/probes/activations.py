@@ -291,17 +291,12 @@ def read_rows(path: str, tokenizer: str = "", use_turns: bool = False):
 
 
 def main(argv=None) -> int:
-    from rossjax.cli import parse_config
+    from rossjax.cli import command_config
 
     from rossjax import sharding
     from rossjax.probes.store import write_store
 
-    c, flags, rest = parse_config(argv or [], default_config=None)
-    if c is None:
-        raise ValueError("rossjax extract: --config=configs/extract.py is required.")
-    if rest:
-        raise ValueError(f"rossjax extract: unexpected arguments {' '.join(rest)!r}; options go in "
-                         "--config.x=y.")
+    c, _, flags = command_config(argv or [], "extract", "configs/extract.py", needs_workdir=False)
     out = c.output or (os.path.join(flags.workdir, "activations") if flags.workdir else "")
     if not c.input or not out:
         raise ValueError("configs/extract.py: fields 'input' and 'output' must be set.")

@@ -243,14 +243,10 @@ def load_probe(path: str) -> tuple[heads.Probe, dict]:
 
 
 def main(argv=None) -> int:
-    from rossjax.cli import parse_config
+    from rossjax.cli import command_config
 
-    c, flags, rest = parse_config(argv or [], default_config=None)
-    if c is None:
-        raise ValueError("rossjax probe-sweep: --config=configs/probe_sweep.py is required.")
-    if rest:
-        raise ValueError(f"rossjax probe-sweep: unexpected arguments {' '.join(rest)!r}; options go "
-                         "in --config.x=y.")
+    c, _, flags = command_config(argv or [], "probe-sweep", "configs/probe_sweep.py",
+                                 needs_workdir=False)
     out = c.output or (os.path.join(flags.workdir, "probe_sweep") if flags.workdir else "")
     if not out or not c.labels:
         raise ValueError("configs/probe_sweep.py: fields 'labels' and 'output' must be set.")

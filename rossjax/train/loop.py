@@ -242,16 +242,9 @@ def run(cfg, workdir: str) -> dict:
 
 
 def main(argv) -> int:
-    from rossjax.cli import parse_config
+    from rossjax.cli import command_config
 
-    cfg, flags, rest = parse_config(argv)
-    if cfg is None:
-        raise ValueError("rossjax train needs --config=configs/ross_sft.py (or another SFT config).")
-    if rest:
-        raise ValueError(f"unexpected arguments {' '.join(rest)!r}; options go in --config.x=y.")
-    workdir = flags.workdir or cfg.workdir
-    if not workdir:
-        raise ValueError("no output directory: pass --workdir=DIR.")
+    cfg, workdir, _ = command_config(argv, "train", "configs/ross_sft.py (or another SFT config)")
     t0 = time.time()
     out = run(cfg, workdir)
     if jax.process_index() == 0:
