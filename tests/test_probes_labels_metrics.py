@@ -54,8 +54,8 @@ def _ece_ref(y, p, bins=15):
     conf = np.maximum(p, 1 - p)
     tot = 0.0
     for b in range(bins):
-        lo, hi = 0.5 + b / (2 * bins), 0.5 + (b + 1) / (2 * bins)
-        m = [(lo < c <= hi) or (b == 0 and c == 0.5) for c in conf]
+        lo, hi = b / bins, (b + 1) / bins  # textbook bins on [0, 1]
+        m = [(lo < c <= hi) or (b == 0 and c == 0.0) for c in conf]
         m = np.array(m)
         if m.any():
             tot += m.mean() * abs((pred[m] == y[m]).mean() - conf[m].mean())
@@ -75,6 +75,9 @@ def test_metrics_against_references():
     assert metrics.balanced_accuracy(y, pred) == pytest.approx(sum(rec) / 2)
     assert metrics.f1(y, pred) == pytest.approx(2 * prec * rec[1] / (prec + rec[1]))
     assert metrics.ece(y, p) == pytest.approx(_ece_ref(y, p), abs=1e-12)
+    # Textbook binning: confidences 0.55 and 0.58 share the bin (8/15, 9/15], so ECE is
+    # |0.5 - 0.565|; finer bins on [0.5, 1] would split them and give 0.515.
+    assert metrics.ece(np.array([1, 0]), np.array([0.55, 0.58])) == pytest.approx(0.065)
     # Spearman with ties: against Pearson of average ranks computed the slow way.
     a = np.array([1, 2, 2, 3, 5, 5, 5, 0.5])
     b = np.array([2, 1, 4, 4, 6, 7, 3, 0])

@@ -32,13 +32,15 @@ def f1(y: np.ndarray, pred: np.ndarray, positive: int = 1) -> float:
 
 
 def ece(y: np.ndarray, probs: np.ndarray, n_bins: int = 15) -> float:
-    """Expected calibration error of the top-label confidence, `n_bins` equal-width bins on [0.5, 1]
-    for binary (confidence is never below 0.5), weighted by bin occupancy."""
+    """Expected calibration error (Guo et al. 2017): top-label confidence in `n_bins` equal-width
+    bins on [0, 1], |accuracy - confidence| weighted by bin occupancy. For a binary probe the
+    confidence is never below 0.5, so only the upper bins fill; the binning stays the textbook
+    one so the figures compare with published ECEs."""
     y, p1 = np.asarray(y), np.asarray(probs, np.float64)
     pred = (p1 >= 0.5).astype(int)
     conf = np.where(pred == 1, p1, 1.0 - p1)
     correct = (pred == y).astype(np.float64)
-    edges = np.linspace(0.5, 1.0, n_bins + 1)
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
     idx = np.clip(np.digitize(conf, edges[1:-1], right=True), 0, n_bins - 1)
     total = 0.0
     for b in range(n_bins):
