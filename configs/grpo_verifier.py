@@ -8,7 +8,9 @@ Needs: a Hugging Face (or `rossjax export --format orbax`) policy and a task sou
 `--config.data.tasks=tasks.jsonl` (rollout-record `task` objects: id, domain, prompt, reference;
 `domain` picks the verifier: math, code, induction, gym:<dataset>) or the built-in `gen:arith`
 (a + b, answer in \\boxed{}, math verifier). Rewards: 1 pass / 0 fail / NaN undecided (advantage
-0), computed on `reward.workers` CPU processes while the accelerator computes log-probs.
+0), computed on `reward.workers` CPU processes while the accelerator computes log-probs;
+`--config.grpo.async_sampling=True` also samples the next batch meanwhile (one step off-policy;
+pair it with `--config.grpo.is_mode=token`, the truncated-IS correction).
 Every candidate is appended to WORKDIR/history.jsonl (the input of ROSS relearning, see
 rossjax/train/history.py).
 
@@ -16,6 +18,10 @@ Time: `:runlocal` (tiny Qwen2 from scratch, ASCII tokenizer, 4 x 4 candidates of
 steps) ~1-2 minutes on this 2-core CPU; its reward stays ~0 (a random 0.1M model does not do
 arithmetic): it exercises the machinery. The full config (16 contexts x 8 samples x 512 tokens)
 on a ~1.5B model is a TPU job (~10-20 s per step on a v5e-8 with bf16).
+
+Memory: an update holds activations for `grpo.minibatch / grpo.micro_batches` rows; at long
+completions raise `--config.grpo.micro_batches` (exact gradient accumulation: the same update for
+every aggregation) and set `--config.model.remat_policy=full`.
 """
 
 from rossjax.train.grpo import default_config

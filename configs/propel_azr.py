@@ -21,6 +21,10 @@ have been trained on the same rendering: user-turn task text, `reward.probe.rend
 templated induction tasks at start-up (`reward.probe.path=bootstrap`; real task_valid labels, not
 utility labels), so it exercises the mechanics only. Time: `:runlocal` ~2 minutes on this 2-core
 CPU; the full config is a TPU job (~15-30 s per step for a 1.5B generator on a v5e-8).
+
+Memory: an update holds activations for `grpo.minibatch / grpo.micro_batches` rows; at long
+completions raise `--config.grpo.micro_batches` (exact gradient accumulation: the same update for
+every aggregation) and set `--config.model.remat_policy=full`.
 """
 
 from rossjax.train.grpo import default_config

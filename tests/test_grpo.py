@@ -98,7 +98,8 @@ def test_history_loads_in_curate(tmp_path):
     out = str(tmp_path / "curated")
     rc = cli.main(["curate", "--config=configs/curate.py", f"--config.input={work}/history.jsonl",
                    f"--config.tokenizer={work}/tokenizer", f"--config.output={out}",
-                   "--config.progress=False"])
+                   "--config.rows=verifier_positive", "--config.mask_mode=eligible",
+                   "--config.progress=False"])  # unreviewed history: the positive_sft rows
     assert rc == 0
     rep = json.load(open(os.path.join(out, "report.json")))
     b = rep["buckets"]
@@ -158,3 +159,18 @@ def test_missing_probe_manifest_is_named(tmp_path):
                           f"--config.reward.probe.path={tmp_path}/probe"])[0]
     with pytest.raises(ValueError, match=f"{tmp_path}/probe.json"):
         grpo.check_config(c)
+
+
+def test_bench_code_reward_runs_the_sandboxed_verifier():
+    """The benchmark's chosen-cost reward really verifies its pool programs: the right ones pass,
+    the wrong answer and the crash fail."""
+    from rossjax.bench import grpo as bench
+
+    ids, seen = [], set()
+    for i in range(200):  # one record id per pool program
+        k = bench.zlib.crc32(f"r{i}".encode()) % len(bench._PROGRAMS)
+        if k not in seen:
+            seen.add(k)
+            ids.append((k, f"r{i}"))
+    out = bench.sandboxed_code_batch(("verifier",), [{"id": i} for _, i in sorted(ids)])
+    assert [r["verifier"][0] for r in out] == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
