@@ -8,6 +8,24 @@ withheld as `unverified` unless --config.unverified=keep):
     rossjax curate --config=configs/curate.py --config.input=rollouts.jsonl.gz \
         --config.output=/tmp/curated --config.verify=rerun --config.verify_workers=2
 
+Rows and masks, one curated dir per training recipe (configs/ross_sft.py `recipe`; `rossjax
+train` checks report.json's mask_mode and rows against it):
+
+    ross          --config.rows=accepted --config.mask_mode=annotated   (the defaults)
+    ross_no_mask  --config.rows=accepted --config.mask_mode=eligible
+    positive_sft  --config.rows=verifier_positive --config.mask_mode=eligible
+
+`rows=accepted` keeps verifier-positive rows a reviewer accepted or revised; a row with no
+annotation was never reviewed, so it is withheld as `not_annotated` (never trained on silently by
+the ROSS recipes), and a reviewer drop as `annotation_drop`. ross and ross_no_mask keep exactly
+the same rows: eligible mode still resolves the annotation. `rows=verifier_positive` keeps every
+verifier-positive row, reviewer drops and unannotated rows included, with its annotation removed
+before compiling (so a broken selector withholds nothing): every eligible token is supervised,
+which is the "no annotation -> all eligible tokens" positive-rollout SFT baseline of the mask
+compiler. Unreviewed rollouts such as a GRPO run's history.jsonl are therefore curated with
+`--config.rows=verifier_positive --config.mask_mode=eligible`. Under both filters a failed verdict
+is `verifier_failed`, and rows with no verdict follow `unverified`.
+
 Needs: CPU only (no jax import); verifier runs use math-verify, reasoning-gym and sandboxed
 Python in worker processes. Takes ~6 s on the 30-row sample (verify=auto runs the verifiers of
 the 21 rows that store no verdict; ~10 s with verify=rerun); on 2 CPU
@@ -30,6 +48,7 @@ def get_config():
     c.template = "chatml"  # chatml | llama3 | mistral | tokenizer (the tokenizer's jinja template)
     c.max_length = 32768  # longer rollouts are withheld as too_long; 0 = no limit
     c.mask_mode = "annotated"  # annotated | eligible ("ROSS w/o mask": every assistant token)
+    c.rows = "accepted"  # accepted (reviewed: accept | revise) | verifier_positive (see above)
     # auto: the stored record.verifier.passed, else run the named verifier | stored: stored
     # verdicts only | rerun: run every named verifier again (ignoring stored verdicts)
     c.verify = "auto"

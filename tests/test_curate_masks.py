@@ -189,6 +189,14 @@ WITHHELD = [
 ]
 
 
+def test_verdict_reason_comes_before_the_review():
+    # the same reason under every recipe: positive_sft ignores a drop but never a failed verdict
+    rec = variant(variant(MATH, ["annotation", "status"], "drop"), ["verifier", "passed"], False)
+    for mode in ("annotated", "eligible"):
+        ex = compile_rollout(rec, QWEN, mask_mode=mode)
+        assert (ex.status, ex.reason) == ("withheld", "verifier_failed") and "12 == 12" in ex.detail
+
+
 @pytest.mark.parametrize("record,code", WITHHELD)
 def test_withheld_reasons(record, code):
     ex = compile_rollout(record, QWEN)

@@ -93,7 +93,7 @@ def test_curate_rerun_verifies_and_withholds(tmp_path):
                  "tests": "def check(candidate):\n    assert candidate(2, 2) == 4\n"}
 
     def rec(i, task, answer, verifier=None):
-        r = {"id": f"r{i}", "task": task,
+        r = {"id": f"r{i}", "task": task, "annotation": {"status": "accept"},
              "messages": [{"role": "user", "content": "solve"},
                           {"role": "assistant", "content": answer}]}
         if verifier:
@@ -198,3 +198,117 @@ def test_cli_bad_inputs_are_one_sentence_never_a_traceback(tmp_path, capsys):
     assert _cli(["curate", *base, f"--config.input={empty}"]) == 0
     assert "holds no rows" in capsys.readouterr().err
     assert json.load(open(os.path.join(out, "report.json")))["input_rows"] == 0
+
+
+def _mixed_rows():
+    """One row per case the recipes treat differently; verdicts stored (verify=stored runs none)."""
+    ok, bad = {"name": "math", "passed": True}, {"name": "math", "passed": False, "evidence": "7 != 12"}
+    answer = "Multiplying: 3*4 = 12.\nThe answer is \\boxed{12}."
+    keep = {"status": "accept", "keep": [{"message": 1, "start": "The answer", "end": "{12}."}]}
+
+    def rec(rid, verifier, annotation):
+        r = {"id": rid, "task": {"id": "t-" + rid, "domain": "math", "reference": "12"},
+             "messages": [{"role": "user", "content": "What is 3*4?"},
+                          {"role": "assistant", "content": answer}]}
+        if verifier is not None:
+            r["verifier"] = verifier
+        if annotation is not None:
+            r["annotation"] = annotation
+        return r
+
+    return [
+        rec("accept", ok, keep),
+        rec("revise", ok, {"status": "revise", "exclude": [{"message": 1, "line": 1}]}),
+        rec("drop", ok, {**keep, "status": "drop"}),
+        rec("none", ok, None),
+        rec("broken", ok, {"status": "accept", "keep": [{"message": 1, "start": "absent",
+                                                         "end": "{12}."}]}),
+        rec("failed", bad, keep),
+        rec("failed_drop", bad, {"status": "drop"}),
+        rec("failed_none", bad, None),
+        rec("undecided", {"name": "math", "passed": None}, keep),
+        rec("unverified", None, keep),
+    ]
+
+
+@pytest.mark.parametrize("recipe", ["ross", "ross_no_mask", "positive_sft"])
+def test_recipe_rows_and_reasons(tmp_path, recipe):
+    from types import SimpleNamespace
+
+    from rossjax.train import loop, sft
+
+    src = tmp_path / "mixed.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in _mixed_rows()) + "{not json\n")
+    want = sft.RECIPES[recipe]
+    out = str(tmp_path / recipe)
+    rep = curate(_cfg(input=str(src), output=out, progress=False, verify="stored", **want))
+
+    common = {"verifier_failed": 3, "verifier_undecided": 1, "unverified": 1}
+    if want["rows"] == "accepted":
+        kept = ["accept", "revise"]
+        reasons = {**common, "annotation_drop": 1, "not_annotated": 1, "anchor_missing": 1}
+        review = {"accept": 1, "revise": 1, "drop": 0, "none": 0}
+    else:  # reviews ignored: drops, unannotated and unresolvable annotations all train
+        kept = ["accept", "broken", "drop", "none", "revise"]
+        reasons = common
+        review = {"accept": 2, "revise": 1, "drop": 1, "none": 1}
+    examples = {e["id"]: e for e in read_compiled(out)}
+    assert sorted(examples) == kept
+    assert rep["reasons"] == {"withheld": reasons, "invalid": {"invalid_record": 1}}
+    b = rep["buckets"]
+    assert rep["input_rows"] == 11 == b["kept"] + b["withheld"] + b["invalid"]
+    assert b == {"kept": len(kept), "withheld": sum(reasons.values()), "invalid": 1}
+    assert rep["kept_by_review"] == review
+    withheld = {x["id"]: x["reason"] for x in _lines(os.path.join(out, "withheld.jsonl"))}
+    assert withheld["failed_drop"] == withheld["failed_none"] == "verifier_failed"
+    assert len(withheld) == b["withheld"]
+
+    sup = sum(int(e["loss_mask"].sum()) for e in examples.values())
+    elig = sum(int(e["eligible_mask"].sum()) for e in examples.values())
+    assert rep["tokens"]["kept_supervised"] == sup and rep["tokens"]["kept_eligible"] == elig
+    if want["mask_mode"] == "eligible":
+        assert rep["ter"] == 0.0
+        assert all((e["loss_mask"] == e["eligible_mask"]).all() for e in examples.values())
+    else:
+        assert 0 < rep["ter"] < 1 and sup < elig
+
+    # the curated dir is accepted by its own recipe and refused by the others
+    assert loop.check_recipe(SimpleNamespace(recipe=recipe), [out]) == []
+    for other in set(sft.RECIPES) - {recipe}:
+        with pytest.raises(ValueError, match="curate with --config"):
+            loop.check_recipe(SimpleNamespace(recipe=other), [out])
+
+
+def test_ross_and_ross_no_mask_keep_the_same_rows(tmp_path):
+    src = tmp_path / "mixed.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in _mixed_rows()))
+    got = {}
+    for mode in ("annotated", "eligible"):
+        out = str(tmp_path / mode)
+        rep = curate(_cfg(input=str(src), output=out, progress=False, verify="stored",
+                          mask_mode=mode))
+        got[mode] = rep, {e["id"]: e for e in read_compiled(out)}, _lines(
+            os.path.join(out, "withheld.jsonl"))
+    (ra, ea, wa), (re_, ee, we) = got["annotated"], got["eligible"]
+    assert ra["buckets"] == re_["buckets"] and ra["reasons"] == re_["reasons"] and wa == we
+    assert sorted(ea) == sorted(ee) == ["accept", "revise"]
+    for rid in ea:  # same tokens; the annotated mask is a strict subset of the eligible one
+        np.testing.assert_array_equal(ea[rid]["input_ids"], ee[rid]["input_ids"])
+        np.testing.assert_array_equal(ee[rid]["loss_mask"], ee[rid]["eligible_mask"])
+        assert (ea[rid]["loss_mask"] <= ee[rid]["loss_mask"]).all()
+        assert ea[rid]["loss_mask"].sum() < ee[rid]["loss_mask"].sum()
+
+
+def test_rows_config_checked_in_one_sentence(tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in _mixed_rows()))
+    out = str(tmp_path / "o")
+    with pytest.raises(ValueError, match=r"config\.rows='verifier_positive'.*config\.mask_mode"):
+        curate(_cfg(input=str(src), output=out, rows="verifier_positive"))
+    with pytest.raises(ValueError, match=r"config\.rows 'reviewed' must be one of accepted"):
+        curate(_cfg(input=str(src), output=out, rows="reviewed"))
+    assert not os.path.exists(out)  # refused before touching the output dir
+    assert _cli(["curate", f"--config={CONFIG}", f"--config.input={src}", f"--config.output={out}",
+                 "--config.rows=verifier_positive", "--config.mask_mode=annotated"]) == 2
+    err = capsys.readouterr().err
+    assert "config.rows" in err and "config.mask_mode" in err and "Traceback" not in err

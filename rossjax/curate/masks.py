@@ -12,7 +12,11 @@ decoded to bytes, must spell the rendered text exactly (else `token_mismatch`), 
 offsets give the character offsets. The text is never edited and never re-tokenized.
 
 `mask_mode="eligible"` supervises every eligible token ("ROSS w/o mask") but still resolves the
-annotation, so exactly the same rows are kept as in "annotated" mode.
+annotation, so exactly the same rows are kept as in "annotated" mode. A record without an
+annotation supervises every eligible token; which rows reach the compiler at all (reviewed rows
+only, or every verifier-positive row with its annotation removed) is the pipeline's `rows` filter.
+Reasons come in this order: verifier_failed, annotation_drop, selector/anchor codes, token_mismatch,
+no_supervised_tokens, too_long.
 """
 
 from __future__ import annotations
@@ -109,13 +113,15 @@ def compile_rollout(record, tokenizer, template: str = "chatml", max_length: int
         return CompiledExample(rid, ids, z if loss is None else loss, z if elig is None else elig,
                                "withheld", code, detail, prov, **kw)
 
-    ann = record.get("annotation") or {}
-    if ann.get("status") == "drop":
-        return withheld("annotation_drop", "the reviewer dropped this rollout")
+    # The verdict comes before the review: a failed row reads `verifier_failed` under every
+    # recipe, also when a reviewer dropped it (positive_sft ignores reviews, not verdicts).
     ver = record.get("verifier") or {}
     if ver.get("passed") is False:
         return withheld("verifier_failed",
                         f"verifier {ver.get('name', '?')} failed: {ver.get('evidence', '')}"[:300])
+    ann = record.get("annotation") or {}
+    if ann.get("status") == "drop":
+        return withheld("annotation_drop", "the reviewer dropped this rollout")
     try:
         r: Rendered = render_chat(record["messages"], template, tokenizer)
         keep = keep_intervals(r, ann.get("keep") or [])

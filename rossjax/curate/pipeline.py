@@ -15,6 +15,13 @@ Stages, per chunk of `chunk_rows` input rows (so memory stays bounded on million
            at all (nothing stored, or no verifier named) as `unverified` unless
            `unverified="keep"`: ROSS trains on verifier-positive rollouts, so an unchecked row is
            never trained on silently. report.json `verify` counts each case;
+  rows     the row filter of the training recipe (`rows`, after the verdict):
+             "accepted"          (default; recipes ross and ross_no_mask) rows a reviewer accepted
+                                 or revised; a row with no annotation is withheld as
+                                 `not_annotated`, a reviewer drop as `annotation_drop`;
+             "verifier_positive" (recipe positive_sft) every row the verifier passed, reviewed or
+                                 not: the annotation is removed before compiling, so a drop or an
+                                 unresolvable selector withholds nothing; needs mask_mode=eligible;
   compile  masks.compile_rollout as a grain MapDataset map (grain worker processes when
            `workers > 0`, each loading the tokenizer once);
   write    kept examples into DIR/compiled-NNNNN.array_record (`examples_per_shard` each);
@@ -44,6 +51,10 @@ _MAGIC = b"RJX1"
 _ARRAYS = (("input_ids", "int32"), ("loss_mask", "uint8"), ("eligible_mask", "uint8"))
 SHARD_GLOB = "compiled-*.array_record"
 VERIFY_MODES = ("auto", "stored", "rerun")
+ROW_FILTERS = ("accepted", "verifier_positive")
+_NOT_ANNOTATED = ("the row carries no reviewer annotation and config.rows=accepted trains only on "
+                  "rows a reviewer accepted or revised (config.rows=verifier_positive with "
+                  "config.mask_mode=eligible keeps it: the positive-rollout SFT baseline)")
 
 
 def encode_example(ex) -> bytes:
@@ -193,6 +204,29 @@ _UNVERIFIED = {
 _UNVERIFIED["rerun"] = _UNVERIFIED["auto"]
 
 
+def review_status(record: dict) -> str:
+    """The reviewer's decision: accept | revise | drop, or "none" when the row has no annotation
+    (an annotation without a status is an accept, as in the record schema)."""
+    ann = record.get("annotation")
+    return "none" if ann is None else ann.get("status", "accept")
+
+
+def check_rows(cfg) -> str:
+    """config.rows, checked against config.mask_mode (one sentence when they do not fit)."""
+    from rossjax.curate.masks import MASK_MODES
+
+    rows = cfg.get("rows", "accepted")
+    if rows not in ROW_FILTERS:
+        raise ValueError(f"config.rows {rows!r} must be one of {', '.join(ROW_FILTERS)}")
+    if cfg.mask_mode not in MASK_MODES:
+        raise ValueError(f"config.mask_mode {cfg.mask_mode!r} must be one of {', '.join(MASK_MODES)}")
+    if rows == "verifier_positive" and cfg.mask_mode != "eligible":
+        raise ValueError(f"config.rows='verifier_positive' ignores the reviewers' annotations, so it "
+                         f"needs config.mask_mode='eligible', not {cfg.mask_mode!r} (annotated masks "
+                         f"go with config.rows='accepted')")
+    return rows
+
+
 def has_verdict(record: dict) -> bool:
     """True when the record stores a verdict: verifier.passed present (true, false or null)."""
     ver = record.get("verifier")
@@ -215,6 +249,7 @@ def curate(cfg) -> dict:
     for key in ("undecided", "unverified"):
         if cfg[key] not in ("withhold", "keep"):
             raise ValueError(f"config.{key} {cfg[key]!r} must be 'withhold' or 'keep'")
+    rows_filter = check_rows(cfg)
     if not cfg.output:
         raise ValueError("config.output is empty; set --config.output=DIR")
     if not os.path.exists(cfg.input):
@@ -259,7 +294,7 @@ def curate(cfg) -> dict:
                         rec["verifier"] = {**(rec.get("verifier") or {}), "name": name,
                                            "passed": v.passed, "evidence": v.evidence}
                     report.verify["rerun"] += len(named)
-                ready = []
+                ready, review = [], {}
                 for row, rec in todo:
                     ver = rec.get("verifier")
                     if not has_verdict(rec):
@@ -274,6 +309,13 @@ def curate(cfg) -> dict:
                                    f"verifier {ver.get('name', '?')} could not decide: "
                                    f"{ver.get('evidence', '')}"[:300])
                             continue
+                    review[row] = review_status(rec)
+                    if rows_filter == "verifier_positive":
+                        # not resolved at all: a drop or a broken selector must not withhold it
+                        rec = {k: v for k, v in rec.items() if k != "annotation"}
+                    elif review[row] == "none" and (ver or {}).get("passed") is not False:
+                        bucket("withheld", row, rec["id"], "not_annotated", _NOT_ANNOTATED)
+                        continue
                     ready.append((row, rec))
                 ds = grain.MapDataset.source(ready).map(compiler).to_iter_dataset()
                 if cfg.workers > 0 and len(ready) > 1:
@@ -282,7 +324,7 @@ def curate(cfg) -> dict:
                 for row, ex in ds:
                     if ex.status == "kept":
                         shards.write(encode_example(ex))
-                        report.add("kept", example=ex)
+                        report.add("kept", example=ex, review=review[row])
                     else:
                         bucket(ex.status, row, ex.id or None, ex.reason, ex.detail)
                 bar.update(len(chunk))

@@ -10,7 +10,10 @@ report.json holds
              rerun}: verdicts by outcome; `unverified` rows had no verdict at all (withheld as
              `unverified` unless config.unverified="keep"); `rerun` verdicts were computed in
              this run, the rest were read from the records
-  shards    [{path, examples}], config, elapsed_s, rows_per_s
+  kept_by_review {accept, revise, drop, none}: kept rows by their reviewer decision (drop and
+                  none only appear with config.rows="verifier_positive")
+  shards    [{path, examples}], config (with mask_mode and rows, which `rossjax train` checks
+            against its recipe), elapsed_s, rows_per_s
 """
 
 from __future__ import annotations
@@ -30,17 +33,22 @@ class Report:
                                "kept_excluded_eligible": 0})
         self.verify = Counter({"passed": 0, "failed": 0, "undecided": 0, "unverified": 0,
                                "rerun": 0})
+        self.kept_by_review = Counter({"accept": 0, "revise": 0, "drop": 0, "none": 0})
         self.shards: list[dict] = []
 
-    def add(self, status: str, reason: str | None = None, example=None):
-        """Count one input row; `example` (a kept CompiledExample) adds its tokens."""
+    def add(self, status: str, reason: str | None = None, example=None, review: str | None = None):
+        """Count one input row; `example` (a kept CompiledExample) adds its tokens, `review` (its
+        reviewer decision) counts it in kept_by_review."""
         if status not in self.buckets:
             raise ValueError(f"unknown bucket {status!r}")
         self.input_rows += 1
         self.buckets[status] += 1
         if status != "kept":
             self.reasons[status][reason or "unspecified"] += 1
-        elif example is not None:
+            return
+        if review is not None:
+            self.kept_by_review[review] += 1
+        if example is not None:
             self.tokens["kept_total"] += int(len(example.input_ids))
             self.tokens["kept_eligible"] += int(example.n_eligible)
             self.tokens["kept_supervised"] += int(example.n_supervised)
@@ -64,6 +72,7 @@ class Report:
             "reasons": {k: dict(sorted(v.items())) for k, v in self.reasons.items()},
             "tokens": dict(self.tokens),
             "ter": self.ter,
+            "kept_by_review": dict(self.kept_by_review),
             "verify": {"mode": self.config.get("verify"),
                        "unverified_policy": self.config.get("unverified"),
                        "undecided_policy": self.config.get("undecided"), **self.verify},
@@ -85,7 +94,8 @@ class Report:
     def summary(self) -> str:
         b, v = self.buckets, self.verify
         top = ", ".join(f"{k} {n}" for k, n in (self.reasons["withheld"] + self.reasons["invalid"]).most_common(4))
-        return (f"{self.input_rows} rows: {b['kept']} kept, {b['withheld']} withheld, "
+        rows = f"rows={self.config.get('rows', 'accepted')}, mask_mode={self.config.get('mask_mode')}: "
+        return (f"{rows}{self.input_rows} rows: {b['kept']} kept, {b['withheld']} withheld, "
                 f"{b['invalid']} invalid ({top or 'no reasons'}); "
                 f"{self.tokens['kept_supervised']} supervised tokens, TER {self.ter:.3f}; "
                 f"verify={self.config.get('verify')}: {v['passed']} passed, {v['failed']} failed, "
