@@ -15,7 +15,7 @@ Every candidate is appended to WORKDIR/history.jsonl (the input of ROSS relearni
 rossjax/train/history.py).
 
 Time: `:runlocal` (tiny Qwen2 from scratch, ASCII tokenizer, 4 x 4 candidates of 32 tokens, 20
-steps) ~1-2 minutes on this 2-core CPU; its reward stays ~0 (a random 0.1M model does not do
+steps) ~15 s on this 2-core CPU; its reward stays ~0 (a random 0.1M model does not do
 arithmetic): it exercises the machinery. The full config (16 contexts x 8 samples x 512 tokens)
 on a ~1.5B model is a TPU job (~10-20 s per step on a v5e-8 with bf16).
 
