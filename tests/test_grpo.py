@@ -58,6 +58,7 @@ def test_equal_rewards_leave_params_unchanged(tmp_path):
     assert m["grad_norm"] == 0.0 and m["zero_var_group_frac"] == 1.0 and m["reward_mean"] == 0.0
 
 
+@pytest.mark.slow
 def test_micro_batches_give_the_same_updates(tmp_path):
     """Gradient accumulation is exact: 4 micro-batches per minibatch update the policy as one
     whole minibatch does (same loss, gradient norm, KL, clip fractions and params)."""
