@@ -175,3 +175,23 @@ def test_bench_code_reward_runs_the_sandboxed_verifier():
             ids.append((k, f"r{i}"))
     out = bench.sandboxed_code_batch(("verifier",), [{"id": i} for _, i in sorted(ids)])
     assert [r["verifier"][0] for r in out] == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+
+
+def test_resume_is_exact_without_async_sampling(tmp_path):
+    """Stopped after step 2 and resumed, a synchronous run ends where an uninterrupted one does:
+    same history and same params (sampling seeds, task order and minibatch order follow the step)."""
+    def config():
+        c = tiny_config(steps=3, contexts=2, group=4, new=8)
+        c.grpo.minibatch, c.grpo.num_iterations = 4, 2  # shuffled minibatches
+        c.checkpoint.save_every = 1
+        return c
+
+    full = grpo.run(config(), str(tmp_path / "a"))
+    c = config()
+    c.grpo.stop_after = 2
+    grpo.run(c, str(tmp_path / "b"))
+    resumed = grpo.run(config(), str(tmp_path / "b"))
+    ha, hb = (read_history(str(tmp_path / d / "history.jsonl")) for d in "ab")
+    assert [r["token_ids"] for r in ha] == [r["token_ids"] for r in hb] and len(ha) == 3 * 8
+    for a, b in zip(jax.tree.leaves(full["state"]["params"]), jax.tree.leaves(resumed["state"]["params"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -225,7 +225,6 @@ def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
     bar = metrics_lib.Progress(g.steps, initial=start, desc="grpo")
     consumed = source.index
     pending, m = None, {}
-    rng = np.random.default_rng(cfg.train.seed + start)
     try:
         with ckpt_lib.PreemptionGuard() as guard:
             for step in range(start, g.steps):
@@ -264,6 +263,7 @@ def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
                         "ref_logp": np.asarray(ref_lp), "is_weights": np.asarray(w), "adv": adv}
                 t3 = time.perf_counter()
                 n_rows, ums = len(adv), []
+                rng = np.random.default_rng([cfg.train.seed, step])  # the same order after a resume
                 for _ in range(g.num_iterations):
                     order = rng.permutation(n_rows) if g.shuffle_minibatches else np.arange(n_rows)
                     for s0 in range(0, n_rows, R.minibatch):
