@@ -4,8 +4,10 @@ Per step: take `contexts` tasks, sample `group_size` candidates each (one prefil
 send the candidates to the reward workers (CPU processes), and while they score, compute the
 trainer's log-probs (old policy, and the frozen reference when beta > 0) on the accelerator —
 and, with `async_sampling`, already sample the next step's batch. Then group advantages,
-`num_iterations` passes of minibatch updates (clipped surrogate + beta x k3 KL), metrics,
-history records and checkpoints.
+`num_iterations` passes of minibatch updates (clipped surrogate + beta x k3 KL; each minibatch
+split into `micro_batches` with exact gradient accumulation), metrics, history records and
+checkpoints. Resume restores state, task index and history; without `async_sampling` a resumed
+run is bit-exact (sampling seeds and minibatch order follow the step).
 
 Deviation: with `async_sampling` the next batch is sampled before this step's update, so it is
 one update behind the policy it trains (the usual one-step-off-policy pipelining); the sampler
