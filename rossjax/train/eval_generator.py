@@ -215,14 +215,10 @@ def evaluate_policy(c) -> dict:
 
 
 def main(argv=None) -> int:
-    from rossjax.cli import parse_config
+    from rossjax.cli import command_config
 
-    c, flags, rest = parse_config(list(argv or []))
-    if c is None:
-        raise ValueError("rossjax eval-generator needs --config=configs/eval_generator.py.")
-    c.workdir = flags.workdir or c.workdir
-    if not c.workdir:
-        raise ValueError("no output directory: pass --workdir=DIR.")
+    c, workdir, _ = command_config(list(argv or []), "eval-generator", "configs/eval_generator.py")
+    c.workdir = workdir
     check_config(c)
     os.makedirs(c.workdir, exist_ok=True)
     out = evaluate_generator(c) if c.mode == "generator" else evaluate_policy(c)

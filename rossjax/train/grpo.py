@@ -324,19 +324,13 @@ def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
 
 
 def main(argv) -> int:
-    from rossjax.cli import parse_config
+    from rossjax.cli import command_config
 
-    cfg, flags, rest = parse_config(argv)
-    if cfg is None:
-        raise ValueError("rossjax grpo needs --config=configs/grpo_verifier.py (or another GRPO config).")
-    if rest:
-        raise ValueError(f"unexpected arguments {' '.join(rest)!r}; options go in --config.x=y.")
-    workdir = flags.workdir or cfg.workdir
-    if not workdir:
-        raise ValueError("no output directory: pass --workdir=DIR.")
+    cfg, workdir, _ = command_config(argv, "grpo", "configs/grpo_verifier.py (or another GRPO config)")
     t0 = time.time()
     out = run(cfg, workdir)
     print(f"rossjax grpo: done in {time.time() - t0:.0f} s, reward {out['metrics'].get('reward_mean', float('nan')):.3f}; "
           f"history {out['history']} (relearn: rossjax curate --config.input={out['history']} "
+          f"--config.rows=verifier_positive --config.mask_mode=eligible "
           f"--config.tokenizer={out['tokenizer']}).")
     return 0

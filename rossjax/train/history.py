@@ -2,8 +2,10 @@
 
     WORKDIR/history.jsonl      one rollout record (DESIGN.md) per line, appended each step
 
-This is exactly what the ROSS relearning stage reads later:
+This is exactly what the ROSS relearning stage reads later. The rows are verifier-scored but not
+reviewed, so they are relearned as `positive_sft` rows:
     rossjax curate --config=configs/curate.py --config.input=WORKDIR/history.jsonl \
+        --config.rows=verifier_positive --config.mask_mode=eligible \
         --config.tokenizer=<the run's tokenizer> --config.output=DIR
 accepts it unchanged (stored token ids, verdicts under `verifier`, `source.step`). A record also
 carries fields curate ignores: `logprobs` (the sampler's per-token log-probs of the completion),
