@@ -6,7 +6,8 @@ batch (default 8 x 512 tokens) with next-token cross-entropy over full fp32 logi
 AdamW (lr 1e-4, no clipping). Each side gets `--warmup` untimed steps (rossjax: compilation),
 then `--steps` timed steps; the figure is tokens per second over the timed steps.
 
-It also times a plain jitted fp32 matmul (`--matmul` square) in the same run and reports
+It also times a plain jitted fp32 matmul (`--matmul` square) between the timed steps (so both
+see the same load on a shared machine) and reports
 rossjax's achieved FLOP/s as a fraction of it, counting 6 x (matmul params) x tokens plus
 attention scores and values (12 x b x s^2 x heads x head_dim x layers; the full square is
 computed, so causality is not halved).
@@ -29,7 +30,8 @@ def _flops_per_step(cfg, batch: int, seq: int) -> float:
     return 6.0 * matmul_params * batch * seq + attn
 
 
-def _matmul_rate(n: int, repeats: int = 5) -> float:
+def _matmul_timer(n: int):
+    """A function that times one jitted n x n fp32 matmul and returns its FLOP/s."""
     import jax
     import jax.numpy as jnp
 
@@ -37,15 +39,15 @@ def _matmul_rate(n: int, repeats: int = 5) -> float:
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
     mm = jax.jit(lambda x, y: x @ y)
     mm(a, b).block_until_ready()
-    times = []
-    for _ in range(repeats):
+
+    def rate():
         t = time.perf_counter()
         mm(a, b).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return 2.0 * n ** 3 / min(times)
+        return 2.0 * n ** 3 / (time.perf_counter() - t)
+    return rate
 
 
-def _rossjax_step(cfg, params, tokens, steps, warmup):
+def _rossjax_step(cfg, params, tokens, steps, warmup, matmul_rate):
     import jax
     import jax.numpy as jnp
     import optax
@@ -70,15 +72,18 @@ def _rossjax_step(cfg, params, tokens, steps, warmup):
     step = jax.jit(step.__wrapped__, donate_argnums=(0, 1))
     state = opt.init(params)
     toks = jnp.asarray(tokens)
-    losses, times = [], []
+    losses, times, mm = [], [], []
     for i in range(warmup + steps):
         t = time.perf_counter()
         params, state, loss = step(params, state, toks)
         loss.block_until_ready()
         if i >= warmup:
             times.append(time.perf_counter() - t)
+            # The machine may be shared: sample the matmul rate between steps, under the same
+            # load, rather than once before them.
+            mm.extend(matmul_rate() for _ in range(3))
         losses.append(float(loss))
-    return times, losses
+    return times, losses, mm
 
 
 def _torch_step(model, tokens, steps, warmup):
@@ -147,11 +152,13 @@ def main(argv=None) -> int:
             save_hf(cfg, params, d)
             torch_model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
 
-    mm_rate = _matmul_rate(args.matmul)
-    rj_times, rj_losses = _rossjax_step(cfg, params, tokens, args.steps, args.warmup)
+    rj_times, rj_losses, mm_rates = _rossjax_step(cfg, params, tokens, args.steps, args.warmup,
+                                                  _matmul_timer(args.matmul))
+    mm_rate = statistics.median(mm_rates)
     rj = n_tok / statistics.median(rj_times)
     rj_flops = flops / statistics.median(rj_times)
-    print(f"matmul {args.matmul}^2 fp32 (jit):  {mm_rate / 1e9:8.1f} GFLOP/s")
+    print(f"matmul {args.matmul}^2 fp32 (jit):  {mm_rate / 1e9:8.1f} GFLOP/s (median of 3 samples after "
+          f"each timed step)")
     print(f"rossjax train step: {statistics.median(rj_times) * 1e3:8.1f} ms  {rj:9.0f} tokens/s  "
           f"{rj_flops / 1e9:6.1f} GFLOP/s = {rj_flops / mm_rate:.0%} of matmul  "
           f"(loss {rj_losses[0]:.3f} -> {rj_losses[-1]:.3f})")

@@ -251,13 +251,13 @@ def blockwise(q, k, v, m: MaskSpec, *, block: int = 512, return_lse: bool = Fals
 
 
 def use_blockwise(impl: str, s: int, t: int, block: int) -> bool:
-    """'auto' picks dense while the scores of one row fit a couple of blocks (dense is faster on
-    CPU at short lengths), block-wise beyond."""
+    """'auto' picks dense while the keys fit in two blocks (dense is as fast or faster on CPU at
+    short lengths) or for a few queries (decode), block-wise beyond."""
     if impl == "dense":
         return False
     if impl == "blockwise":
         return True
-    return t > 2 * block and s > 1
+    return t > 2 * block and s > 16
 
 
 def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 512, return_lse: bool = False):
