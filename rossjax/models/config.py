@@ -66,7 +66,8 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat_policy: str = "none"    # per block: none | full | dots | dots_no_batch
     scan_layers: bool = True      # lax.scan over stacked layers (one compile) vs unrolled loop
-    # dense | blockwise (flash-style, O(s * block) memory) | auto (dense up to 2 blocks of keys)
+    # dense | blockwise (flash-style, O(s * block) memory) | auto (dense up to 2 blocks of keys
+    # or for <= 16 queries, i.e. decode; block-wise beyond)
     attention_impl: str = "auto"
     attention_block: int = 512
 
