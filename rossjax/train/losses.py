@@ -69,13 +69,16 @@ def _pad_positions(x, multiple):
     return jnp.pad(x, widths)
 
 
-def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024):
+def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024, vocab_major=False):
     """log p(target) `[b, s]` float32 from hidden states, one block of positions at a time.
 
-    hidden [b, s, d] (final-normed), lm_head_w [d, V], targets [b, s]. Only a `[b, chunk, V]`
-    float32 logits block exists at any time, in the forward *and* in the backward: each block is
-    a checkpointed scan step, so autodiff recomputes its logits instead of storing them.
+    hidden [b, s, d] (final-normed), lm_head_w [d, V] (or [V, d] with `vocab_major`, e.g. a tied
+    embedding table: passing it as is avoids a transposed copy of the table and of its gradient),
+    targets [b, s]. Only a `[b, chunk, V]` float32 logits block exists at any time, in the
+    forward *and* in the backward: each block is a checkpointed scan step, so autodiff recomputes
+    its logits instead of storing them.
     """
+    spec = "bcd,vd->bcv" if vocab_major else "bcd,dv->bcv"
     b, s, d = hidden.shape
     chunk = max(1, min(int(chunk_size), s))
     h = _pad_positions(hidden, chunk)
@@ -87,7 +90,7 @@ def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024):
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def block(w, hb, tb):
-        logits = jnp.einsum("bcd,dv->bcv", hb, w, preferred_element_type=jnp.float32)
+        logits = jnp.einsum(spec, hb, w.astype(hb.dtype), preferred_element_type=jnp.float32)
         return token_logprobs(logits, tb)
 
     def body(carry, xs):
@@ -98,10 +101,10 @@ def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024):
     return lp.swapaxes(0, 1).reshape(b, n * chunk)[:, :s]
 
 
-def chunked_masked_nll(hidden, lm_head_w, targets, mask, chunk_size=1024):
+def chunked_masked_nll(hidden, lm_head_w, targets, mask, chunk_size=1024, vocab_major=False):
     """`masked_nll` of `hidden @ lm_head_w` without materializing `[b, s, V]` logits."""
     mask = jnp.asarray(mask, jnp.float32)
-    nll = -chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size)
+    nll = -chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size, vocab_major)
     return jnp.sum(jnp.where(mask != 0, nll * mask, 0.0)), jnp.sum(mask)
 
 

@@ -39,8 +39,11 @@ def batch_nll(model_cfg, params, batch, chunk_size: int):
     targets, mask = losses.shift_targets(batch["input_ids"], batch["loss_mask"], batch["segment_ids"])
     h = models.hidden_states(model_cfg, params, batch["input_ids"], batch["positions"],
                              batch["segment_ids"])
-    s, c = losses.chunked_masked_nll(h, models.lm_head(model_cfg, params), targets, mask, chunk_size)
-    return s, c
+    if model_cfg.tie_embeddings:  # the [V, d] table as is: no transposed copy, nor of its grad
+        w, vocab_major = params["embed"]["embedding"], True
+    else:
+        w, vocab_major = models.lm_head(model_cfg, params), False
+    return losses.chunked_masked_nll(h, w, targets, mask, chunk_size, vocab_major)
 
 
 def _split_micro(x, n: int, sharding):
@@ -132,19 +135,23 @@ def make_train_step(model_cfg, optimizer, schedule, *, mesh, shardings, batch_sh
         carry0 = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
         (g_sum, nll_sum, count), _ = jax.lax.scan(accumulate, carry0, micro)
         denom = jnp.maximum(count, 1.0)
-        # The one division by the global supervised-token count.
-        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), g_sum, params)
         loss = nll_sum / denom
-        gnorm = optax.tree.norm(grads)
+        gnorm = optax.tree.norm(g_sum) / denom
         finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         apply = finite & (count > 0)
 
-        updates, new_opt = optimizer.update(grads, state["opt_state"], params)
-        new_params = optax.apply_updates(params, updates)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(apply, a, b), new, old)
+        def update(g_sum, opt_state, params):
+            # The one division by the global supervised-token count, fused into the update.
+            grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), g_sum, params)
+            updates, new_opt = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), new_opt
+
+        # A cond, not a select between old and new states: a skipped step never holds both.
+        new_params, new_opt = jax.lax.cond(apply, update, lambda g, o, p: (p, o),
+                                           g_sum, state["opt_state"], params)
         new_state = {
-            "params": keep(new_params, params),
-            "opt_state": keep(new_opt, state["opt_state"]),
+            "params": new_params,
+            "opt_state": new_opt,
             "step": state["step"] + 1,
             "rng": jax.random.fold_in(state["rng"], state["step"]),
             "bad_steps": jnp.where(finite, 0, state["bad_steps"] + 1).astype(jnp.int32),
