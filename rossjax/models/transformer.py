@@ -120,7 +120,9 @@ def _stack(cfg: ModelConfig, layers, x, cos, sin, mask: MaskSpec, *, collect: bo
         # Small stacks without remat: let XLA unroll the scan (one program across layer
         # boundaries is ~5-12% faster on CPU; compile time grows with depth, hence the cap).
         # With remat the loop stays rolled so rematerialized values are never CSE'd away.
-        unroll = cfg.n_layers if cfg.n_layers <= 16 and cfg.remat_policy == "none" else 1
+        # Decode (a KV cache) stays rolled too: it is bound by reading weights, not by fusion.
+        small = cfg.n_layers <= 16 and cfg.remat_policy == "none" and kv is None
+        unroll = cfg.n_layers if small else 1
         x, (outs, new_kv) = jax.lax.scan(body, x, xs, unroll=max(unroll, 1))
         return x, outs, new_kv
     per_layer = []
