@@ -11,8 +11,6 @@ Rows with fewer than `min_valid` valid trials carry too little evidence and are 
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -68,28 +66,24 @@ def utility_labels(trials: Sequence[Sequence], *, lo: float = 1 / 8, hi: float =
 def read_label_file(path: str) -> list[dict]:
     """Rows of a JSONL(.gz) label file: {"id": str, "trials": [true|false|null, ...]} or
     {"id", "label": 0|1}, optionally "group" (for group k-fold) and "valid" (the validity gate W)."""
-    opener = gzip.open if str(path).endswith(".gz") else open
+    from rossjax.curate.schema import iter_json_lines
+
     rows, seen = [], set()
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} row {n}: not valid JSON ({e.msg}).") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
-                raise ValueError(f"{path} row {n}: field 'id' is missing or not a string.")
-            if "trials" not in obj and "label" not in obj:
-                raise ValueError(f"{path} row {n}: needs field 'trials' or 'label'.")
-            if "trials" in obj and not isinstance(obj["trials"], list):
-                raise ValueError(f"{path} row {n}: field 'trials' is not a list.")
-            if "label" in obj and obj["label"] not in (0, 1):
-                raise ValueError(f"{path} row {n}: field 'label' is {obj['label']!r}, not 0 or 1.")
-            if obj["id"] in seen:
-                raise ValueError(f"{path} row {n}: field 'id' {obj['id']!r} repeats an earlier row.")
-            seen.add(obj["id"])
-            rows.append(obj)
+    for n, obj, reason, *_ in iter_json_lines(path):
+        if reason:
+            raise ValueError(f"{reason}.")
+        if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
+            raise ValueError(f"{path} row {n}: field 'id' is missing or not a string.")
+        if "trials" not in obj and "label" not in obj:
+            raise ValueError(f"{path} row {n}: needs field 'trials' or 'label'.")
+        if "trials" in obj and not isinstance(obj["trials"], list):
+            raise ValueError(f"{path} row {n}: field 'trials' is not a list.")
+        if "label" in obj and obj["label"] not in (0, 1):
+            raise ValueError(f"{path} row {n}: field 'label' is {obj['label']!r}, not 0 or 1.")
+        if obj["id"] in seen:
+            raise ValueError(f"{path} row {n}: field 'id' {obj['id']!r} repeats an earlier row.")
+        seen.add(obj["id"])
+        rows.append(obj)
     if not rows:
         raise ValueError(f"{path}: the label file has no rows.")
     return rows

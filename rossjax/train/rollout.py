@@ -81,20 +81,17 @@ class TaskSource:
 def read_tasks(path: str, field: str = "config.data.tasks") -> list[dict]:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: task file not found ({field}).")
+    from rossjax.curate.schema import iter_json_lines
+
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for k, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                t = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} row {k}: not valid JSON ({e.msg}).") from None
-            if not isinstance(t, dict) or not isinstance(t.get("id"), str):
-                raise ValueError(f"{path} row {k}: field 'id' must be a string.")
-            if not isinstance(t.get("prompt"), str) and not isinstance(t.get("messages"), list):
-                raise ValueError(f"{path} row {k}: field 'prompt' (or 'messages') is missing.")
-            rows.append(t)
+    for k, t, reason, *_ in iter_json_lines(path):
+        if reason:
+            raise ValueError(f"{reason}.")
+        if not isinstance(t, dict) or not isinstance(t.get("id"), str):
+            raise ValueError(f"{path} row {k}: field 'id' must be a string.")
+        if not isinstance(t.get("prompt"), str) and not isinstance(t.get("messages"), list):
+            raise ValueError(f"{path} row {k}: field 'prompt' (or 'messages') is missing.")
+        rows.append(t)
     if not rows:
         raise ValueError(f"{path}: the task file has no rows.")
     return rows
