@@ -131,6 +131,13 @@ def _tiles(m: MaskSpec, s_pad, t_pad, bq, bk) -> _Tiles:
     return _Tiles(q_seg, kv_seg, q_idx, kv_idx, q_pos, kv_pos, m.window, causal & seg.any(-1))
 
 
+def _grid(m: MaskSpec, s: int, t: int, bq: int, bk: int):
+    """Block sizes clipped to the lengths, padded lengths, block counts and the mask tiles."""
+    bq, bk = min(bq, s), min(bk, t)
+    s_pad, t_pad = -(-s // bq) * bq, -(-t // bk) * bk
+    return bq, bk, s_pad, t_pad, s_pad // bq, t_pad // bk, _tiles(m, s_pad, t_pad, bq, bk)
+
+
 def _tile_scores(qb, kb, tl: _Tiles, i, j, scale):
     """Masked, scaled float32 scores [b, K, G, bq, bk] of query block i against key block j."""
     s = jnp.einsum("bqkgd,btkd->bkgqt", qb, kb, preferred_element_type=jnp.float32) * scale
@@ -143,10 +150,7 @@ def _flash_forward(q, k, v, m: MaskSpec, bq: int, bk: int):
     """(out [b, s, K, G, hd] q.dtype, lse [b, K, G, s] float32)."""
     b, s, nkv, g, hd = q.shape
     t = k.shape[1]
-    bq, bk = min(bq, s), min(bk, t)
-    s_pad, t_pad = -(-s // bq) * bq, -(-t // bk) * bk
-    nq, nk = s_pad // bq, t_pad // bk
-    tl = _tiles(m, s_pad, t_pad, bq, bk)
+    bq, bk, s_pad, t_pad, nq, nk, tl = _grid(m, s, t, bq, bk)
     qb_all = _blocks(_pad_to(q, 1, s_pad, 0), 1, nq)          # [nq, b, bq, K, G, hd]
     kb_all = _blocks(_pad_to(k, 1, t_pad, 0), 1, nk)          # [nk, b, bk, K, hd]
     vb_all = _blocks(_pad_to(v, 1, t_pad, 0), 1, nk)
@@ -183,10 +187,7 @@ def _flash_forward(q, k, v, m: MaskSpec, bq: int, bk: int):
 def _flash_backward(q, k, v, m: MaskSpec, o, lse, do, bq: int, bk: int):
     b, s, nkv, g, hd = q.shape
     t = k.shape[1]
-    bq, bk = min(bq, s), min(bk, t)
-    s_pad, t_pad = -(-s // bq) * bq, -(-t // bk) * bk
-    nq, nk = s_pad // bq, t_pad // bk
-    tl = _tiles(m, s_pad, t_pad, bq, bk)
+    bq, bk, s_pad, t_pad, nq, nk, tl = _grid(m, s, t, bq, bk)
     scale = hd ** -0.5
     delta = jnp.einsum("bskgd,bskgd->bkgs", do.astype(jnp.float32), o.astype(jnp.float32))
     qb_all = _blocks(_pad_to(q, 1, s_pad, 0), 1, nq)
