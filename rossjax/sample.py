@@ -112,13 +112,7 @@ class Sampler:
 
     def _cache_sharding(self, n_rows):
         spec = self.spec
-        t = spec.prompt_len + spec.max_new
-        kv_shape = (spec.cfg.n_layers, n_rows, t, spec.cfg.n_kv_heads, spec.cfg.head_dim)
-        mk = lambda logical, shape: NamedSharding(
-            spec.mesh, sharding.logical_to_mesh_spec(P(*logical), None, shape, spec.mesh))
-        kv = mk(("layers", "batch", "length", "kv_heads", "head_dim"), kv_shape)
-        row = mk(("batch", "length"), (n_rows, t))
-        return {"k": kv, "v": kv, "mask": row, "pos": row}
+        return sharding.cache_shardings(spec.cfg, spec.mesh, n_rows, spec.prompt_len + spec.max_new)
 
     def _constrain(self, cache):
         if self.spec.mesh is None:
@@ -130,15 +124,20 @@ class Sampler:
         s = self.spec
         cfg, n_new = s.cfg, s.max_new
         b, plen = tokens.shape
-        cache = models.init_cache(cfg, b, plen + n_new)
-        logits, cache = models.forward_cached(cfg, params, tokens, positions, cache, 0, valid)
+        # Without a mesh the cache is per layer (decode reads and writes it in place); with one
+        # it stays stacked so the logical sharding rules apply to it as a whole.
+        per_layer = s.mesh is None
+        cache = models.init_cache(cfg, b, plen + n_new, per_layer=per_layer)
+        logits, cache = models.forward_cached(cfg, params, tokens, positions, cache, 0, valid,
+                                              logits_to_keep=1)
         last = logits[:, -1]                       # left padding: the last slot is always real
         next_pos = jnp.max(jnp.where(valid, positions, -1), axis=1) + 1
         if s.num_samples > 1:                      # GRPO groups: copy the prefilled rows
-            rep = lambda x, axis: jnp.repeat(x, s.num_samples, axis=axis)
-            cache = {"k": rep(cache["k"], 1), "v": rep(cache["v"], 1),
-                     "mask": rep(cache["mask"], 0), "pos": rep(cache["pos"], 0)}
-            last, next_pos = rep(last, 0), rep(next_pos, 0)
+            rep = lambda x, axis=0: jnp.repeat(x, s.num_samples, axis=axis)
+            rep_kv = (lambda c: tuple(map(rep, c))) if per_layer else (lambda c: rep(c, 1))
+            cache = {"k": rep_kv(cache["k"]), "v": rep_kv(cache["v"]),
+                     "mask": rep(cache["mask"]), "pos": rep(cache["pos"])}
+            last, next_pos = rep(last), rep(next_pos)
         cache = self._constrain(cache)
         n = last.shape[0]
         temperature, top_k, top_p, stop = knobs
@@ -175,6 +174,8 @@ class Sampler:
     def __call__(self, params, tokens, positions, valid, rng, knobs):
         if self.spec.mesh is not None:
             params = jax.device_put(params, self._param_shardings)
+        else:  # decode reads per-layer, pre-fused weights (see models.decode_params)
+            params = models.decode_params(self.spec.cfg, params)
         return self._fn(params, tokens, positions, valid, rng, knobs)
 
 

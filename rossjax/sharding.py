@@ -150,8 +150,8 @@ def shard_batch(batch, mesh: Mesh, rules=None):
 
 def cache_shardings(cfg, mesh: Mesh, batch: int, max_len: int, rules=None):
     """NamedShardings for `rossjax.models.init_cache(cfg, batch, max_len)`'s pytree."""
-    kv_shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+    kv_shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
     kv = NamedSharding(mesh, logical_to_mesh_spec(
-        P("layers", "batch", "length", "kv_heads", "head_dim"), rules, kv_shape, mesh))
+        P("layers", "batch", "kv_heads", "length", "head_dim"), rules, kv_shape, mesh))
     row = NamedSharding(mesh, logical_to_mesh_spec(P("batch", "length"), rules, (batch, max_len), mesh))
     return {"k": kv, "v": kv, "mask": row, "pos": row}

@@ -57,7 +57,7 @@ def test_default_token_mask_and_cache_dtype():
     params = init_params(cfg, jax.random.key(0))
     tokens = np.arange(5)[None] % cfg.vocab_size
     cache = init_cache(cfg, 1, 8, dtype=jnp.bfloat16)
-    assert cache["k"].dtype == jnp.bfloat16 and cache["k"].shape == (2, 1, 8, 2, 16)
+    assert cache["k"].dtype == jnp.bfloat16 and cache["k"].shape == (2, 1, 2, 8, 16)
     logits, cache = forward_cached(cfg, params, tokens, np.arange(5)[None], cache, 0)
     assert np.asarray(cache["mask"]).tolist() == [[True] * 5 + [False] * 3]
     full, _ = forward(cfg, params, tokens)

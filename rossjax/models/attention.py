@@ -47,24 +47,9 @@ def mask_array(m: MaskSpec):
     return _visible(*m)
 
 
-def _few_query_scores(q, k, vis):
-    """[b, K, G, s, t] scores one kv head at a time: with batch dims (b, K) the dot wants a
-    [b, K, t, hd] copy of k, which for a decode step is a copy of the whole cache layer."""
-    hd = q.shape[-1]
-    per_head = [jnp.einsum("bsgd,btd->bgst", q[:, :, h], k[:, :, h], preferred_element_type=jnp.float32)
-                for h in range(k.shape[2])]
-    return jnp.where(vis[:, None, None], jnp.stack(per_head, 1) * (hd ** -0.5), MASK_VALUE)
-
-
 def dense(q, k, v, m: MaskSpec, *, return_lse: bool = False):
     """q [b, s, K, G, hd], k/v [b, t, K, hd] -> out [b, s, K, G, hd] in q.dtype (and lse [b, K, G, s])."""
     hd = q.shape[-1]
-    if q.shape[1] <= 16:     # decode: a few queries against a long cache, which must not be copied
-        scores = _few_query_scores(q, k, mask_array(m))
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.stack([jnp.einsum("bgst,btd->bsgd", probs[:, h], v[:, :, h])
-                         for h in range(k.shape[2])], 2).astype(q.dtype)
-        return (out, jax.nn.logsumexp(scores, axis=-1)) if return_lse else out
     scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask_array(m)[:, None, None], scores * (hd ** -0.5), MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1)
@@ -272,6 +257,30 @@ def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 512, return
     if not return_lse:
         return res.reshape(b, s, h, hd)
     out, lse = res
+    return out.reshape(b, s, h, hd), jnp.moveaxis(lse, 3, 1).reshape(b, s, h)
+
+
+def attend_cache(q, kc, vc, m: MaskSpec, *, impl: str = "auto", block: int = 512):
+    """New queries q [b, s, H, hd] against a KV cache laid out head-major, kc/vc [b, K, T, hd]
+    -> (out [b, s, H, hd], lse [b, s, H]), for `merge` with the new tokens' own attention.
+
+    Head-major keeps each kv head's keys contiguous, so a decode step's two batched matmuls (over
+    b, K) read the cache where it lies; a [b, T, K, hd] cache would be copied per head per step.
+    Long query chunks (prefill) use the general kernels on a transposed copy instead.
+    """
+    b, s, h, hd = q.shape
+    if s > 16:
+        return attend(q, kc.swapaxes(1, 2), vc.swapaxes(1, 2), m, impl=impl, block=block,
+                      return_lse=True)
+    nkv = kc.shape[1]
+    qg = q.reshape(b, s, nkv, h // nkv, hd)
+    scores = jnp.einsum("bskgd,bktd->bkgst", qg, kc, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask_array(m)[:, None, None], scores * (hd ** -0.5), MASK_VALUE)
+    lse = jax.nn.logsumexp(scores, axis=-1)
+    probs = jnp.exp(scores - lse[..., None]).astype(vc.dtype)
+    # Output [b, K, G, s, hd] (a plain batched matmul), moved to [b, s, K, G, hd] afterwards:
+    # asking the einsum for the final layout directly makes XLA CPU pick a ~3x slower dot.
+    out = jnp.moveaxis(jnp.einsum("bkgst,bktd->bkgsd", probs, vc), 3, 1).astype(q.dtype)
     return out.reshape(b, s, h, hd), jnp.moveaxis(lse, 3, 1).reshape(b, s, h)
 
 

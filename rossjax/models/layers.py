@@ -9,6 +9,8 @@ rotate-half convention, scores scaled by head_dim**-0.5 after the q.k product.
 
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -58,26 +60,42 @@ def apply_rope(x, cos, sin):
     return out.astype(x.dtype)
 
 
-def _fused_dense(module: nn.Module, x, names):
-    """Apply the DenseGeneral params `names` of `module` (kernels [d, *features]) to the same x
-    as ONE matmul over their concatenated kernels, then split: one large GEMM (and one in each
-    backward direction) runs faster than several narrow ones. Same numerics as separate
-    DenseGeneral calls (each output column is the same dot product); the params layout stays
-    per-projection (init still builds them with DenseGeneral)."""
+def _fused_dense(module: nn.Module, x, names, feats):
+    """Apply the DenseGeneral params `names` of `module` (kernels [d, *features], output shapes
+    `feats`) to the same x as ONE matmul over their concatenated kernels, then split: one large
+    GEMM (and one in each backward direction) runs faster than several narrow ones. Same numerics
+    as separate DenseGeneral calls (each output column is the same dot product); the params
+    layout stays per-projection (init still builds them with DenseGeneral).
+
+    Params that already hold the concatenation under "+".join(names) (decode_params builds it
+    once per generate call) are used as they are: a decode step then reads each weight once.
+    """
     dt = jnp.dtype(module.cfg.dtype)
-    ps = [nn.unbox(module.variables["params"][n]) for n in names]
+    params = module.variables["params"]
     d = x.shape[-1]
-    feats = [p["kernel"].shape[1:] for p in ps]
-    sizes = [int(p["kernel"].size) // d for p in ps]
-    w = jnp.concatenate([p["kernel"].astype(dt).reshape(d, -1) for p in ps], axis=1)
-    y = jax.lax.dot_general(x.astype(dt), w, (((x.ndim - 1,), (0,)), ((), ())))
-    if all("bias" in p for p in ps):
-        y = y + jnp.concatenate([p["bias"].astype(dt).reshape(-1) for p in ps])
+    fused = "+".join(names)
+    if fused in params:
+        p = nn.unbox(params[fused])
+        w, b = p["kernel"].astype(dt), p.get("bias")
+    else:
+        w, b = fuse_kernels([nn.unbox(params[n]) for n in names], d)
+    y = jax.lax.dot_general(x.astype(dt), w.astype(dt), (((x.ndim - 1,), (0,)), ((), ())))
+    if b is not None:
+        y = y + b.astype(dt)
     outs, start = [], 0
-    for f, n in zip(feats, sizes):
-        outs.append(y[..., start:start + n].reshape(x.shape[:-1] + f))
+    for f in feats:
+        n = math.prod(f)
+        outs.append(y[..., start:start + n].reshape(x.shape[:-1] + tuple(f)))
         start += n
     return outs
+
+
+def fuse_kernels(ps, d):
+    """DenseGeneral params [{"kernel": [d, *f], ["bias"]}] -> (kernel [d, sum f], bias or None)."""
+    w = jnp.concatenate([p["kernel"].reshape(d, -1) for p in ps], axis=1)
+    b = (jnp.concatenate([p["bias"].reshape(-1) for p in ps])
+         if all("bias" in p for p in ps) else None)
+    return w, b
 
 
 class Attention(nn.Module):
@@ -94,7 +112,7 @@ class Attention(nn.Module):
     def __call__(self, x, cos, sin, mask: MaskSpec, kv_cache=None, cache_mask: MaskSpec | None = None):
         """x [b, s, d]; `mask` describes which of these s tokens each one sees.
 
-        With kv_cache=(k, v) [b, T, K, hd] (read-only: never copied or written here), queries also
+        With kv_cache=(k, v) [b, K, T, hd] (read-only: never copied or written here), queries also
         attend to the cached slots that `cache_mask` allows, merged with the new tokens by
         logsumexp; the new (k, v) [b, s, K, hd] come back in the cache dtype for the caller to
         write once. Without a cache the second output is None.
@@ -105,7 +123,9 @@ class Attention(nn.Module):
             k = self._proj(cfg.n_kv_heads, ("kv_heads", "head_dim"), cfg.qkv_bias, "k")(x)
             v = self._proj(cfg.n_kv_heads, ("kv_heads", "head_dim"), cfg.qkv_bias, "v")(x)
         else:
-            q, k, v = _fused_dense(self, x, ("q", "k", "v"))
+            q, k, v = _fused_dense(self, x, ("q", "k", "v"), ((cfg.n_heads, cfg.head_dim),
+                                                             (cfg.n_kv_heads, cfg.head_dim),
+                                                             (cfg.n_kv_heads, cfg.head_dim)))
         if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim, before RoPE
             q = RMSNorm(cfg, axis_name="head_dim", name="q_norm")(q)
             k = RMSNorm(cfg, axis_name="head_dim", name="k_norm")(k)
@@ -118,8 +138,7 @@ class Attention(nn.Module):
             new_kv = (k.astype(kc.dtype), v.astype(vc.dtype))
             # Round through the cache dtype so a step sees exactly what later steps will read.
             k, v = new_kv[0].astype(q.dtype), new_kv[1].astype(q.dtype)
-            old = attn_kernels.attend(q, kc.astype(q.dtype), vc.astype(q.dtype), cache_mask,
-                                      return_lse=True, **kw)
+            old = attn_kernels.attend_cache(q, kc.astype(q.dtype), vc.astype(q.dtype), cache_mask, **kw)
             out = attn_kernels.merge([old, attn_kernels.attend(q, k, v, mask, return_lse=True, **kw)])
         out = nn.DenseGeneral(
             features=cfg.d_model, axis=(-2, -1), use_bias=cfg.o_bias, name="o",
@@ -146,7 +165,7 @@ class MLP(nn.Module):
             gate = dense(cfg.ffn_dim, ("embed", "mlp"), "gate")(x)
             up = dense(cfg.ffn_dim, ("embed", "mlp"), "up")(x)
         else:
-            gate, up = _fused_dense(self, x, ("gate", "up"))
+            gate, up = _fused_dense(self, x, ("gate", "up"), ((cfg.ffn_dim,), (cfg.ffn_dim,)))
         return dense(cfg.d_model, ("mlp", "embed"), "down")(nn.silu(gate) * up)
 
 

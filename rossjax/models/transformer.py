@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from rossjax.models.attention import MaskSpec
 from rossjax.models.config import ModelConfig
-from rossjax.models.layers import Block, Embed, LMHead, RMSNorm, rope_cos_sin
+from rossjax.models.layers import Block, Embed, LMHead, RMSNorm, fuse_kernels, rope_cos_sin
 
 _REMAT = {"full": jax.checkpoint_policies.nothing_saveable,
           "dots": jax.checkpoint_policies.checkpoint_dots,
@@ -102,7 +102,8 @@ def default_positions(segment_ids):
 def _stack(cfg: ModelConfig, layers, x, cos, sin, mask: MaskSpec, *, collect: bool, kv=None,
            cache_mask: MaskSpec | None = None):
     """Run all blocks. Returns (x, per-layer outputs [L, b, s, d] or None, new k/v [L, b, s, K, hd]
-    or None). `kv` (the stacked cache) is only read; layer windows are set per layer."""
+    or None). `kv` (the cache's k/v, stacked or per layer) is only read; layer windows are set
+    per layer. Stacked layers run as a scan; per-layer weights or cache as a python loop."""
     block = Block(cfg)
     windows = jnp.asarray(cfg.layer_windows(), jnp.int32)
 
@@ -115,19 +116,20 @@ def _stack(cfg: ModelConfig, layers, x, cos, sin, mask: MaskSpec, *, collect: bo
 
     if cfg.remat_policy != "none":
         body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
-    xs = (layers, windows, kv)
-    if cfg.scan_layers:
+    split = isinstance(layers, (list, tuple))          # decode_params: one buffer per layer
+    kv_split = kv is not None and isinstance(kv[0], (list, tuple))   # init_cache(per_layer=True)
+    if cfg.scan_layers and not split and not kv_split:
         # Small stacks without remat: let XLA unroll the scan (one program across layer
         # boundaries is ~5-12% faster on CPU; compile time grows with depth, hence the cap).
         # With remat the loop stays rolled so rematerialized values are never CSE'd away.
-        # Decode (a KV cache) stays rolled too: it is bound by reading weights, not by fusion.
         small = cfg.n_layers <= 16 and cfg.remat_policy == "none" and kv is None
         unroll = cfg.n_layers if small else 1
-        x, (outs, new_kv) = jax.lax.scan(body, x, xs, unroll=max(unroll, 1))
+        x, (outs, new_kv) = jax.lax.scan(body, x, (layers, windows, kv), unroll=max(unroll, 1))
         return x, outs, new_kv
     per_layer = []
     for i in range(cfg.n_layers):
-        x, out = body(x, jax.tree.map(lambda a: a[i], xs))
+        p = layers[i] if split else jax.tree.map(lambda a: a[i], layers)
+        x, out = body(x, (p, windows[i], None if kv is None else (kv[0][i], kv[1][i])))
         per_layer.append(out)
     outs, new_kv = jax.tree.map(lambda *a: jnp.stack(a), *per_layer) if per_layer else (None, None)
     return x, outs, new_kv
@@ -197,17 +199,50 @@ def forward(cfg: ModelConfig, params, tokens, positions=None, segment_ids=None, 
     return logits, {i: hidden[i % (cfg.n_layers + 1)] for i in requested}
 
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None):
-    """Empty KV cache: k/v [L, b, max_len, K, hd], slot validity `mask` [b, max_len] (all False)
-    and the RoPE position stored in each slot `pos` [b, max_len] (used by sliding windows)."""
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _decode_params(params, *, cfg):
+    def layer(i):
+        p = jax.tree.map(lambda a: a[i], params["layers"])
+        attn, mlp = dict(p["attn"]), dict(p["mlp"])
+        attn["q+k+v"] = dict(zip(("kernel", "bias"), fuse_kernels(
+            [attn.pop(n) for n in ("q", "k", "v")], cfg.d_model)))
+        mlp["gate+up"] = dict(zip(("kernel", "bias"), fuse_kernels(
+            [mlp.pop(n) for n in ("gate", "up")], cfg.d_model)))
+        drop_none = lambda d: {k: v for k, v in d.items() if v is not None}
+        attn["q+k+v"], mlp["gate+up"] = drop_none(attn["q+k+v"]), drop_none(mlp["gate+up"])
+        return {**p, "attn": attn, "mlp": mlp}
+    return {**params, "layers": tuple(layer(i) for i in range(cfg.n_layers))}
+
+
+def decode_params(cfg: ModelConfig, params):
+    """The same weights laid out for KV-cache decoding: one buffer per layer (a tuple instead of
+    the stacked [L, ...] arrays) with q/k/v and gate/up kernels pre-concatenated.
+
+    A decode step is bound by reading the weights once. With stacked weights XLA (CPU) copies
+    each layer's slice, and the compute-time q/k/v and gate/up concatenations, inside the
+    decode loop (~3x the weight traffic). Built once per generate call; costs one extra copy of
+    the layer weights while it lives. forward_cached and forward accept either layout.
+    """
+    return _decode_params(params, cfg=cfg)
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None, per_layer: bool = False):
+    """Empty KV cache: k/v [L, b, K, max_len, hd] (head-major, see attention.attend_cache), slot
+    validity `mask` [b, max_len] (all False) and the RoPE position stored in each slot `pos`
+    [b, max_len] (used by sliding windows). `per_layer=True` gives k/v as tuples of L arrays
+    [b, K, max_len, hd]: with decode_params a decode step then reads and writes every layer's
+    cache in place (a stacked cache is sliced, i.e. copied, per layer by XLA on CPU)."""
     dt = jnp.dtype(dtype or cfg.dtype)
-    shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
-    return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt),
+    shape = (batch, cfg.n_kv_heads, max_len, cfg.head_dim)
+    kv = (lambda: tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layers))) if per_layer else (
+        lambda: jnp.zeros((cfg.n_layers,) + shape, dt))
+    return {"k": kv(), "v": kv(),
             "mask": jnp.zeros((batch, max_len), bool), "pos": jnp.zeros((batch, max_len), jnp.int32)}
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _forward_cached(params, tokens, positions, cache, cache_index, token_mask, *, cfg):
+@functools.partial(jax.jit, static_argnames=("cfg", "logits_to_keep"))
+def _forward_cached(params, tokens, positions, cache, cache_index, token_mask, *, cfg,
+                    logits_to_keep):
     tokens = jnp.asarray(tokens, jnp.int32)
     positions = jnp.asarray(positions, jnp.int32)
     b, t = tokens.shape
@@ -229,18 +264,31 @@ def _forward_cached(params, tokens, positions, cache, cache_index, token_mask, *
     x, _, (k, v) = _stack(cfg, params["layers"], x, cos, sin, mask, collect=False,
                           kv=(cache["k"], cache["v"]), cache_mask=cache_mask)
     h = RMSNorm(cfg).apply({"params": params["final_norm"]}, x)
-    # One write per tensor; inside a jitted loop with the cache in the carry it happens in place.
+    # One write per tensor (per layer for a per-layer cache); inside a jitted loop with the
+    # cache in the carry it happens in place. New k/v [L, b, t, K, hd] go in head-major.
     put = lambda c, new, at: jax.lax.dynamic_update_slice(c, new, at)
-    new_cache = {"k": put(cache["k"], k, (0, 0, ci, 0, 0)), "v": put(cache["v"], v, (0, 0, ci, 0, 0)),
+    k, v = k.swapaxes(2, 3), v.swapaxes(2, 3)
+
+    def put_kv(c, new):
+        if isinstance(c, (list, tuple)):
+            return tuple(put(c[i], new[i].astype(c[i].dtype), (0, 0, ci, 0)) for i in range(len(c)))
+        return put(c, new.astype(c.dtype), (0, 0, 0, ci, 0))
+
+    new_cache = {"k": put_kv(cache["k"], k), "v": put_kv(cache["v"], v),
                  "mask": put(cache["mask"], tm, (0, ci)), "pos": put(cache["pos"], positions, (0, ci))}
+    if logits_to_keep:
+        h = h[:, -logits_to_keep:]
     return compute_logits(cfg, params, h), new_cache
 
 
-def forward_cached(cfg: ModelConfig, params, tokens, positions, cache, cache_index, token_mask=None):
+def forward_cached(cfg: ModelConfig, params, tokens, positions, cache, cache_index, token_mask=None,
+                   logits_to_keep: int = 0):
     """Run tokens [b, t] at cache slots [cache_index, cache_index + t) for every row.
 
     Writes their keys/values, validity (`token_mask` [b, t], default all True; pass False for
     left padding) and positions into the cache, and attends causally by slot over valid slots.
-    Returns (logits [b, t, vocab] float32, new cache). jit-able; cache_index may be traced.
+    Returns (logits [b, t, vocab] float32, new cache); with `logits_to_keep` = n > 0 only the
+    last n positions' logits (a prefill needs just the last). jit-able; cache_index may be traced.
     """
-    return _forward_cached(params, tokens, positions, cache, cache_index, token_mask, cfg=cfg)
+    return _forward_cached(params, tokens, positions, cache, cache_index, token_mask, cfg=cfg,
+                           logits_to_keep=int(logits_to_keep))
