@@ -64,7 +64,7 @@ def test_init_params_sharded_matches_plain_init():
     assert sharded["embed"]["embedding"].sharding.spec == P("tensor", "fsdp")
     assert batch_sharding(mesh, 3).spec == P(("data", "fsdp"), None, None)
     cs = cache_shardings(cfg, mesh, batch=4, max_len=16)
-    assert cs["k"].spec == P(None, ("data", "fsdp"), None, "tensor", None)
+    assert cs["k"].spec == P(None, ("data", "fsdp"), "tensor", None, None)
     assert cs["mask"].spec == P(("data", "fsdp"), None)
 
 

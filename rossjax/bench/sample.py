@@ -45,6 +45,10 @@ def main(argv=None) -> int:
 
     res = run_rossjax()  # compile
     t_rj = min(_timed(run_rossjax) for _ in range(args.repeats))
+    generate(cfg, params, prompts.tolist(), 1)
+    t_prefill = min(_timed(lambda: generate(cfg, params, prompts.tolist(), 1))
+                    for _ in range(args.repeats))
+    floor_step = _weight_floor(cfg, params, args.batch, args.repeats)
 
     with tempfile.TemporaryDirectory() as d:
         save_hf(cfg, params, d)
@@ -70,7 +74,50 @@ def main(argv=None) -> int:
     print(f"  transformers {n_new / t_hf:10.1f} new tok/s  ({t_hf:.3f} s, torch threads "
           f"{torch.get_num_threads()})")
     print(f"  ratio {t_hf / t_rj:.2f}x (target >= 3x); greedy tokens agree on {agree:.1%}")
+    # Decode is bound by streaming the fp32 weights from memory once per step: the model's
+    # matmuls alone, back to back, bound what any implementation of this step can reach here.
+    t_floor = t_prefill + (args.new_tokens - 1) * floor_step
+    print(f"  weight-streaming floor: the decode matmuls alone take {floor_step * 1e3:.2f} ms/step "
+          f"({_weight_bytes(cfg) / floor_step / 1e9:.1f} GB/s); rossjax decode "
+          f"{(t_rj - t_prefill) / (args.new_tokens - 1) * 1e3:.2f} ms/step; prefill "
+          f"{t_prefill * 1e3:.0f} ms; best ratio reachable {t_hf / t_floor:.2f}x")
     return 0
+
+
+def _weight_bytes(cfg) -> int:
+    d, f, hd = cfg.d_model, cfg.ffn_dim, cfg.head_dim
+    layer = d * (cfg.n_heads + 2 * cfg.n_kv_heads) * hd + cfg.n_heads * hd * d + 3 * d * f
+    return 4 * (cfg.n_layers * layer + d * cfg.vocab_size)
+
+
+def _weight_floor(cfg, params, batch: int, repeats: int, steps: int = 64) -> float:
+    """Seconds per step of a loop that does only a decode step's weight matmuls (batch rows,
+    fp32, the same pre-fused per-layer buffers generate uses) and nothing else."""
+    import jax
+    import jax.numpy as jnp
+
+    from rossjax.models import decode_params, lm_head
+
+    dp = decode_params(cfg, params)
+    layers = [(p["attn"]["q+k+v"]["kernel"], p["attn"]["o"]["kernel"].reshape(-1, cfg.d_model),
+               p["mlp"]["gate+up"]["kernel"], p["mlp"]["down"]["kernel"]) for p in dp["layers"]]
+    head = lm_head(cfg, dp)
+    nq = cfg.n_heads * cfg.head_dim
+
+    @jax.jit
+    def run(layers, head, x):
+        def step(_, x):
+            for qkv, o, gu, down in layers:
+                x = x + (x @ qkv)[:, :nq] @ o
+                g = x @ gu
+                x = x + (g[:, :cfg.ffn_dim] * g[:, cfg.ffn_dim:]) @ down
+            return x + (x @ head)[:, :cfg.d_model] * 1e-6
+        return jax.lax.fori_loop(0, steps, step, x)
+
+    x = jnp.ones((batch, cfg.d_model), jnp.float32) * 0.01
+    run(layers, head, x).block_until_ready()
+    return min(_timed(lambda: run(layers, head, x).block_until_ready())
+               for _ in range(repeats)) / steps
 
 
 def _timed(fn) -> float:

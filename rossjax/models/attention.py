@@ -47,16 +47,13 @@ def mask_array(m: MaskSpec):
     return _visible(*m)
 
 
-def dense(q, k, v, m: MaskSpec, *, return_lse: bool = False):
-    """q [b, s, K, G, hd], k/v [b, t, K, hd] -> out [b, s, K, G, hd] in q.dtype (and lse [b, K, G, s])."""
+def dense(q, k, v, m: MaskSpec):
+    """q [b, s, K, G, hd], k/v [b, t, K, hd] -> out [b, s, K, G, hd] in q.dtype."""
     hd = q.shape[-1]
     scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask_array(m)[:, None, None], scores * (hd ** -0.5), MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bkgst,btkd->bskgd", probs.astype(v.dtype), v).astype(q.dtype)
-    if return_lse:
-        return out, jax.nn.logsumexp(scores, axis=-1)
-    return out
+    return jnp.einsum("bkgst,btkd->bskgd", probs.astype(v.dtype), v).astype(q.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,10 +226,8 @@ def _flash_bwd_rule(bq, bk, res, do):
 _flash.defvjp(_flash_fwd_rule, _flash_bwd_rule)
 
 
-def blockwise(q, k, v, m: MaskSpec, *, block: int = 512, return_lse: bool = False):
-    """Same contract as `dense`, O(s * block) memory. With return_lse it is forward-only."""
-    if return_lse:
-        return _flash_forward(q, k, v, m, block, block)
+def blockwise(q, k, v, m: MaskSpec, *, block: int = 512):
+    """Same contract as `dense`, O(s * block) memory."""
     return _flash(q, k, v, m, block, block)
 
 
@@ -246,23 +241,19 @@ def use_blockwise(impl: str, s: int, t: int, block: int) -> bool:
     return t > 2 * block and s > 16
 
 
-def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 512, return_lse: bool = False):
-    """q [b, s, H, hd], k/v [b, t, K, hd] -> [b, s, H, hd] (and lse [b, s, H] with return_lse)."""
+def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 512):
+    """q [b, s, H, hd], k/v [b, t, K, hd] -> [b, s, H, hd]."""
     b, s, h, hd = q.shape
     nkv = k.shape[2]
     qg = q.reshape(b, s, nkv, h // nkv, hd)
-    fn = blockwise if use_blockwise(impl, s, k.shape[1], block) else dense
-    kw = {"block": block} if fn is blockwise else {}
-    res = fn(qg, k, v, m, return_lse=return_lse, **kw)
-    if not return_lse:
-        return res.reshape(b, s, h, hd)
-    out, lse = res
-    return out.reshape(b, s, h, hd), jnp.moveaxis(lse, 3, 1).reshape(b, s, h)
+    if use_blockwise(impl, s, k.shape[1], block):
+        return blockwise(qg, k, v, m, block=block).reshape(b, s, h, hd)
+    return dense(qg, k, v, m).reshape(b, s, h, hd)
 
 
 def attend_cache(q, kc, vc, m: MaskSpec, *, impl: str = "auto", block: int = 512):
-    """New queries q [b, s, H, hd] against a KV cache laid out head-major, kc/vc [b, K, T, hd]
-    -> (out [b, s, H, hd], lse [b, s, H]), for `merge` with the new tokens' own attention.
+    """Queries q [b, s, H, hd] against a KV cache laid out head-major, kc/vc [b, K, T, hd]
+    -> [b, s, H, hd].
 
     Head-major keeps each kv head's keys contiguous, so a decode step's two batched matmuls (over
     b, K) read the cache where it lies; a [b, T, K, hd] cache would be copied per head per step.
@@ -270,22 +261,13 @@ def attend_cache(q, kc, vc, m: MaskSpec, *, impl: str = "auto", block: int = 512
     """
     b, s, h, hd = q.shape
     if s > 16:
-        return attend(q, kc.swapaxes(1, 2), vc.swapaxes(1, 2), m, impl=impl, block=block,
-                      return_lse=True)
+        return attend(q, kc.swapaxes(1, 2), vc.swapaxes(1, 2), m, impl=impl, block=block)
     nkv = kc.shape[1]
     qg = q.reshape(b, s, nkv, h // nkv, hd)
     scores = jnp.einsum("bskgd,bktd->bkgst", qg, kc, preferred_element_type=jnp.float32)
     scores = jnp.where(mask_array(m)[:, None, None], scores * (hd ** -0.5), MASK_VALUE)
-    lse = jax.nn.logsumexp(scores, axis=-1)
-    probs = jnp.exp(scores - lse[..., None]).astype(vc.dtype)
+    probs = jax.nn.softmax(scores, axis=-1).astype(vc.dtype)
     # Output [b, K, G, s, hd] (a plain batched matmul), moved to [b, s, K, G, hd] afterwards:
     # asking the einsum for the final layout directly makes XLA CPU pick a ~3x slower dot.
     out = jnp.moveaxis(jnp.einsum("bkgst,bktd->bkgsd", probs, vc), 3, 1).astype(q.dtype)
-    return out.reshape(b, s, h, hd), jnp.moveaxis(lse, 3, 1).reshape(b, s, h)
-
-
-def merge(parts):
-    """Combine attention over disjoint key sets: [(out [b, s, H, hd], lse [b, s, H]), ...]."""
-    lse = functools.reduce(jnp.logaddexp, [l for _, l in parts])
-    out = sum(o.astype(jnp.float32) * jnp.exp(l - lse)[..., None] for o, l in parts)
-    return out.astype(parts[0][0].dtype)
+    return out.reshape(b, s, h, hd)

@@ -109,13 +109,15 @@ class Attention(nn.Module):
             dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask: MaskSpec, kv_cache=None, cache_mask: MaskSpec | None = None):
+    def __call__(self, x, cos, sin, mask: MaskSpec, kv_cache=None, cache_mask: MaskSpec | None = None,
+                 cache_index=None):
         """x [b, s, d]; `mask` describes which of these s tokens each one sees.
 
-        With kv_cache=(k, v) [b, K, T, hd] (read-only: never copied or written here), queries also
-        attend to the cached slots that `cache_mask` allows, merged with the new tokens by
-        logsumexp; the new (k, v) [b, s, K, hd] come back in the cache dtype for the caller to
-        write once. Without a cache the second output is None.
+        With kv_cache=(k, v) [b, K, T, hd] (one layer's cache, head-major), this call's keys and
+        values are first written at slots [cache_index, cache_index + s), then the queries attend
+        over the whole cache as `cache_mask` allows (it covers the new slots too, so `mask` is
+        not used). Returns (out, updated (k, v)); written in a jitted loop whose carry holds the
+        cache, the update happens in place. Without a cache the second output is None.
         """
         cfg = self.cfg
         if self.is_initializing():
@@ -132,19 +134,19 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kw = {"impl": cfg.attention_impl, "block": cfg.attention_block}
         if kv_cache is None:
-            out, new_kv = attn_kernels.attend(q, k, v, mask, **kw), None
+            out, new_cache = attn_kernels.attend(q, k, v, mask, **kw), None
         else:
-            kc, vc = kv_cache
-            new_kv = (k.astype(kc.dtype), v.astype(vc.dtype))
-            # Round through the cache dtype so a step sees exactly what later steps will read.
-            k, v = new_kv[0].astype(q.dtype), new_kv[1].astype(q.dtype)
-            old = attn_kernels.attend_cache(q, kc.astype(q.dtype), vc.astype(q.dtype), cache_mask, **kw)
-            out = attn_kernels.merge([old, attn_kernels.attend(q, k, v, mask, return_lse=True, **kw)])
+            put = lambda c, new: jax.lax.dynamic_update_slice(
+                c, new.astype(c.dtype).swapaxes(1, 2), (0, 0, cache_index, 0))
+            new_cache = (put(kv_cache[0], k), put(kv_cache[1], v))
+            # Attend to what later steps will read (values rounded through the cache dtype).
+            kc, vc = (c.astype(q.dtype) for c in new_cache)
+            out = attn_kernels.attend_cache(q, kc, vc, cache_mask, **kw)
         out = nn.DenseGeneral(
             features=cfg.d_model, axis=(-2, -1), use_bias=cfg.o_bias, name="o",
             kernel_init=_kernel_init(cfg, ("heads", "head_dim", "embed")), bias_init=_zeros(("norm",)),
             dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))(out)
-        return out, new_kv
+        return out, new_cache
 
 
 class MLP(nn.Module):
@@ -174,9 +176,10 @@ class Block(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask: MaskSpec, kv_cache=None, cache_mask=None):
+    def __call__(self, x, cos, sin, mask: MaskSpec, kv_cache=None, cache_mask=None, cache_index=None):
         h, new_cache = Attention(self.cfg, name="attn")(RMSNorm(self.cfg, name="attn_norm")(x),
-                                                        cos, sin, mask, kv_cache, cache_mask)
+                                                        cos, sin, mask, kv_cache, cache_mask,
+                                                        cache_index)
         x = x + h
         x = x + MLP(self.cfg, name="mlp")(RMSNorm(self.cfg, name="mlp_norm")(x))
         return x, new_cache

@@ -100,39 +100,60 @@ def default_positions(segment_ids):
 
 
 def _stack(cfg: ModelConfig, layers, x, cos, sin, mask: MaskSpec, *, collect: bool, kv=None,
-           cache_mask: MaskSpec | None = None):
-    """Run all blocks. Returns (x, per-layer outputs [L, b, s, d] or None, new k/v [L, b, s, K, hd]
-    or None). `kv` (the cache's k/v, stacked or per layer) is only read; layer windows are set
-    per layer. Stacked layers run as a scan; per-layer weights or cache as a python loop."""
+           cache_mask: MaskSpec | None = None, cache_index=None):
+    """Run all blocks. Returns (x, per-layer outputs [L, b, s, d] or None, updated kv or None).
+
+    `kv` is the cache's (k, v), stacked [L, b, K, T, hd] or per-layer tuples of [b, K, T, hd]:
+    each layer writes this call's s slots at `cache_index`, then attends over its cache (see
+    layers.Attention). Stacked layers run as a scan; per-layer weights or cache as a python loop.
+    Layer windows are set per layer.
+    """
     block = Block(cfg)
     windows = jnp.asarray(cfg.layer_windows(), jnp.int32)
+    s = x.shape[1]
 
-    def body(h, xs):
-        p, window, layer_kv = xs
+    def body(h, p, window, layer_kv):
         m = mask._replace(window=window)
         cm = None if cache_mask is None else cache_mask._replace(window=window)
-        h, new_kv = block.apply({"params": p}, h, cos, sin, m, layer_kv, cm)
-        return h, (h if collect else None, new_kv)
+        h, new_kv = block.apply({"params": p}, h, cos, sin, m, layer_kv, cm, cache_index)
+        return h, (h if collect else None), new_kv
+
+    def write_back(stacked, layer_cache, i):
+        """Only this call's slots go back into a stacked cache (not the whole layer)."""
+        new = jax.lax.dynamic_slice_in_dim(layer_cache, cache_index, s, axis=2)
+        return jax.lax.dynamic_update_slice(stacked, new[None], (i, 0, 0, cache_index, 0))
 
     if cfg.remat_policy != "none":
         body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
     split = isinstance(layers, (list, tuple))          # decode_params: one buffer per layer
     kv_split = kv is not None and isinstance(kv[0], (list, tuple))   # init_cache(per_layer=True)
     if cfg.scan_layers and not split and not kv_split:
+        def scan_body(carry, xs):
+            h, cache = carry
+            p, window, i = xs
+            h, out, new_kv = body(h, p, window, None if cache is None else (cache[0][i], cache[1][i]))
+            if cache is not None:
+                cache = tuple(write_back(c, n, i) for c, n in zip(cache, new_kv))
+            return (h, cache), out
+
         # Small stacks without remat: let XLA unroll the scan (one program across layer
         # boundaries is ~5-12% faster on CPU; compile time grows with depth, hence the cap).
         # With remat the loop stays rolled so rematerialized values are never CSE'd away.
         small = cfg.n_layers <= 16 and cfg.remat_policy == "none" and kv is None
-        unroll = cfg.n_layers if small else 1
-        x, (outs, new_kv) = jax.lax.scan(body, x, (layers, windows, kv), unroll=max(unroll, 1))
-        return x, outs, new_kv
-    per_layer = []
+        xs = (layers, windows, jnp.arange(cfg.n_layers))
+        (x, kv), outs = jax.lax.scan(scan_body, (x, kv), xs, unroll=cfg.n_layers if small else 1)
+        return x, outs, kv
+    outs, new = [], []
     for i in range(cfg.n_layers):
         p = layers[i] if split else jax.tree.map(lambda a: a[i], layers)
-        x, out = body(x, (p, windows[i], None if kv is None else (kv[0][i], kv[1][i])))
-        per_layer.append(out)
-    outs, new_kv = jax.tree.map(lambda *a: jnp.stack(a), *per_layer) if per_layer else (None, None)
-    return x, outs, new_kv
+        x, out, new_kv = body(x, p, windows[i], None if kv is None else (kv[0][i], kv[1][i]))
+        outs.append(out)
+        new.append(new_kv)
+        if kv is not None and not kv_split:
+            kv = tuple(write_back(c, n, i) for c, n in zip(kv, new_kv))
+    if kv_split:
+        kv = (tuple(n[0] for n in new), tuple(n[1] for n in new))
+    return x, (jnp.stack(outs) if collect else None), kv
 
 
 def _prepare(tokens, positions, segment_ids):
@@ -249,33 +270,22 @@ def _forward_cached(params, tokens, positions, cache, cache_index, token_mask, *
     tm = jnp.ones((b, t), bool) if token_mask is None else jnp.asarray(token_mask, bool)
     ci = jnp.asarray(cache_index, jnp.int32)
     n_slots = cache["mask"].shape[1]
-    q_idx = jnp.arange(t, dtype=jnp.int32)
     kv_idx = jnp.arange(n_slots, dtype=jnp.int32)
-    seg = tm.astype(jnp.int32)
-    zero = jnp.int32(0)
-    # The new tokens among themselves: same-segment rule with segment = validity.
-    mask = MaskSpec(seg, seg, q_idx, q_idx, positions, positions, zero)
-    # Cached slots before cache_index that hold a valid token (id 1, which only real queries
-    # carry); slots from cache_index on are being replaced by this call, so they are excluded.
-    old_seg = jnp.where(cache["mask"] & (kv_idx < ci)[None], 1, -1).astype(jnp.int32)
-    cache_mask = MaskSpec(seg, old_seg, ci + q_idx, kv_idx, positions, cache["pos"], zero)
+    put = jax.lax.dynamic_update_slice
+    new_mask, new_pos = put(cache["mask"], tm, (0, ci)), put(cache["pos"], positions, (0, ci))
+    # Every layer writes its keys/values first and then attends over the whole cache: valid
+    # slots carry segment 1 (as valid queries do); this call's padding slots 0, so padding only
+    # sees padding; older empty slots -1. Slots after this call's are excluded by causality.
+    in_call = (kv_idx >= ci) & (kv_idx < ci + t)
+    kv_seg = jnp.where(new_mask, 1, jnp.where(in_call[None], 0, -1)).astype(jnp.int32)
+    cache_mask = MaskSpec(tm.astype(jnp.int32), kv_seg, ci + jnp.arange(t, dtype=jnp.int32), kv_idx,
+                          positions, new_pos, jnp.int32(0))
     x = Embed(cfg).apply({"params": params["embed"]}, tokens)
     cos, sin = rope_cos_sin(cfg, positions)
-    x, _, (k, v) = _stack(cfg, params["layers"], x, cos, sin, mask, collect=False,
-                          kv=(cache["k"], cache["v"]), cache_mask=cache_mask)
+    x, _, (k, v) = _stack(cfg, params["layers"], x, cos, sin, cache_mask, collect=False,
+                          kv=(cache["k"], cache["v"]), cache_mask=cache_mask, cache_index=ci)
     h = RMSNorm(cfg).apply({"params": params["final_norm"]}, x)
-    # One write per tensor (per layer for a per-layer cache); inside a jitted loop with the
-    # cache in the carry it happens in place. New k/v [L, b, t, K, hd] go in head-major.
-    put = lambda c, new, at: jax.lax.dynamic_update_slice(c, new, at)
-    k, v = k.swapaxes(2, 3), v.swapaxes(2, 3)
-
-    def put_kv(c, new):
-        if isinstance(c, (list, tuple)):
-            return tuple(put(c[i], new[i].astype(c[i].dtype), (0, 0, ci, 0)) for i in range(len(c)))
-        return put(c, new.astype(c.dtype), (0, 0, 0, ci, 0))
-
-    new_cache = {"k": put_kv(cache["k"], k), "v": put_kv(cache["v"], v),
-                 "mask": put(cache["mask"], tm, (0, ci)), "pos": put(cache["pos"], positions, (0, ci))}
+    new_cache = {"k": k, "v": v, "mask": new_mask, "pos": new_pos}
     if logits_to_keep:
         h = h[:, -logits_to_keep:]
     return compute_logits(cfg, params, h), new_cache
