@@ -184,7 +184,10 @@ class Sampler:
     def __call__(self, params, tokens, positions, valid, rng, knobs):
         if self.spec.mesh is not None:
             params = jax.device_put(params, self._param_shardings)
-        else:  # decode reads per-layer, pre-fused weights (see models.decode_params)
+        elif jax.default_backend() == "cpu":
+            # Decode reads per-layer, pre-fused weights (models.decode_params): measured on XLA
+            # CPU, where slicing stacked weights copies them every step. It holds a second copy
+            # of the layer weights for the call, so accelerators keep the stacked layout.
             params = models.decode_params(self.spec.cfg, params)
         return self._fn(params, tokens, positions, valid, rng, knobs)
 
