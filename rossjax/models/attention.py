@@ -53,7 +53,10 @@ def dense(q, k, v, m: MaskSpec):
     scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask_array(m)[:, None, None], scores * (hd ** -0.5), MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1)
-    return jnp.einsum("bkgst,btkd->bskgd", probs.astype(v.dtype), v).astype(q.dtype)
+    # Output [b, K, G, s, hd], then moved: the einsum straight to [b, s, K, G, hd] makes XLA CPU
+    # pick a slower dot (see attend_cache).
+    out = jnp.einsum("bkgst,btkd->bkgsd", probs.astype(v.dtype), v)
+    return jnp.moveaxis(out, 3, 1).astype(q.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
