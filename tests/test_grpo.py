@@ -134,6 +134,23 @@ def test_lora_kl_async_icepop_and_resume(tmp_path):
     assert [r["source"]["step"] for r in rows[::16]] == [0, 1, 2, 3]
     assert [x["step"] for x in read_metrics(str(tmp_path))] == [1, 2, 3, 4]
 
+    # export merges the trained adapters into the (seed-rebuilt) random base
+    from rossjax import models
+    from rossjax.models import lora
+    from rossjax.train.export import export, restore_params
+
+    assert export(str(tmp_path), str(tmp_path / "hf"), "hf") == 4
+    mc, got = models.load_hf(str(tmp_path / "hf"))
+    base = models.init_params(mc, jax.random.PRNGKey(c.train.seed))
+    _, adapters = restore_params(str(tmp_path / "checkpoints"), 4)
+    want = lora.merge(base, adapters, c.lora.alpha)
+    assert not np.allclose(want["layers"]["attn"]["q"]["kernel"], base["layers"]["attn"]["q"]["kernel"])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6),
+                 got, want)
+    os.remove(tmp_path / "lora.json")  # without its manifest the adapters are not a model
+    with pytest.raises(ValueError, match="adapters only"):
+        export(str(tmp_path), str(tmp_path / "hf2"), "hf")
+
 
 @pytest.mark.parametrize("over, says", [
     ("--config.grpo.group_size=1", "config.grpo.group_size"),

@@ -141,6 +141,30 @@ def write_model_config(path: str, model_cfg):
         json.dump(dataclasses.asdict(model_cfg), f, indent=1, default=list)
 
 
+def write_lora_manifest(path: str, *, rank: int, alpha: float, targets, base_source: str,
+                        base_path: str, seed: int):
+    """lora.json beside model_config.json: what `rossjax export` needs to merge the adapters a
+    LoRA run checkpoints back into its base (where the base came from, alpha / rank)."""
+    with open(os.path.join(path, "lora.json"), "w") as f:
+        json.dump({"rank": int(rank), "alpha": float(alpha), "targets": list(targets),
+                   "base_source": base_source,
+                   "base_path": os.path.abspath(base_path) if base_path else "",
+                   "seed": int(seed)}, f, indent=1)
+
+
+def read_lora_manifest(path: str):
+    """The LoRA manifest of a run dir, or None for a full-parameter run."""
+    file = os.path.join(path, "lora.json")
+    if not os.path.exists(file):
+        return None
+    with open(file) as f:
+        d = json.load(f)
+    missing = [k for k in ("rank", "alpha", "base_source", "base_path", "seed") if k not in d]
+    if missing:
+        raise ValueError(f"{file}: field {missing[0]!r} is missing.")
+    return d
+
+
 def read_model_config(path: str):
     from rossjax.models import ModelConfig
 

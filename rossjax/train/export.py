@@ -3,7 +3,8 @@
 DIR is a training workdir (holding model_config.json and checkpoints/), its checkpoints/ folder,
 or one step folder inside it. `hf` writes a folder that transformers loads (config.json +
 safetensors); `orbax` writes params only (OUT/params + OUT/model_config.json), which
-`--config.model.path=OUT` accepts as an initialization.
+`--config.model.path=OUT` accepts as an initialization. A LoRA run (lora.json beside
+model_config.json) checkpoints adapters only: both formats get the base with them merged in.
 """
 
 from __future__ import annotations
@@ -52,12 +53,42 @@ def restore_params(ckpt_dir: str, step: int | None = None):
     return step, jax.tree.map(np.asarray, state["state"]["params"])
 
 
+def merged_lora(model_cfg, adapters, manifest, where: str):
+    """Base params with the adapters merged in (W + alpha / rank A @ B), as host numpy arrays."""
+    from rossjax import models
+    from rossjax.models import lora
+
+    src, path = manifest["base_source"], manifest["base_path"]
+    if src in ("hf", "orbax") and not os.path.exists(path):
+        raise FileNotFoundError(f"{where}: field 'base_path' {path} (the LoRA run's base model) "
+                                f"does not exist any more; the adapters cannot be merged without it.")
+    if src == "hf":
+        _, base = models.load_hf(path, dtype=model_cfg.param_dtype)
+    elif src == "orbax":
+        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev),
+                                jax.eval_shape(lambda: models.init_params(model_cfg, jax.random.key(0))))
+        base = ckpt_lib.restore_params(path, abstract)
+    elif src == "scratch":  # a random base is rebuilt from the run's seed
+        base = models.init_params(model_cfg, jax.random.PRNGKey(manifest["seed"]))
+    else:
+        raise ValueError(f"{where}: field 'base_source' {src!r} is not one of hf, orbax, scratch.")
+    merged = jax.jit(lambda b, a: lora.merge(b, a, manifest["alpha"]))(base, adapters)
+    return jax.tree.map(np.asarray, merged)
+
+
 def export(checkpoint: str, out: str, fmt: str = "hf", step: int | None = None) -> int:
     if fmt not in ("hf", "orbax"):
         raise ValueError(f"--format {fmt!r} is not one of hf, orbax.")
     ckpt_dir, cfg_dir, step = _locate(checkpoint, step)
     model_cfg = ckpt_lib.read_model_config(cfg_dir)
     step, params = restore_params(ckpt_dir, step)
+    manifest = ckpt_lib.read_lora_manifest(cfg_dir)
+    if manifest is not None:
+        params = merged_lora(model_cfg, params, manifest, os.path.join(cfg_dir, "lora.json"))
+    elif "embed" not in params:
+        raise ValueError(f"--checkpoint {ckpt_dir} step {step} holds LoRA adapters only and "
+                         f"{os.path.join(cfg_dir, 'lora.json')} (its base model) is missing.")
     if fmt == "hf":
         from rossjax.models import save_hf
 

@@ -79,6 +79,7 @@ class _Run:
         self.mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices)
         self.rules = sharding.normalize_rules(cfg.sharding_rules or None)
         self.model_cfg, source = sft_loop.abstract_model(cfg)
+        self.base_source = source
         if self.tok.vocab_size > self.model_cfg.vocab_size:
             raise ValueError(f"config.tokenizer has {self.tok.vocab_size} tokens but the model only "
                              f"{self.model_cfg.vocab_size}.")
@@ -217,6 +218,11 @@ def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
         hist = history.HistoryWriter(os.path.join(workdir, "history.jsonl"))
     del R._trainable0
     ckpt_lib.write_model_config(workdir, R.model_cfg)
+    if cfg.lora.enabled:  # checkpoints hold adapters only; export merges them into this base
+        ckpt_lib.write_lora_manifest(workdir, rank=cfg.lora.rank, alpha=cfg.lora.alpha,
+                                     targets=lora.resolve_targets(cfg.lora.targets),
+                                     base_source=R.base_source, base_path=cfg.model.path,
+                                     seed=cfg.train.seed)
     writer = metrics_lib.MetricsWriter(workdir)
     samples_f = open(os.path.join(workdir, "samples.jsonl"), "a")
     print(f"rossjax grpo: {R.model_cfg.model_type} {R.model_cfg.num_params() / 1e6:.1f}M params"
