@@ -17,6 +17,7 @@ COMMANDS = {
     "select": "rossjax.curate.select_cli:main",
     "mix": "rossjax.curate.mixture:main",
     "retrogen": "rossjax.curate.retrogen:main",
+    "review": "rossjax.review.run:main",
     "train": "rossjax.train.sft:main",
     "export": "rossjax.train.export:main",
     "extract": "rossjax.probes.activations:main",
