@@ -252,6 +252,31 @@ def test_setup_refusal_stops_the_run_with_one_sentence(tmp_path):
             annotate.review(_config(inp, srv.url), str(tmp_path / "out"))
 
 
+def test_one_refused_row_is_withheld_and_the_run_goes_on(tmp_path):
+    inp = _write(tmp_path / "in.jsonl", [_math_row("long"), _math_row("ok")])
+    with Reviewer({"long": [(400, {"error": {"message": "maximum context length exceeded"}})],
+                   "ok": [KEEP_OK]}) as srv:
+        rep = annotate.review(_config(inp, srv.url), str(tmp_path / "out"))
+    assert rep["buckets"] == {"kept": 1, "withheld": 1, "invalid": 0}
+    detail = _withheld(tmp_path / "out")["long"]["detail"]
+    assert "HTTP 400" in detail and "maximum context length" in detail and srv.url in detail
+
+
+def test_annotated_rows_pass_through_unless_overwrite(tmp_path):
+    pre = {"status": "revise", "keep": [{"message": 2, "start": "7 \\cdot 6", "end": "42,"}]}
+    failed = {**_math_row("bad"), "verifier": {"name": "math", "passed": False}}
+    inp = _write(tmp_path / "in.jsonl", [{**_math_row("pre"), "annotation": pre}, failed])
+    with Reviewer({"pre": [KEEP_OK]}) as srv:
+        rep = annotate.review(_config(inp, srv.url), str(tmp_path / "a"))
+        assert srv.requests == []
+        assert rep["kept_by"] == {"reviewed": 0, "passed_through": 1}
+        assert rep["reasons"]["withheld"] == {"not_verifier_positive": 1}
+        assert _read_reviewed(tmp_path / "a")[1][0]["annotation"] == pre
+        rep = annotate.review(_config(inp, srv.url, overwrite=True), str(tmp_path / "b"))
+        assert [r for r, _ in srv.requests] == ["pre"] and rep["kept_by"]["reviewed"] == 1
+        assert _read_reviewed(tmp_path / "b")[1][0]["annotation"]["status"] == "accept"
+
+
 def test_resume_from_cache_asks_nothing(tmp_path):
     rows = [_math_row(f"r{k}") for k in range(6)]
     inp = _write(tmp_path / "in.jsonl", rows)

@@ -150,7 +150,7 @@ class ReviewerClient:
                 retry_after = e.headers.get("Retry-After") if e.headers else None
             except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout,
                     TimeoutError) as e:
-                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}; is the server up?"
             if attempt < self.max_retries:
                 time.sleep(self._delay(attempt, retry_after))
         raise ReviewerError(f"reviewer endpoint {self.url} failed {self.max_retries + 1} times "

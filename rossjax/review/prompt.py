@@ -76,8 +76,8 @@ Reply with one JSON object:
 
 _REPAIR = """\
 Your annotation could not be applied: {error}
-Fix it (quote the transcript verbatim; an anchor must occur exactly once in its message) and \
-reply with the corrected JSON object only."""
+Fix it (quote the transcript verbatim, without the line-number prefix) and reply with the \
+corrected JSON object only."""
 
 
 def review_mode(record: dict, mode: str = "auto") -> str:
