@@ -13,7 +13,6 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import ml_collections
 import numpy as np
 import pytest
 
