@@ -254,9 +254,11 @@ def test_fingerprint_many_equals_one_call_in_chunks_and_workers():
     texts = [trace_text(json.loads(line)) for line in open("data/select/sample.jsonl")]
     want, want_r = fingerprint(texts, "math", 32, 3, return_routes=True)
     for kw in ({"chunk": 7}, {"chunk": 11, "workers": 2}):
-        got, got_r = fingerprint_many(texts, "math", 32, 3, **kw)
-        np.testing.assert_array_equal(got, want)
-        np.testing.assert_array_equal(got_r, want_r)
-    with pytest.raises(ValueError, match=r"texts\[9\] is empty"):
-        fingerprint_many(texts[:9] + ["  "], chunk=4)
+        for given in (texts, iter(texts)):  # a list, and a stream read chunk by chunk
+            got, got_r = fingerprint_many(given, "math", 32, 3, **kw)
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(got_r, want_r)
+    for given in (texts[:9] + ["  "], iter(texts[:9] + ["  "])):
+        with pytest.raises(ValueError, match=r"texts\[9\] is empty"):
+            fingerprint_many(given, chunk=4)
     assert fingerprint_many([], dim=8)[0].shape == (0, 8)

@@ -186,8 +186,8 @@ def route_steps(text, vocab: StepVocab) -> tuple[list[int], list[int]]:
     return ids, lens
 
 
-def _validate(texts) -> None:
-    for i, t in enumerate(texts):
+def _validate(texts, offset: int = 0) -> None:
+    for i, t in enumerate(texts, start=offset):
         steps = [t] if isinstance(t, str) else list(t)
         if not any(isinstance(s, str) and s.strip() for s in steps):
             raise ValueError(f"texts[{i}] is empty or only whitespace; a route needs at least one step.")
@@ -317,28 +317,50 @@ def fingerprint_many(texts, domain: str = "math", dim: int = 64, seed: int = 0, 
                      chunk: int = 4096, workers: int = 0, progress: bool = False):
     """`fingerprint(texts, ..., return_routes=True)` for large pools: in chunks (each row's vector
     depends on that row only, so the result is identical), over `workers` spawned processes when
-    > 0, with a tqdm bar when `progress`. Returns (float32 [n, dim], int64 [n] route signatures)."""
+    > 0, with a tqdm bar when `progress`. `texts` may be a generator: it is read chunk by chunk
+    and at most 2 x workers chunks are in flight, so a pool of millions never sits in memory as
+    text. Returns (float32 [n, dim], int64 [n] route signatures)."""
+    import collections
+    import itertools
     import multiprocessing as mp
     import sys
 
     from tqdm import tqdm
 
-    texts = list(texts)
-    get_vocab(domain)  # bad input fails here with the whole-list row, before any worker starts
-    _validate(texts)
-    jobs = [(texts[s:s + chunk], domain, dim, seed) for s in range(0, len(texts), chunk)]
+    get_vocab(domain)  # bad input fails here, before any worker starts
+    whole = isinstance(texts, (list, tuple))
+    if whole:
+        _validate(texts)  # a list is checked whole up front; a stream chunk by chunk below
+    it = iter(texts)
+
+    def jobs():
+        start = 0
+        while block := list(itertools.islice(it, chunk)):
+            if not whole:
+                _validate(block, start)
+            yield block, domain, dim, seed
+            start += len(block)
+
     fps, sigs = [np.zeros((0, int(dim)), np.float32)], [np.zeros(0, np.int64)]
-    with tqdm(total=len(texts), unit="trace", desc="fingerprint", disable=not progress,
+    gen = jobs()
+    head = list(itertools.islice(gen, 2))        # one chunk only: no processes to spawn
+    total = len(texts) if hasattr(texts, "__len__") else None
+    with tqdm(total=total, unit="trace", desc="fingerprint", disable=not progress,
               file=sys.stderr) as bar:
-        if workers > 0 and len(jobs) > 1:
+        def done(f, r):
+            fps.append(f), sigs.append(r), bar.update(len(r))
+
+        if workers > 0 and len(head) > 1:
             # spawn: fresh workers, no inherited BLAS threads or parent memory
             with mp.get_context("spawn").Pool(workers) as pool:
-                results = pool.imap(_fingerprint_job, jobs)
-                for (f, r), job in zip(results, jobs):
-                    fps.append(f), sigs.append(r), bar.update(len(job[0]))
+                flying = collections.deque()
+                for job in itertools.chain(head, gen):
+                    flying.append(pool.apply_async(_fingerprint_job, (job,)))
+                    if len(flying) >= 2 * workers:
+                        done(*flying.popleft().get())
+                while flying:
+                    done(*flying.popleft().get())
         else:
-            for job in jobs:
-                f, r = _fingerprint_job(job)
-                fps.append(f), sigs.append(r), bar.update(len(job[0]))
+            for job in itertools.chain(head, gen):
+                done(*_fingerprint_job(job))
     return np.concatenate(fps), np.concatenate(sigs)
-

@@ -1,6 +1,7 @@
 """`rossjax select --config=configs/select_routes.py`: fingerprint records, select, report.
 
-Reads rollout records (or a curated output dir), fingerprints each route, selects `budget` rows
+Streams rollout records (or a curated output dir) through the fingerprinter (memory holds the
+fingerprints and a few fields per row, never the records), selects `budget` rows
 with `method`, copies the chosen rows verbatim into the output in the input's own format, and
 writes report.json plus a PNG scatter of a 2-D PCA projection of the pool against each compared
 method's choice. A curated dir holds token ids only: the route is the decoded assistant turns
@@ -31,36 +32,54 @@ def _field(record: dict, dotted: str):
     return cur
 
 
-def load_pool(path: str, only_passed: bool = False):
-    """(records, input row numbers, skipped {reason: count}) of the usable rows of `path`."""
+class PoolMeta:
+    """What selection keeps per usable row while the traces stream past: input row number, id,
+    the `group_by` value, plus skipped-row counts. The records themselves are never held."""
+
+    def __init__(self, group_by: str = ""):
+        self.group_by, self.rows, self.ids, self.groups, self.skipped = group_by, [], [], [], {}
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def add(self, row: int, record: dict) -> None:
+        self.rows.append(row)
+        self.ids.append(record.get("id"))
+        if self.group_by:
+            self.groups.append(_field(record, self.group_by))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def stream_pool(path: str, meta: PoolMeta, only_passed: bool = False):
+    """Yield the route (trace_text) of each usable row of `path`, recording it in `meta`."""
     from rossjax.curate.schema import iter_records
 
-    records, rows, skipped = [], [], {}
     for r in iter_records(path):
         if r.record is None:
-            skipped["invalid"] = skipped.get("invalid", 0) + 1
+            meta.skip("invalid")
             continue
         if only_passed and _field(r.record, "verifier.passed") is not True:
-            skipped["not_passed"] = skipped.get("not_passed", 0) + 1
+            meta.skip("not_passed")
             continue
         t = trace_text(r.record)
         if not (any(s.strip() for s in t) if isinstance(t, list) else t.strip()):
-            skipped["empty_trace"] = skipped.get("empty_trace", 0) + 1
+            meta.skip("empty_trace")
             continue
-        records.append(r.record)
-        rows.append(r.row)
-    return records, np.asarray(rows, np.int64), skipped
+        meta.add(r.row, r.record)
+        yield t
 
 
-def load_compiled_pool(path: str, tokenizer: str):
-    """Pseudo-records (id, task.id, `steps`-free trace text) of a curated output dir."""
+def stream_compiled_pool(path: str, tokenizer: str, meta: PoolMeta):
+    """Yield the decoded assistant turns of each row of a curated output dir, recording it in
+    `meta` as a pseudo-record (id, task.id / task.domain from the provenance)."""
     from rossjax.curate.pipeline import read_compiled
     from rossjax.curate.tokenizers import load_tokenizer
 
     if not tokenizer:
         raise ValueError(f"{path} is a curated dir: set --config.tokenizer to decode its token ids.")
     tok = load_tokenizer(tokenizer)
-    records, rows, skipped = [], [], {}
     for k, ex in enumerate(read_compiled(path), start=1):
         ids = np.asarray(ex["input_ids"])
         spans = ex.get("turn_spans") or []
@@ -68,13 +87,11 @@ def load_compiled_pool(path: str, tokenizer: str):
             [tok.decode(ids[np.asarray(ex["eligible_mask"]) == 1].tolist())]
         text = "\n\n".join(p.strip() for p in parts if p.strip())
         if not text:
-            skipped["empty_trace"] = skipped.get("empty_trace", 0) + 1
+            meta.skip("empty_trace")
             continue
         prov = ex.get("provenance") or {}
-        records.append({"id": ex["id"], "task": {"id": prov.get("task_id"), "domain": prov.get("domain")},
-                        "messages": [{"role": "assistant", "content": text}]})
-        rows.append(k)
-    return records, np.asarray(rows, np.int64), skipped
+        meta.add(k, {"id": ex["id"], "task": {"id": prov.get("task_id"), "domain": prov.get("domain")}})
+        yield text
 
 
 def mean_pairwise_distance(x: np.ndarray, seed: int = 0) -> float:
@@ -146,21 +163,22 @@ def run(cfg) -> dict:
         if m not in METHODS:
             raise ValueError(f"config.method/compare: unknown selection method {m!r}; choose from {METHODS}.")
     curated = os.path.isdir(cfg.input)
-    if curated:  # curated rows were kept by `rossjax curate`, so they passed their verifier
-        records, rows, skipped = load_compiled_pool(cfg.input, cfg.tokenizer)
-    else:
-        records, rows, skipped = load_pool(cfg.input, cfg.only_passed)
-    if not records:
+    # One streaming pass: traces go straight to the fingerprinter; only light per-row metadata
+    # stays. A second pass over the input copies the chosen rows.
+    meta = PoolMeta(cfg.group_by)
+    texts = (stream_compiled_pool(cfg.input, cfg.tokenizer, meta) if curated
+             else stream_pool(cfg.input, meta, cfg.only_passed))
+    fps, routes = fingerprint_many(texts, cfg.domain, cfg.dim, cfg.seed, workers=cfg.workers,
+                                   progress=cfg.progress)
+    rows, skipped = np.asarray(meta.rows, np.int64), meta.skipped
+    if not len(meta):
         raise ValueError(f"{cfg.input}: no usable records to select from ({skipped or 'file is empty'}).")
-    if cfg.budget > len(records):
-        raise ValueError(f"config.budget {cfg.budget} is larger than the {len(records)} usable records "
+    if cfg.budget > len(meta):
+        raise ValueError(f"config.budget {cfg.budget} is larger than the {len(meta)} usable records "
                          f"in {cfg.input}.")
-    fps, routes = fingerprint_many([trace_text(r) for r in records], cfg.domain, cfg.dim, cfg.seed,
-                                   workers=cfg.workers, progress=cfg.progress)
     groups = None
     if cfg.group_by:
-        vals = [_field(r, cfg.group_by) for r in records]
-        groups = np.array([str(v) if v is not None else f"<row {k}>" for k, v in zip(rows, vals)])
+        groups = np.array([str(v) if v is not None else f"<row {k}>" for k, v in zip(rows, meta.groups)])
     quota_groups = groups if cfg.per_group is not None else None
     per_group = cfg.per_group if cfg.per_group is not None else 1
     k = default_clusters(len(fps), cfg.budget) if cfg.clusters is None else cfg.clusters
@@ -193,14 +211,14 @@ def run(cfg) -> dict:
         written = _write_subset(cfg.input, rows[chosen[cfg.method]], cfg.output)
     # Every input row is accounted for: skipped (with a reason), selected, or left in the pool.
     n_sel = int(len(chosen[cfg.method]))
-    rows_in = {"input_rows": int(len(records) + sum(skipped.values())), "skipped": skipped,
-               "selected": n_sel, "not_selected": int(len(records) - n_sel)}
+    rows_in = {"input_rows": int(len(meta) + sum(skipped.values())), "skipped": skipped,
+               "selected": n_sel, "not_selected": int(len(meta) - n_sel)}
     report = {"input": cfg.input, "output": written, "method": cfg.method, "budget": cfg.budget,
               "rows": rows_in,
               "domain": cfg.domain, "seed": cfg.seed, "clusters": int(len(clustering.centers)),
               "pool": {**stats(np.arange(len(fps))), "skipped": skipped},
               "methods": {m: stats(idx) for m, idx in chosen.items()},
-              "selected_ids": [records[i].get("id") for i in chosen[cfg.method]]}
+              "selected_ids": [meta.ids[i] for i in chosen[cfg.method]]}
     if cfg.plot:
         plot_selection(fps, chosen, os.path.join(cfg.output, "selection.png"), cfg.seed)
         report["plot"] = os.path.join(cfg.output, "selection.png")
