@@ -184,17 +184,6 @@ def _count_lines(path: str) -> int | None:
         return sum(buf.count(b"\n") for buf in iter(lambda: f.read(1 << 20), b""))
 
 
-def _chunks(it, n):
-    chunk = []
-    for x in it:
-        chunk.append(x)
-        if len(chunk) == n:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 _UNVERIFIED = {
     "stored": "the row stores no verifier verdict and verify=stored runs none "
               "(set config.verify=auto, or config.unverified=keep to train on it anyway)",
@@ -239,7 +228,7 @@ def curate(cfg) -> dict:
     from tqdm import tqdm
 
     from rossjax.curate.report import Report
-    from rossjax.curate.schema import iter_records
+    from rossjax.curate.schema import chunked, iter_records
     from rossjax.curate.verifiers import VerifierPool, verifier_name
 
     from rossjax.curate.tokenizers import load_tokenizer
@@ -277,7 +266,7 @@ def curate(cfg) -> dict:
     pool = VerifierPool(cfg.verify_workers if cfg.verify != "stored" else 0)  # spawns on first use
     try:
         with pool:
-            for chunk in _chunks(iter_records(cfg.input), cfg.chunk_rows):
+            for chunk in chunked(iter_records(cfg.input), cfg.chunk_rows):
                 todo = []
                 for row in chunk:
                     if row.record is None:

@@ -23,6 +23,14 @@ import os
 from collections import Counter
 
 
+def write_json(path: str, obj) -> None:
+    """Write JSON atomically (tmp + rename): a reader never sees a half-written report."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, default=str)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
 class Report:
     def __init__(self, config: dict | None = None):
         self.config = dict(config or {})
@@ -84,11 +92,7 @@ class Report:
 
     def write(self, out_dir: str, elapsed_s: float = 0.0) -> dict:
         d = self.to_dict(elapsed_s)
-        tmp = os.path.join(out_dir, "report.json.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(d, f, indent=2, default=str)
-            f.write("\n")
-        os.replace(tmp, os.path.join(out_dir, "report.json"))
+        write_json(os.path.join(out_dir, "report.json"), d)
         return d
 
     def summary(self) -> str:

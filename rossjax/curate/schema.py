@@ -274,3 +274,15 @@ def iter_records(path: str) -> Iterator[Row]:
             continue
         err = validate_record(row.record)
         yield Row(row.row, None, f"{name} row {row.row}: {err}", _id_of(row.record)) if err else row
+
+
+def chunked(it, n: int):
+    """Lists of n consecutive items of `it` (the last one shorter): bounded-memory batches of rows."""
+    chunk = []
+    for x in it:
+        chunk.append(x)
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

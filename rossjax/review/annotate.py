@@ -36,6 +36,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from rossjax.curate.report import write_json
 from rossjax.review.answers import Unparseable, extract_json, to_annotation
 from rossjax.review.client import ReviewerClient, ReviewerError
 from rossjax.review.prompt import MODES, PROMPT_VERSION, build_messages, repair_messages, review_mode
@@ -100,17 +101,6 @@ def _clear_outputs(out_dir: str):
             os.remove(p)
 
 
-def _chunks(it, n):
-    chunk = []
-    for x in it:
-        chunk.append(x)
-        if len(chunk) == n:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def public_config(cfg) -> dict:
     """The config as report.json records it, with the API key blanked."""
     d = cfg.to_dict() if hasattr(cfg, "to_dict") else json.loads(json.dumps(dict(cfg), default=str))
@@ -133,7 +123,7 @@ def review(cfg, workdir: str) -> dict:
 
     from rossjax.curate.chat import render_chat
     from rossjax.curate.masks import compile_rollout
-    from rossjax.curate.schema import iter_records
+    from rossjax.curate.schema import chunked, iter_records
     from rossjax.curate.tokenizers import load_tokenizer
 
     if cfg.rows not in ROW_FILTERS:
@@ -267,7 +257,7 @@ def review(cfg, workdir: str) -> dict:
     t0 = time.perf_counter()
     bar = tqdm(unit="row", desc="rows", disable=not cfg.progress, file=sys.stderr)
     try:
-        for chunk in _chunks(iter_records(cfg.input), cfg.chunk_rows):
+        for chunk in chunked(iter_records(cfg.input), cfg.chunk_rows):
             ask([it for it in map(prepare, chunk) if it is not None])
             bar.update(len(chunk))
             bar.set_postfix_str(f"kept {buckets['kept']}")
@@ -293,9 +283,5 @@ def review(cfg, workdir: str) -> dict:
         "config": public_config(cfg),
         "elapsed_s": round(time.perf_counter() - t0, 3),
     }
-    tmp = os.path.join(workdir, "report.json.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2, default=str)
-        f.write("\n")
-    os.replace(tmp, os.path.join(workdir, "report.json"))
+    write_json(os.path.join(workdir, "report.json"), report)
     return report
