@@ -13,6 +13,10 @@ Deviation: with `async_sampling` the next batch is sampled before this step's up
 one update behind the policy it trains (the usual one-step-off-policy pipelining); the sampler
 log-probs are kept, and `grpo.is_mode` corrects the gap with truncated IS or IcePop.
 
+Scale: one host: one process, its local devices on a data x fsdp x tensor mesh (rewards, history
+and the probe reward are computed on that host). Multi-host GRPO is not built; a multi-process
+job is refused rather than run as N independent copies. `rossjax train` is multi-host.
+
 LoRA (`lora.enabled`): the trainable tree is the adapters; the reference log-probs come from the
 same base weights with the adapters off, so no second model copy is held. Full fine-tuning with
 beta > 0 keeps a frozen copy of the initial weights as the reference.
@@ -202,6 +206,10 @@ def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
     """`cpu_scorer(kinds, records) -> [{kind: (reward, verdict)}]` replaces `rollout.score_batch`
     on the reward workers (a picklable module-level function; the benchmark's chosen-cost reward)."""
     g = cfg.grpo
+    if jax.process_count() > 1:
+        raise ValueError(f"rossjax grpo runs on one host (its local devices over the mesh), but this "
+                         f"job has {jax.process_count()} processes; run it on a single host of the "
+                         f"slice (multi-host GRPO is not built yet).")
     os.makedirs(workdir, exist_ok=True)
     source = rollout.TaskSource(cfg.data.tasks, cfg.data.seed)  # a bad task file fails first
     R = _Run(cfg, workdir, cpu_scorer)
