@@ -42,7 +42,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def get_config():
     c = ml_collections.ConfigDict()
-    c.input = os.path.join(_REPO, "data", "rollouts", "sample.jsonl")  # .jsonl[.gz] or .parquet
+    # .jsonl[.gz] or .parquet; also a directory, a glob ("runs/*/history.jsonl") or a comma list
+    c.input = os.path.join(_REPO, "data", "rollouts", "sample.jsonl")
     c.output = "/tmp/rossjax-curated"
     c.tokenizer = "qwen"  # load_tokenizer spec: qwen, qwen3, mistral-v3, tekken, a HF folder ...
     c.template = "chatml"  # chatml | llama3 | mistral | tokenizer (the tokenizer's jinja template)

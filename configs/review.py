@@ -32,7 +32,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def get_config():
     c = ml_collections.ConfigDict()
-    c.input = os.path.join(_REPO, "data", "rollouts", "sample.jsonl")  # .jsonl[.gz] or .parquet
+    # .jsonl[.gz] or .parquet; also a directory, a glob ("runs/*/history.jsonl") or a comma list
+    c.input = os.path.join(_REPO, "data", "rollouts", "sample.jsonl")
     c.workdir = ""  # or --workdir=DIR
     c.endpoint = ml_collections.ConfigDict()
     c.endpoint.base_url = "http://127.0.0.1:8000/v1"  # POST {base_url}/chat/completions

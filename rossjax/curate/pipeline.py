@@ -177,11 +177,15 @@ def _absl_defaults():
         flags.FLAGS.mark_as_parsed()
 
 
-def _count_lines(path: str) -> int | None:
-    if not path.endswith(".jsonl"):
+def _count_lines(files: list[str]) -> int | None:
+    """Rows to expect (the progress bar's total) when every input is plain JSONL, else None."""
+    if not all(p.endswith(".jsonl") for p in files):
         return None
-    with open(path, "rb") as f:
-        return sum(buf.count(b"\n") for buf in iter(lambda: f.read(1 << 20), b""))
+    total = 0
+    for p in files:
+        with open(p, "rb") as f:
+            total += sum(buf.count(b"\n") for buf in iter(lambda: f.read(1 << 20), b""))
+    return total
 
 
 _UNVERIFIED = {
@@ -228,7 +232,7 @@ def curate(cfg) -> dict:
     from tqdm import tqdm
 
     from rossjax.curate.report import Report
-    from rossjax.curate.schema import chunked, iter_records
+    from rossjax.curate.schema import chunked, expand_inputs, iter_records
     from rossjax.curate.verifiers import VerifierPool, verifier_name
 
     from rossjax.curate.tokenizers import load_tokenizer
@@ -241,8 +245,7 @@ def curate(cfg) -> dict:
     rows_filter = check_rows(cfg)
     if not cfg.output:
         raise ValueError("config.output is empty; set --config.output=DIR")
-    if not os.path.exists(cfg.input):
-        raise FileNotFoundError(f"{cfg.input}: input rollouts not found (config.input)")
+    files = expand_inputs(cfg.input)  # a missing file or an empty pattern fails here
     try:  # fail before touching the output dir, not inside a worker after reading rows
         load_tokenizer(cfg.tokenizer)
     except (FileNotFoundError, ValueError) as e:
@@ -261,12 +264,12 @@ def curate(cfg) -> dict:
         lists[status].write(json.dumps({"row": row, "id": rid, "reason": code, "detail": detail},
                                        ensure_ascii=False) + "\n")
 
-    bar = tqdm(total=_count_lines(cfg.input), unit="row", desc="curate", disable=not cfg.progress,
+    bar = tqdm(total=_count_lines(files), unit="row", desc="curate", disable=not cfg.progress,
                file=sys.stderr)
     pool = VerifierPool(cfg.verify_workers if cfg.verify != "stored" else 0)  # spawns on first use
     try:
         with pool:
-            for chunk in chunked(iter_records(cfg.input), cfg.chunk_rows):
+            for chunk in chunked(iter_records(files), cfg.chunk_rows):
                 todo = []
                 for row in chunk:
                     if row.record is None:

@@ -8,6 +8,7 @@ The record layout is the "Rollout record" of DESIGN.md.
 
 from __future__ import annotations
 
+import glob
 import gzip
 import json
 import math
@@ -22,10 +23,14 @@ SELECTOR_PARTS = ("content", "reasoning", "tool_calls")
 
 
 class Row(NamedTuple):
-    row: int  # 1-based position in the file
+    row: int  # 1-based position in the file (in the input, counting on across several files)
     record: dict | None
     reason: str | None
     id: str | None = None  # the record's id when it could be read, also for an invalid row
+    source: str | None = None  # the file it came from
+
+
+ROLLOUT_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".parquet")
 
 
 def _id_of(obj) -> str | None:
@@ -255,11 +260,51 @@ def iter_json_lines(path: str) -> Iterator[Row]:
             yield Row(k, None, f"{name} row {k}: line is not valid JSON ({e.msg} at column {e.colno})")
 
 
+def expand_inputs(spec) -> list[str]:
+    """The rollout files `spec` names: a file, a directory (its rollout files), a glob pattern,
+    or several of these joined by commas; sorted within each part, parts in the order given."""
+    files = []
+    for part in (p.strip() for p in os.fspath(spec).split(",")):
+        if not part:
+            continue
+        if any(ch in part for ch in "*?["):
+            hits = sorted(glob.glob(part))
+            if not hits:
+                raise FileNotFoundError(f"{part}: no file matches this pattern")
+        elif os.path.isdir(part):
+            hits = sorted(os.path.join(part, n) for n in os.listdir(part)
+                          if n.endswith(ROLLOUT_SUFFIXES))
+            if not hits:
+                raise FileNotFoundError(f"{part}: the directory holds no .jsonl, .jsonl.gz or "
+                                        f".parquet rollout files")
+        elif os.path.exists(part):
+            hits = [part]
+        else:
+            raise FileNotFoundError(f"{part}: no such rollout file")
+        files.extend(hits)
+    if not files:
+        raise FileNotFoundError("no rollout file given (the input is empty)")
+    return files
+
+
 def iter_records(path: str) -> Iterator[Row]:
-    """Yield one `Row` per record (JSONL: `row` is the 1-based line number; blank lines skipped)."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such rollout file")
+    """Yield one `Row` per record (JSONL: `row` is the 1-based line number; blank lines skipped).
+
+    `path` may name several files (see expand_inputs; or be their list): they are read in order and `row` counts on
+    (a file's rows follow the last row of the one before, so rows stay unique); `source` names
+    the file and every reason names the file and its own row.
+    """
+    files = list(path) if isinstance(path, (list, tuple)) else expand_inputs(path)
+    offset = 0
+    for f in files:
+        last = 0
+        for r in _file_records(f):
+            last = r.row
+            yield r._replace(row=offset + r.row, source=f)
+        offset += last
+
+
+def _file_records(path: str) -> Iterator[Row]:
     name = os.path.basename(path)
     if path.endswith(".parquet"):
         for k, rec in enumerate(_parquet_rows(path), start=1):

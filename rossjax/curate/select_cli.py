@@ -163,6 +163,12 @@ def run(cfg) -> dict:
         if m not in METHODS:
             raise ValueError(f"config.method/compare: unknown selection method {m!r}; choose from {METHODS}.")
     curated = os.path.isdir(cfg.input)
+    if not curated:
+        from rossjax.curate.schema import expand_inputs
+
+        if len(files := expand_inputs(cfg.input)) > 1:
+            raise ValueError(f"config.input {cfg.input} names {len(files)} files; select copies rows "
+                             f"out of one rollout file, so concatenate them first.")
     # One streaming pass: traces go straight to the fingerprinter; only light per-row metadata
     # stays. A second pass over the input copies the chosen rows.
     meta = PoolMeta(cfg.group_by)

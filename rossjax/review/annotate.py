@@ -123,7 +123,7 @@ def review(cfg, workdir: str) -> dict:
 
     from rossjax.curate.chat import render_chat
     from rossjax.curate.masks import compile_rollout
-    from rossjax.curate.schema import chunked, iter_records
+    from rossjax.curate.schema import chunked, expand_inputs, iter_records
     from rossjax.curate.tokenizers import load_tokenizer
 
     if cfg.rows not in ROW_FILTERS:
@@ -132,8 +132,7 @@ def review(cfg, workdir: str) -> dict:
         raise ValueError(f"config.mode {cfg.mode!r} must be one of {', '.join(MODES)}")
     if cfg.max_repairs < 0:
         raise ValueError(f"config.max_repairs must be >= 0, got {cfg.max_repairs}")
-    if not os.path.exists(cfg.input):
-        raise FileNotFoundError(f"{cfg.input}: input rollouts not found (config.input)")
+    files = expand_inputs(cfg.input)  # one file, a directory, a glob or a comma list
     try:
         tok = load_tokenizer(cfg.tokenizer)
     except (FileNotFoundError, ValueError) as e:
@@ -257,7 +256,7 @@ def review(cfg, workdir: str) -> dict:
     t0 = time.perf_counter()
     bar = tqdm(unit="row", desc="rows", disable=not cfg.progress, file=sys.stderr)
     try:
-        for chunk in chunked(iter_records(cfg.input), cfg.chunk_rows):
+        for chunk in chunked(iter_records(files), cfg.chunk_rows):
             ask([it for it in map(prepare, chunk) if it is not None])
             bar.update(len(chunk))
             bar.set_postfix_str(f"kept {buckets['kept']}")
