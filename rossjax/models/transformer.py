@@ -222,16 +222,15 @@ def forward(cfg: ModelConfig, params, tokens, positions=None, segment_ids=None, 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _decode_params(params, *, cfg):
+    def fused(module, names):  # the layers._fused_dense key: "+".join(names)
+        w, b = fuse_kernels([module.pop(n) for n in names], cfg.d_model)
+        module["+".join(names)] = {"kernel": w} if b is None else {"kernel": w, "bias": b}
+        return module
+
     def layer(i):
         p = jax.tree.map(lambda a: a[i], params["layers"])
-        attn, mlp = dict(p["attn"]), dict(p["mlp"])
-        attn["q+k+v"] = dict(zip(("kernel", "bias"), fuse_kernels(
-            [attn.pop(n) for n in ("q", "k", "v")], cfg.d_model)))
-        mlp["gate+up"] = dict(zip(("kernel", "bias"), fuse_kernels(
-            [mlp.pop(n) for n in ("gate", "up")], cfg.d_model)))
-        drop_none = lambda d: {k: v for k, v in d.items() if v is not None}
-        attn["q+k+v"], mlp["gate+up"] = drop_none(attn["q+k+v"]), drop_none(mlp["gate+up"])
-        return {**p, "attn": attn, "mlp": mlp}
+        return {**p, "attn": fused(dict(p["attn"]), ("q", "k", "v")),
+                "mlp": fused(dict(p["mlp"]), ("gate", "up"))}
     out = {**params, "layers": tuple(layer(i) for i in range(cfg.n_layers))}
     if cfg.tie_embeddings:  # [d, vocab] row-major: the logits matmul streams it ~25% faster
         out["lm_head"] = {"kernel": params["embed"]["embedding"].T}
