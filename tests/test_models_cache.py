@@ -5,14 +5,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rossjax.models import ModelConfig, forward, forward_cached, init_cache, init_params
+from rossjax.models import (ModelConfig, decode_params, forward, forward_cached, init_cache,
+                            init_params)
 
 CONFIGS = {
     "qwen2": ModelConfig(model_type="qwen2", qkv_bias=True, tie_embeddings=True),
     "mistral_window": ModelConfig(model_type="mistral", sliding_window=3),
     "qwen3_mixed_window": ModelConfig(model_type="qwen3", qk_norm=True, head_dim=32, sliding_window=3,
                                       layer_types=("full_attention", "sliding_attention")),
-    # long-prompt path: cached and new keys both through the block-wise kernel, merged by lse
+    # long-prompt path: the chunk attends over the whole cache through the block-wise kernel
     "qwen3_window_blockwise": ModelConfig(model_type="qwen3", qk_norm=True, head_dim=32,
                                           sliding_window=3, attention_impl="blockwise",
                                           attention_block=4,
@@ -20,8 +21,10 @@ CONFIGS = {
 }
 
 
+@pytest.mark.parametrize("layout", ["stacked", "decode"])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_prefill_and_decode_match_full_forward(name):
+def test_prefill_and_decode_match_full_forward(name, layout):
+    """`decode` = what generate uses on CPU: decode_params weights and a per-layer cache."""
     # a wider init than the default so every position's logits differ visibly
     cfg = CONFIGS[name].replace(initializer_range=0.2)
     params = init_params(cfg, jax.random.key(1))
@@ -35,7 +38,9 @@ def test_prefill_and_decode_match_full_forward(name):
     full = np.asarray(full)
 
     step = jax.jit(lambda p, t, pos, c, i, m: forward_cached(cfg, p, t, pos, c, i, m))
-    cache = init_cache(cfg, b, max_len)
+    cache = init_cache(cfg, b, max_len, per_layer=layout == "decode")
+    if layout == "decode":
+        params = decode_params(cfg, params)
     got = []
     for lo, hi in ((0, 4), (4, prompt)):  # prefill in two chunks
         logits, cache = step(params, tokens[:, lo:hi], positions[:, lo:hi], cache, jnp.int32(lo),
