@@ -1,0 +1,28 @@
+"""`rossjax bench model` and `rossjax bench sft` run end to end at tiny sizes (no timing asserted):
+the benchmarks users run must not rot between the sessions that measure with them."""
+
+import re
+
+import pytest
+
+from rossjax.bench import model as bench_model
+from rossjax.bench import sft as bench_sft
+
+
+def test_bench_model_smoke(capsys):
+    assert bench_model.main(["--preset", "tiny_qwen2", "--batch", "2", "--seq", "32", "--steps", "1",
+                             "--warmup", "1", "--matmul", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "rossjax train step" in out and "torch   train step" in out
+    # same weights, same batch: both sides start from the same loss
+    ours = float(re.search(r"rossjax train step:.*\(loss ([\d.]+)", out).group(1))
+    theirs = float(re.search(r"torch   train step:.*loss ([\d.]+)", out).group(1))
+    assert ours == pytest.approx(theirs, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_bench_sft_smoke(capsys):
+    assert bench_sft.main(["--rows", "2", "--seq", "64", "--micro", "1", "--steps", "1",
+                           "--skip_memory"]) == 0
+    out = capsys.readouterr().out
+    assert "MFU vs matmul" in out and "tokens/s" in out
