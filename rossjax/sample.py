@@ -109,18 +109,14 @@ class Sampler:
         rows = NamedSharding(mesh, sharding.logical_to_mesh_spec(P("batch", None), None,
                                                                  (spec.batch, 1), mesh))
         self._param_shardings = sharding.param_shardings(cfg, mesh)
-        self._cache_spec = self._cache_sharding(spec.batch * spec.num_samples)
         n_out = spec.batch * spec.num_samples
+        self._cache_spec = sharding.cache_shardings(cfg, mesh, n_out, spec.prompt_len + spec.max_new)
         repl = NamedSharding(mesh, P())
         out2 = NamedSharding(mesh, sharding.logical_to_mesh_spec(P("batch", None), None, (n_out, 1), mesh))
         out1 = NamedSharding(mesh, P(out2.spec[0]))
         self._fn = jax.jit(self._run,
                            in_shardings=(self._param_shardings, rows, rows, rows, repl, repl),
                            out_shardings=(out2, out2, out1, out1))
-
-    def _cache_sharding(self, n_rows):
-        spec = self.spec
-        return sharding.cache_shardings(spec.cfg, spec.mesh, n_rows, spec.prompt_len + spec.max_new)
 
     def _constrain(self, cache):
         if self.spec.mesh is None:
