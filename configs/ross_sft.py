@@ -29,6 +29,7 @@ On this CPU the paper recipe is infeasible; use `:runlocal` or a preset-sized mo
 import ml_collections
 
 from rossjax.train import optim
+from rossjax.train.loop import distributed_config
 from rossjax.train.sft import RECIPES
 
 
@@ -80,12 +81,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mesh.tensor = 1
     c.sharding_rules = ()             # () = rossjax.sharding.DEFAULT_RULES
 
-    c.distributed = ml_collections.ConfigDict()
-    c.distributed.enabled = False     # call jax.distributed.initialize (TPU pods detect the rest)
-    c.distributed.coordinator = ""    # host:port; "" = auto-detect (TPU, SLURM)
-    c.distributed.num_processes = -1
-    c.distributed.process_id = -1
-    c.distributed.cpu_collectives = ""  # "gloo" for multi-process CPU runs
+    c.distributed = distributed_config()  # enabled, coordinator, num_processes, process_id, ...
 
     for v in variants:
         if v in RECIPES:

@@ -114,8 +114,8 @@ class Sampler:
         repl = NamedSharding(mesh, P())
         out2 = NamedSharding(mesh, sharding.logical_to_mesh_spec(P("batch", None), None, (n_out, 1), mesh))
         out1 = NamedSharding(mesh, P(out2.spec[0]))
-        self._fn = jax.jit(self._run,
-                           in_shardings=(self._param_shardings, rows, rows, rows, repl, repl),
+        self._in_shardings = (self._param_shardings, rows, rows, rows, repl, repl)
+        self._fn = jax.jit(self._run, in_shardings=self._in_shardings,
                            out_shardings=(out2, out2, out1, out1))
 
     def _constrain(self, cache):
@@ -180,6 +180,12 @@ class Sampler:
     def __call__(self, params, tokens, positions, valid, rng, knobs):
         if self.spec.mesh is not None:
             params = jax.device_put(params, self._param_shardings)
+            # Host values become global arrays (every process holds the same prompts), so the
+            # same call runs on one host or on many.
+            rows, repl = self._in_shardings[1], self._in_shardings[4]
+            tokens, positions, valid = (sharding.from_host(x, rows) for x in (tokens, positions, valid))
+            rng = sharding.from_host(np.asarray(rng), repl)    # a raw uint32 PRNGKey
+            knobs = tuple(sharding.from_host(k, repl) for k in knobs)
         elif jax.default_backend() == "cpu":
             # Decode reads per-layer, pre-fused weights (models.decode_params): measured on XLA
             # CPU, where slicing stacked weights copies them every step. It holds a second copy
@@ -242,6 +248,7 @@ def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], max_new
     out_tok, out_lp, lengths, stopped = get_sampler(spec)(
         params, tokens, positions, valid, jax.random.PRNGKey(seed), knobs)
     keep = n * num_samples
-    out_tok, out_lp, lengths, stopped = (np.asarray(x)[:keep] for x in (out_tok, out_lp, lengths, stopped))
+    out_tok, out_lp, lengths, stopped = (sharding.to_host(x)[:keep]
+                                         for x in (out_tok, out_lp, lengths, stopped))
     return GenerationResult(out_tok, out_lp, lengths,
                             ["stop" if s else "length" for s in stopped])

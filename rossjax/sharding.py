@@ -135,6 +135,24 @@ def batch_sharding(mesh: Mesh, ndim: int = 2, rules=None, shape=None) -> NamedSh
     return NamedSharding(mesh, logical_to_mesh_spec(logical, rules, shape, mesh))
 
 
+def from_host(x, named_sharding: NamedSharding) -> jax.Array:
+    """A value every process holds in full (numpy) -> a jax.Array laid out by `named_sharding`.
+    Each process fills only its own devices' shards, so it works on one host and across hosts
+    (where device_put of a numpy array to devices of other processes cannot)."""
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, named_sharding, lambda idx: x[idx])
+
+
+def to_host(x) -> np.ndarray:
+    """The full value of a jax.Array as numpy on every process (gathered across hosts when the
+    array has shards on other processes' devices)."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def shard_batch(batch, mesh: Mesh, rules=None):
     """device_put every array of a batch pytree with its leading dim split over the batch axes."""
     def put(x):

@@ -13,9 +13,12 @@ Deviation: with `async_sampling` the next batch is sampled before this step's up
 one update behind the policy it trains (the usual one-step-off-policy pipelining); the sampler
 log-probs are kept, and `grpo.is_mode` corrects the gap with truncated IS or IcePop.
 
-Scale: one host: one process, its local devices on a data x fsdp x tensor mesh (rewards, history
-and the probe reward are computed on that host). Multi-host GRPO is not built; a multi-process
-job is refused rather than run as N independent copies. `rossjax train` is multi-host.
+Scale: one process per host (`config.distributed`, as for `rossjax train`) over a data x fsdp x
+tensor mesh of all devices. Every process takes the same tasks and runs the same host-side work
+(rendering, rewards on its own reward workers), so host values agree everywhere; device work
+(sampling, log-probs, updates) runs once over the global mesh, and process 0 alone writes the
+history, samples and metrics. The probe reward (a second forward over an activation store) is
+one-host only.
 
 LoRA (`lora.enabled`): the trainable tree is the adapters; the reference log-probs come from the
 same base weights with the adapters off, so no second model copy is held. Full fine-tuning with
@@ -27,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 
 import jax
@@ -46,7 +50,10 @@ from rossjax.train import metrics as metrics_lib
 
 def _setup_tokenizer(cfg, workdir):
     if cfg.tokenizer == "ascii":
-        path = rollout.write_ascii_tokenizer(os.path.join(workdir, "tokenizer"))
+        # Process 0 writes the run's copy; other processes build theirs privately (no write race).
+        folder = (os.path.join(workdir, "tokenizer") if jax.process_index() == 0
+                  else tempfile.mkdtemp(prefix="rossjax-tokenizer-"))
+        path = rollout.write_ascii_tokenizer(folder)
         return load_tokenizer(path), path
     return load_tokenizer(cfg.tokenizer), cfg.tokenizer
 
@@ -206,10 +213,11 @@ def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
     """`cpu_scorer(kinds, records) -> [{kind: (reward, verdict)}]` replaces `rollout.score_batch`
     on the reward workers (a picklable module-level function; the benchmark's chosen-cost reward)."""
     g = cfg.grpo
-    if jax.process_count() > 1:
-        raise ValueError(f"rossjax grpo runs on one host (its local devices over the mesh), but this "
-                         f"job has {jax.process_count()} processes; run it on a single host of the "
-                         f"slice (multi-host GRPO is not built yet).")
+    sft_loop.setup_distributed(cfg.distributed)
+    if jax.process_count() > 1 and "probe" in cfg.reward.functions:
+        raise ValueError(f"config.reward.functions uses 'probe', which runs on one host, but this "
+                         f"job has {jax.process_count()} processes.")
+    lead = jax.process_index() == 0  # the process that writes files
     os.makedirs(workdir, exist_ok=True)
     source = rollout.TaskSource(cfg.data.tasks, cfg.data.seed)  # a bad task file fails first
     R = _Run(cfg, workdir, cpu_scorer)
@@ -219,21 +227,23 @@ def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
     if start is not None:
         state, ds = ckpt.restore(start, sft.abstract_state(R.s_shard, R.optimizer, R.abstract_t))
         source.set_state({"index": ds["tasks_index"]})
-        hist = history.HistoryWriter(os.path.join(workdir, "history.jsonl"), resume_bytes=ds["history_bytes"])
+        hist = history.HistoryWriter(os.path.join(workdir, "history.jsonl"),
+                                     resume_bytes=ds["history_bytes"], enabled=lead)
     else:
         start = 0
         state = sft.init_state(R._trainable0, R.optimizer, R.s_shard, cfg.train.seed)
-        hist = history.HistoryWriter(os.path.join(workdir, "history.jsonl"))
+        hist = history.HistoryWriter(os.path.join(workdir, "history.jsonl"), enabled=lead)
     del R._trainable0
-    ckpt_lib.write_model_config(workdir, R.model_cfg)
-    if cfg.lora.enabled:  # checkpoints hold adapters only; export merges them into this base
+    if lead:
+        ckpt_lib.write_model_config(workdir, R.model_cfg)
+    if cfg.lora.enabled and lead:  # checkpoints hold adapters only; export merges them into this base
         ckpt_lib.write_lora_manifest(workdir, rank=cfg.lora.rank, alpha=cfg.lora.alpha,
                                      targets=lora.resolve_targets(cfg.lora.targets),
                                      base_source=R.base_source, base_path=cfg.model.path,
                                      seed=cfg.train.seed)
     writer = metrics_lib.MetricsWriter(workdir)
-    samples_f = open(os.path.join(workdir, "samples.jsonl"), "a")
-    print(f"rossjax grpo: {R.model_cfg.model_type} {R.model_cfg.num_params() / 1e6:.1f}M params"
+    samples_f = open(os.path.join(workdir, "samples.jsonl") if lead else os.devnull, "a")
+    print(f"rossjax grpo{'' if jax.process_count() == 1 else f' (process {jax.process_index()} of {jax.process_count()})'}: {R.model_cfg.model_type} {R.model_cfg.num_params() / 1e6:.1f}M params"
           f"{' + LoRA r=%d' % cfg.lora.rank if cfg.lora.enabled else ''}, {g.steps} steps of "
           f"{g.contexts} x {g.group_size} candidates, {R.updates_per_step} updates/step, rewards "
           f"{tuple(cfg.reward.functions)} on {cfg.reward.workers} workers, from step {start}.",
@@ -256,10 +266,10 @@ def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
                     sample_s += pending["sample_s"]
                 t0 = time.perf_counter()
                 b = R.fns.put_rows({k: cur["batch"][k] for k in grpo_step.BATCH_KEYS})
-                old_lp, ent = jax.block_until_ready(R.fns.logp(params, b))
+                old_lp, ent = (sharding.to_host(x) for x in R.fns.logp(params, b))
                 device_s = time.perf_counter() - t0
                 t_ref = time.perf_counter()
-                ref_lp = jax.block_until_ready(R.fns.logp(R.ref, b)[0]) if g.beta > 0 else old_lp
+                ref_lp = sharding.to_host(R.fns.logp(R.ref, b)[0]) if g.beta > 0 else old_lp
                 ref_s = time.perf_counter() - t_ref
                 t1 = time.perf_counter()
                 cpu = get_cpu()

@@ -14,6 +14,7 @@ def default_config():
     import ml_collections as mlc
 
     from rossjax.train import optim as optim_lib
+    from rossjax.train.loop import distributed_config
 
     c = mlc.ConfigDict()
     c.workdir = ""
@@ -45,6 +46,7 @@ def default_config():
     c.sample_every = 10
     c.mesh = mlc.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))
     c.sharding_rules = ()
+    c.distributed = distributed_config()  # multi-host: one process per host, see rossjax/train/grpo.py
     return c
 
 

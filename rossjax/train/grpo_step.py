@@ -160,6 +160,7 @@ class StepFns:
         return sharding.logical_to_mesh_spec(P("batch", None), None, None, mesh)
 
     def put_rows(self, arrays: dict) -> dict:
+        """Host arrays (the same on every process) -> global arrays, rows over the batch axes."""
         adv_sh = NamedSharding(self.row_sharding.mesh, P(self.row_sharding.spec[0]))
-        return {k: jax.device_put(np.asarray(v), adv_sh if np.ndim(v) == 1 else self.row_sharding)
+        return {k: sharding.from_host(v, adv_sh if np.ndim(v) == 1 else self.row_sharding)
                 for k, v in arrays.items()}

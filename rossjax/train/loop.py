@@ -25,6 +25,19 @@ class Diverged(ValueError):
     """Too many non-finite steps in a row (printed as one sentence by the CLI)."""
 
 
+def distributed_config():
+    """The `config.distributed` section (train and grpo configs share it)."""
+    import ml_collections
+
+    return ml_collections.ConfigDict(dict(
+        enabled=False,       # call jax.distributed.initialize (TPU pods detect the rest)
+        coordinator="",      # host:port; "" = auto-detect (TPU, SLURM)
+        num_processes=-1,
+        process_id=-1,
+        cpu_collectives="",  # "gloo" for multi-process CPU runs
+    ))
+
+
 def setup_distributed(dcfg):
     if not dcfg.enabled:
         return
