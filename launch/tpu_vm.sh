@@ -6,8 +6,9 @@
 #   launch/tpu_vm.sh run     NAME ZONE -- rossjax train --config=configs/ross_sft.py --workdir=gs://...
 #   launch/tpu_vm.sh delete  NAME ZONE
 #
-# Multi-host slices: every worker runs the same command; the config's `distributed.initialize=True`
-# makes each process call jax.distributed.initialize(), which discovers its peers on TPU VMs.
+# Multi-host slices: every worker runs the same command; `--config.distributed.enabled=True`
+# makes each process call jax.distributed.initialize(), which discovers its peers on TPU VMs
+# (rossjax train and rossjax grpo; the probe reward and rossjax extract are one-host).
 # Preemption: the trainer checkpoints on SIGTERM and resumes from the latest step on restart.
 set -euo pipefail
 cmd=${1:?create|setup|run|delete}; name=${2:?NAME}; zone=${3:?ZONE}; shift 3 || true
