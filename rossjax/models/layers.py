@@ -76,7 +76,7 @@ def _fused_dense(module: nn.Module, x, names, feats):
     fused = "+".join(names)
     if fused in params:
         p = nn.unbox(params[fused])
-        w, b = p["kernel"].astype(dt), p.get("bias")
+        w, b = p["kernel"], p.get("bias")
     else:
         w, b = fuse_kernels([nn.unbox(params[n]) for n in names], d)
     y = jax.lax.dot_general(x.astype(dt), w.astype(dt), (((x.ndim - 1,), (0,)), ((), ())))
