@@ -1,35 +1,11 @@
-"""`rossjax <command> --config=configs/<recipe>.py --config.x=y [--workdir=DIR] [args]`.
-
-One config system: an ml-collections `get_config()` file plus `--config.x=y` overrides, parsed
-here once for every command. Commands are resolved lazily so `rossjax curate` never imports jax.
-"""
+"""One config system for every command: an ml-collections `get_config()` file plus
+`--config.x=y` overrides, parsed here once."""
 
 from __future__ import annotations
 
-import importlib
-import sys
+import os
 
-# command -> "module:function"; each function takes the argv after the command name.
-COMMANDS = {
-    "demo": "rossjax.demo:main",
-    "curate": "rossjax.curate.pipeline:main",
-    "inspect": "rossjax.curate.view:main",
-    "select": "rossjax.curate.select_cli:main",
-    "mix": "rossjax.curate.mixture:main",
-    "retrogen": "rossjax.curate.retrogen:main",
-    "review": "rossjax.review.run:main",
-    "train": "rossjax.train.sft:main",
-    "export": "rossjax.train.export:main",
-    "extract": "rossjax.probes.activations:main",
-    "probe-sweep": "rossjax.probes.sweep:main",
-    "grpo": "rossjax.train.grpo:main",
-    "eval-generator": "rossjax.train.eval_generator:main",
-    "bench": "rossjax.bench:main",
-}
-
-
-class UsageError(ValueError):
-    """A command line or config that cannot run; the message is one sentence for the user."""
+from rossjax.errors import UsageError
 
 
 def parse_config(argv, *, default_config: str | None = None, extra_flags=None):
@@ -94,33 +70,8 @@ def command_config(argv, command: str, example: str, *, default_config: str | No
     return cfg, workdir, fv
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(__doc__.strip())
-        print("\ncommands: " + ", ".join(sorted(COMMANDS)))
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"rossjax: unknown command {name!r}; commands: {', '.join(sorted(COMMANDS))}",
-              file=sys.stderr)
-        return 2
-    module, func = COMMANDS[name].split(":")
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.startswith("rossjax"):
-            print(f"rossjax: command {name!r} is not available in this build ({e.name} missing)",
-                  file=sys.stderr)
-            return 2
-        raise
-    try:
-        return int(getattr(mod, func)(rest) or 0)
-    except (ValueError, FileNotFoundError) as e:
-        # Bad input is reported as one sentence naming the file and field, not a stack trace.
-        print(f"rossjax {name}: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def repo_config(name: str) -> str:
+    """Absolute path of configs/<name>, so a command's default config is found from any
+    working directory."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(here, "configs", name)

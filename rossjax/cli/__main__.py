@@ -1,0 +1,5 @@
+import sys
+
+from rossjax.cli import main
+
+sys.exit(main())

@@ -1,0 +1,9 @@
+"""`rossjax mix`."""
+
+from __future__ import annotations
+
+
+def main(argv=None) -> int:
+    from rossjax.curate.mixture import main as _main  # TODO(arch): body moves here; library exposes run(cfg, workdir)
+
+    return _main(argv)
