@@ -27,7 +27,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow" tests
 
 bench: $(STAMP)
-	$(PY) -m rossjax.bench model
+	$(PY) -m rossjax.cli bench model
 
 clean:
 	rm -rf .venv runs

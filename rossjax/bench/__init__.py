@@ -1,27 +1,23 @@
-"""Benchmarks: `rossjax bench <name>` or `python -m rossjax.bench <name>`.
+"""Benchmarks: `rossjax bench <name> [flags]` (rossjax/cli/bench.py).
 
 Each benchmark measures rossjax and its peer in the same run and prints the ratio; none is a
-timed test. Names: model, sft, sample, curate, select, grpo.
+timed test. Each module's `main(argv)` parses its own flags and runs it.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
 
 BENCHES = ("model", "sft", "sample", "curate", "select", "grpo")
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in BENCHES:
-        print(f"usage: rossjax bench {{{'|'.join(BENCHES)}}} [flags]", file=sys.stderr)
-        return 2
+def load(name: str):
+    """The benchmark module `rossjax.bench.<name>`, or None when this build does not ship it."""
+    if name not in BENCHES:
+        raise KeyError(name)
     try:
-        mod = importlib.import_module(f"rossjax.bench.{argv[0]}")
+        return importlib.import_module(f"rossjax.bench.{name}")
     except ModuleNotFoundError as e:
-        if e.name == f"rossjax.bench.{argv[0]}":
-            print(f"rossjax bench: {argv[0]!r} is not available in this build", file=sys.stderr)
-            return 2
-        raise
-    return int(mod.main(argv[1:]) or 0)
+        if e.name == f"rossjax.bench.{name}":
+            return None
+        raise  # a missing dependency of the benchmark is a real error, with its traceback

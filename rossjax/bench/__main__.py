@@ -1,5 +1,5 @@
 import sys
 
-from rossjax.bench import main
+from rossjax.cli import main
 
-sys.exit(main())
+sys.exit(main(["bench", *sys.argv[1:]]))  # `python -m rossjax.bench X` == `rossjax bench X`
