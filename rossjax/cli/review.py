@@ -1,9 +1,40 @@
-"""`rossjax review`."""
+"""`rossjax review --config=configs/review.py --workdir=DIR`: annotate rollouts with a reviewer
+LLM (rossjax.review.annotate), then print where the annotated rollouts are and how to curate them."""
 
 from __future__ import annotations
 
+import os
+
+from rossjax.cli.flags import command_config, repo_config
+
+
+def summary(report: dict, workdir: str) -> list[str]:
+    b, r = report["buckets"], report["reasons"]
+    why = ", ".join(f"{k} {n}" for k, n in sorted({**r["withheld"], **r["invalid"]}.items(),
+                                                  key=lambda kv: -kv[1])[:4])
+    q = report["requests"]
+    outs = [os.path.join(workdir, o["path"]) for o in report["outputs"]]
+    first = outs[0] if outs else "(no rows kept)"
+    return [
+        f"rossjax review: {report['input_rows']} rows: {b['kept']} kept "
+        f"({report['kept_by']['reviewed']} reviewed, {report['kept_by']['passed_through']} passed "
+        f"through), {b['withheld']} withheld, {b['invalid']} invalid ({why or 'no reasons'})",
+        f"reviewer {report['reviewer']['model']} at {report['reviewer']['url']}: "
+        f"{q['requests']} HTTP requests ({q['retries']} retries), {q['cache_hits']} answers from "
+        f"the cache, answers per row {report['attempts'] or '{}'}",
+        f"annotated rollouts: {first}" + (f" (+{len(outs) - 1} more shards)" if len(outs) > 1
+                                          else "")
+        + f"; report {os.path.join(workdir, 'report.json')}; next: rossjax curate "
+          f"--config=configs/curate.py --config.input={first}",
+    ]
+
 
 def main(argv=None) -> int:
-    from rossjax.review.run import main as _main  # TODO(arch): body moves here; library exposes run(cfg, workdir)
+    from rossjax.review.annotate import review
 
-    return _main(argv)
+    cfg, workdir, _ = command_config(list(argv or []), "review", "configs/review.py",
+                                     default_config=repo_config("review.py"))
+    report = review(cfg, workdir)
+    for line in summary(report, workdir):
+        print(line)
+    return 0
