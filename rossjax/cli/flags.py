@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 
 from rossjax.errors import UsageError
@@ -71,7 +72,12 @@ def command_config(argv, command: str, example: str, *, default_config: str | No
 
 
 def repo_config(name: str) -> str:
-    """Absolute path of configs/<name>, so a command's default config is found from any
-    working directory."""
+    """Absolute path of the shipped default config `name` (e.g. "curate.py"), found from any
+    working directory: the `rossjax/configs` package data (a link to the checkout's configs/ that
+    the wheel copies in), else the checkout's configs/ folder."""
+    shipped = importlib.resources.files("rossjax") / "configs" / name
+    if shipped.is_file():
+        # The real path: configs find data/ relative to their own file, which the link would hide.
+        return os.path.realpath(str(shipped))
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return os.path.join(here, "configs", name)
