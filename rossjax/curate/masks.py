@@ -15,6 +15,7 @@ offsets give the character offsets. The text is never edited and never re-tokeni
 annotation, so exactly the same rows are kept as in "annotated" mode. A record without an
 annotation supervises every eligible token; which rows reach the compiler at all (reviewed rows
 only, or every verifier-positive row with its annotation removed) is the pipeline's `rows` filter.
+Keep spans must come in source order and be disjoint (else `anchor_order`).
 Reasons come in this order: verifier_failed, annotation_drop, selector/anchor codes, token_mismatch,
 no_supervised_tokens, too_long.
 """
@@ -96,6 +97,27 @@ def _project_stored(token_ids, tokenizer, text: str):
     return (ids.astype(np.int32), starts, ends), None
 
 
+def ordered_keep_intervals(r: Rendered, keep: list[dict]) -> list[tuple[int, int]]:
+    """`keep_intervals`, with the spans required in source order and disjoint: a span given
+    before one it follows, or overlapping another, invalidates the whole annotation
+    (`anchor_order`) instead of being sorted or merged into a mask nobody proposed."""
+    try:
+        out = keep_intervals(r, keep)
+    except SelectorError as e:
+        if e.code != "keep_overlap":
+            raise
+        raise SelectorError("anchor_order", f"{e.detail}: keep spans must be given in source "
+                                            f"order and must not overlap") from None
+    markers = {(p.start, p.end) for p in r.parts if p.kind == "end"}
+    spans = [iv for iv in out if iv not in markers]  # one per keep entry, in the order given
+    for j in range(1, len(spans)):
+        if spans[j][0] < spans[j - 1][1]:
+            raise SelectorError("anchor_order",
+                                f"keep[{j}] starts before keep[{j - 1}] ends: keep spans must be "
+                                f"given in source order and must not overlap")
+    return out
+
+
 def compile_rollout(record, tokenizer, template: str = "chatml", max_length: int | None = None,
                     mask_mode: str = "annotated") -> CompiledExample:
     """Compile one rollout record (see module doc). Never raises on bad data: it buckets it."""
@@ -124,7 +146,7 @@ def compile_rollout(record, tokenizer, template: str = "chatml", max_length: int
         return withheld("annotation_drop", "the reviewer dropped this rollout")
     try:
         r: Rendered = render_chat(record["messages"], template, tokenizer)
-        keep = keep_intervals(r, ann.get("keep") or [])
+        keep = ordered_keep_intervals(r, ann.get("keep") or [])
         excl = exclude_intervals(r, ann)
     except (TemplateError, SelectorError) as e:
         return withheld(e.code, e.detail)

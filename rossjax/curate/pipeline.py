@@ -232,7 +232,7 @@ def curate(cfg) -> dict:
     from tqdm import tqdm
 
     from rossjax.curate.report import Report
-    from rossjax.curate.schema import chunked, expand_inputs, iter_records
+    from rossjax.curate.schema import chunked, expand_inputs, iter_records, verifier_positive
     from rossjax.curate.verifiers import VerifierPool, verifier_name
 
     from rossjax.curate.tokenizers import load_tokenizer
@@ -305,7 +305,8 @@ def curate(cfg) -> dict:
                     if rows_filter == "verifier_positive":
                         # not resolved at all: a drop or a broken selector must not withhold it
                         rec = {k: v for k, v in rec.items() if k != "annotation"}
-                    elif review[row] == "none" and (ver or {}).get("passed") is not False:
+                    elif review[row] == "none" and verifier_positive(
+                            rec, undecided=cfg.undecided, unverified=cfg.unverified):
                         bucket("withheld", row, rec["id"], "not_annotated", _NOT_ANNOTATED)
                         continue
                     ready.append((row, rec))

@@ -195,6 +195,24 @@ def validate_record(obj) -> str | None:
     return None
 
 
+def verifier_positive(record: dict, *, undecided: str = "withhold",
+                      unverified: str = "withhold") -> bool:
+    """Whether ROSS may train on this row by its verdict: the one definition that review and
+    curate share. True when the stored `verifier.passed` is true; a verdict of null (the verifier
+    could not decide) counts only with undecided="keep", a row with no verdict at all only with
+    unverified="keep". The reward is never consulted: a reward > 0 without a verdict is not a
+    verdict, so a row reviewed on its reward alone would later be withheld by curate."""
+    for name, policy in (("undecided", undecided), ("unverified", unverified)):
+        if policy not in ("withhold", "keep"):
+            raise ValueError(f"{name} policy {policy!r} must be 'withhold' or 'keep'")
+    ver = record.get("verifier")
+    if not isinstance(ver, dict) or "passed" not in ver:
+        return unverified == "keep"
+    if ver["passed"] is None:
+        return undecided == "keep"
+    return ver["passed"] is True
+
+
 def _parquet_rows(path: str) -> Iterator[object]:
     import pyarrow as pa
     import pyarrow.parquet as pq
