@@ -17,7 +17,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-ATTENTION_IMPLS = ("auto", "dense", "blockwise")
+ATTENTION_IMPLS = ("auto", "dense", "blockwise", "xla", "cudnn", "splash")
 _DTYPES = {"float32": "float32", "fp32": "float32", "f32": "float32",
            "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
 
@@ -66,8 +66,9 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat_policy: str = "none"    # per block: none | full | dots | dots_no_batch
     scan_layers: bool = True      # lax.scan over stacked layers (one compile) vs unrolled loop
-    # dense | blockwise (flash-style, O(s * block) memory) | auto (dense up to 2 blocks of keys
-    # or for <= 16 queries, i.e. decode; block-wise beyond)
+    # dense | blockwise (flash-style, O(s * block) memory) | xla | cudnn | splash (fused, see
+    # models/kernels) | auto (splash on TPU, cudnn on NVIDIA in bf16/fp16; otherwise dense up to
+    # 2 blocks of keys or for <= 16 queries, i.e. decode; block-wise beyond)
     attention_impl: str = "auto"
     attention_block: int = 512
 
