@@ -19,7 +19,8 @@ import pytest
 from rossjax.curate.chat import render_chat
 from rossjax.curate.schema import iter_records
 from rossjax.curate.tokenizers import load_tokenizer
-from rossjax.review import annotate, answers, client as client_mod, prompt, run
+from rossjax.cli import review as review_cli
+from rossjax.review import annotate, answers, client as client_mod, prompt
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "data", "rollouts", "sample.jsonl")
@@ -367,7 +368,7 @@ def test_sample_review_then_curate_end_to_end(tmp_path, capsys):
     orig = _stripped_sample(inp)
     work = tmp_path / "rev"
     with Reviewer(_sample_reviewer(orig)) as srv:
-        assert run.main([f"--config={REPO}/configs/review.py", f"--workdir={work}",
+        assert review_cli.main([f"--config={REPO}/configs/review.py", f"--workdir={work}",
                          f"--config.input={inp}", f"--config.endpoint.base_url={srv.url}",
                          "--config.endpoint.model=tiny-reviewer", "--config.endpoint.backoff_s=0.01",
                          "--config.progress=False"]) == 0
