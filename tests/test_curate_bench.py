@@ -4,7 +4,7 @@ import numpy as np
 
 from rossjax.bench.curate import main, peer_compile, synth_record
 from rossjax.curate.masks import compile_rollout
-from rossjax.curate.tokenizers import load_tokenizer
+from rossjax.tokenizers import load_tokenizer
 
 
 def test_synthetic_rollouts_compile_like_the_peer():

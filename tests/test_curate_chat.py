@@ -2,8 +2,8 @@
 
 import pytest
 
-from rossjax.curate.chat import TemplateError, render_chat
-from rossjax.curate.tokenizers import load_tokenizer
+from rossjax.templates import TemplateError, render_chat
+from rossjax.tokenizers import load_tokenizer
 
 AGENT = [
     {"role": "system", "content": "You are a coding agent."},

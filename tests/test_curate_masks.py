@@ -6,9 +6,9 @@ import random
 import numpy as np
 import pytest
 
-from rossjax.curate.chat import render_chat
+from rossjax.templates import render_chat
 from rossjax.curate.masks import compile_rollout
-from rossjax.curate.tokenizers import load_tokenizer
+from rossjax.tokenizers import load_tokenizer
 
 QWEN = load_tokenizer("qwen")
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from rossjax.curate.tokenizers import QWEN_SPECIALS, load_tokenizer
+from rossjax.tokenizers import QWEN_SPECIALS, load_tokenizer
 
 TEXT = ("<|im_start|>user\nhéllo  wörld 日本語 😀 ü\u0301 [INST] x</s>\n"
         "def f(x):\n    return x**2  # ok<|im_end|>\n")
@@ -76,7 +76,7 @@ def test_mistral_sentencepiece_controls_and_spacing():
     # Written spaces tokenize like the model's own dummy-prefixed pieces ("▁hell", "o").
     import sentencepiece as spm
 
-    from rossjax.curate.tokenizers import _MISTRAL_FILES, _mistral_data_dir
+    from rossjax.tokenizers import _MISTRAL_FILES, _mistral_data_dir
 
     ref = spm.SentencePieceProcessor(
         model_file=os.path.join(_mistral_data_dir(), _MISTRAL_FILES["mistral-v3"]))

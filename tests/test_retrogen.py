@@ -145,7 +145,7 @@ def test_form_choice_seeded_and_order_independent():
 def test_rollouts_are_valid_records_that_compile(records):
     from rossjax.curate.masks import compile_rollout
     from rossjax.curate.schema import validate_record
-    from rossjax.curate.tokenizers import load_tokenizer
+    from rossjax.tokenizers import load_tokenizer
 
     res = score_traces(records, threshold=0.0)
     rows = to_rollouts(res.kept, seed=1, react_prob=0.5)

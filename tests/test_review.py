@@ -16,9 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from rossjax.curate.chat import render_chat
+from rossjax.templates import render_chat
 from rossjax.curate.schema import iter_records
-from rossjax.curate.tokenizers import load_tokenizer
+from rossjax.tokenizers import load_tokenizer
 from rossjax.cli import review as review_cli
 from rossjax.review import annotate, answers, client as client_mod, prompt
 

@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from rossjax.curate import sandbox
-from rossjax.curate.sandbox import Limits
+from rossjax.verify import sandbox
+from rossjax.verify.sandbox import Limits
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="namespace and uid layers need root")

@@ -221,7 +221,7 @@ def test_select_cli_on_a_curated_dir(tmp_path):
     from rossjax.curate.masks import compile_rollout
     from rossjax.curate.pipeline import encode_example, read_compiled
     from rossjax.curate.select_cli import run
-    from rossjax.curate.tokenizers import load_tokenizer
+    from rossjax.tokenizers import load_tokenizer
 
     tok = load_tokenizer("qwen")
     src = tmp_path / "curated"

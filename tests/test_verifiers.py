@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from rossjax.curate import verifiers
-from rossjax.curate.verifiers import Verdict
-from rossjax.curate.verifiers.answers import extract_boxed, extract_code, extract_tag
-from rossjax.curate.verifiers.induction import banned_uses, task_valid
+from rossjax import verify as verifiers
+from rossjax.verify import Verdict
+from rossjax.verify.answers import extract_boxed, extract_code, extract_tag
+from rossjax.verify.induction import banned_uses, task_valid
 
 
 def rec(answer, task, name=None, reasoning=None):

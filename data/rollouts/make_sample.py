@@ -145,7 +145,7 @@ with open("/tmp/cc/good.jsonl", "w") as f:
 print(len(recs))
 # stored token_ids: one exact (Qwen tokenization of the chatml rendering), one from another template
 from rossjax.curate import load_tokenizer
-from rossjax.curate.chat import render_chat
+from rossjax.templates import render_chat
 tok = load_tokenizer("qwen")
 st = json.loads(json.dumps(recs[5])); st["id"] = "math-5-s52-r6"
 st["token_ids"] = tok.encode(render_chat(st["messages"], "chatml").text)

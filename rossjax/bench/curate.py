@@ -80,7 +80,7 @@ _TOK = None
 
 def _init(spec):
     global _TOK
-    from rossjax.curate.tokenizers import load_tokenizer
+    from rossjax.tokenizers import load_tokenizer
 
     _TOK = load_tokenizer(spec)
 
@@ -106,8 +106,8 @@ def _work(args):
 
 def peer_compile(record, tok) -> np.ndarray:
     """The obvious slime-style compiler: library offsets, per-character list, per-token any()."""
-    from rossjax.curate.chat import render_chat
     from rossjax.curate.selectors import exclude_intervals, keep_intervals
+    from rossjax.templates import render_chat
 
     r = render_chat(record["messages"], "chatml")
     ann = record.get("annotation") or {}
@@ -151,7 +151,7 @@ def bench_compile(n, tokens, workers, spec, seed=0):
 
 def bench_peer(n_peer, tokens, spec, seed=0):
     from rossjax.curate.masks import compile_rollout
-    from rossjax.curate.tokenizers import load_tokenizer
+    from rossjax.tokenizers import load_tokenizer
 
     tok = load_tokenizer(spec)
     recs = [synth_record(i, tokens, seed) for i in range(n_peer)]
@@ -193,17 +193,17 @@ def _code_records(n):
 
 def bench_verify(n_math, n_code, workers):
     try:
-        from rossjax.curate.verifiers.pool import VerifierPool
+        from rossjax.verify.pool import WorkerPool, verify_records
     except ImportError as e:
         print(f"verification: not available in this build ({e})")
         return
     for name, recs in (("math", _math_records(n_math)), ("code", _code_records(n_code))):
         if not recs:
             continue
-        with VerifierPool(workers) as pool:
-            pool.map(recs[: 2 * workers])  # warm: worker start-up and imports are not timed
+        with WorkerPool(workers) as pool:
+            verify_records(pool, recs[: 2 * workers])  # warm: worker start-up and imports are not timed
             t0 = time.perf_counter()
-            verdicts = pool.map(recs)
+            verdicts = verify_records(pool, recs)
             dt = time.perf_counter() - t0
         passed = sum(v.passed is True for v in verdicts)
         target = " (target >= 20 sandboxed programs/s)" if name == "code" else ""

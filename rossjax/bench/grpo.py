@@ -52,7 +52,7 @@ _PROGRAMS = [
 def sandboxed_code_batch(kinds, records):
     """A reward-worker scorer (see `grpo.run(cpu_scorer=...)`): the sandboxed code verifier on
     the pool program standing in for each candidate."""
-    from rossjax.curate.verifiers.code_verifier import verify
+    from rossjax.verify.code_verifier import verify
 
     out = []
     for rec in records:

@@ -9,21 +9,21 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "load_tokenizer": "rossjax.curate.tokenizers",
-    "Tokenizer": "rossjax.curate.tokenizers",
+    "load_tokenizer": "rossjax.tokenizers",
+    "Tokenizer": "rossjax.tokenizers",
     "iter_records": "rossjax.curate.schema",
     "validate_record": "rossjax.curate.schema",
     "Row": "rossjax.curate.schema",
-    "render_chat": "rossjax.curate.chat",
+    "render_chat": "rossjax.templates",
     "compile_rollout": "rossjax.curate.masks",
     "CompiledExample": "rossjax.curate.masks",
     "fingerprint": "rossjax.curate.routes",
     "select": "rossjax.curate.selection",
     "read_compiled": "rossjax.curate.pipeline",
     "make_loader": "rossjax.curate.packing",
-    "verify_many": "rossjax.curate.verifiers",
+    "verify_many": "rossjax.verify",
 }
-_SUBPACKAGES = ("verifiers", "sandbox", "pipeline", "packing", "report")
+_SUBPACKAGES = ("pipeline", "packing", "report")
 
 __all__ = sorted([*_EXPORTS, *_SUBPACKAGES])
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rossjax.curate.chat import Rendered, TemplateError, render_chat
 from rossjax.curate.schema import validate_record
 from rossjax.curate.selectors import SelectorError, exclude_intervals, keep_intervals
-from rossjax.curate.tokenizers import byte_to_char_offsets
+from rossjax.templates import Rendered, TemplateError, render_chat
+from rossjax.tokenizers import byte_to_char_offsets
 
 MASK_MODES = ("annotated", "eligible")
 _EMPTY = np.zeros(0, np.int32)

@@ -126,7 +126,7 @@ class Compiler:
 
     def __call__(self, item):
         from rossjax.curate.masks import compile_rollout
-        from rossjax.curate.tokenizers import load_tokenizer
+        from rossjax.tokenizers import load_tokenizer
 
         if self._tok is None:
             self._tok = load_tokenizer(self.spec)
@@ -233,9 +233,8 @@ def curate(cfg) -> dict:
 
     from rossjax.curate.report import Report
     from rossjax.curate.schema import chunked, expand_inputs, iter_records, verifier_positive
-    from rossjax.curate.verifiers import VerifierPool, verifier_name
-
-    from rossjax.curate.tokenizers import load_tokenizer
+    from rossjax.tokenizers import load_tokenizer
+    from rossjax.verify import WorkerPool, verifier_name, verify_records
 
     if cfg.verify not in VERIFY_MODES:
         raise ValueError(f"config.verify {cfg.verify!r} must be one of {', '.join(VERIFY_MODES)}")
@@ -266,7 +265,7 @@ def curate(cfg) -> dict:
 
     bar = tqdm(total=_count_lines(files), unit="row", desc="curate", disable=not cfg.progress,
                file=sys.stderr)
-    pool = VerifierPool(cfg.verify_workers if cfg.verify != "stored" else 0)  # spawns on first use
+    pool = WorkerPool(cfg.verify_workers if cfg.verify != "stored" else 0)  # spawns on first use
     try:
         with pool:
             for chunk in chunked(iter_records(files), cfg.chunk_rows):
@@ -280,7 +279,7 @@ def curate(cfg) -> dict:
                     named = [(i, verifier_name(r)) for i, (_, r) in enumerate(todo)
                              if cfg.verify == "rerun" or not has_verdict(r)]
                     named = [(i, n) for i, n in named if n]
-                    verdicts = pool.map([todo[i][1] for i, _ in named]) if named else []
+                    verdicts = verify_records(pool, [todo[i][1] for i, _ in named]) if named else []
                     for (i, name), v in zip(named, verdicts):
                         rec = todo[i][1]
                         rec["verifier"] = {**(rec.get("verifier") or {}), "name": name,

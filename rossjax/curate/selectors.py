@@ -7,7 +7,7 @@ code; the compiler withholds the rollout with it (nothing is skipped silently).
 
 from __future__ import annotations
 
-from rossjax.curate.chat import Rendered
+from rossjax.templates import Rendered
 
 
 class SelectorError(ValueError):

@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mask_mode", default="annotated")
     ap.add_argument("--no-color", action="store_true")
     args = ap.parse_args(argv)
-    from rossjax.curate.tokenizers import load_tokenizer
+    from rossjax.tokenizers import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer or _default_tokenizer(args.path))
     ex = find_example(args.path, args.id, tok, args.template, args.mask_mode)

@@ -272,7 +272,7 @@ def read_rows(path: str, tokenizer: str = "", use_turns: bool = False):
             if not tokenizer:
                 raise ValueError(f"{path} row {n}: field 'text' needs --config.tokenizer to be set.")
             if tok is None:
-                from rossjax.curate.tokenizers import load_tokenizer
+                from rossjax.tokenizers import load_tokenizer
                 tok = load_tokenizer(tokenizer)
             toks = tok.encode(r["text"])
         else:

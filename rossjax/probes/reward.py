@@ -169,7 +169,7 @@ def bootstrap_validity_probe(model_cfg, ref_params, render, *, n: int = 64, laye
     the tiny random model: the labels are real (the induction verifier's `task_valid`), but they
     are validity, not the solver-utility band a PROPEL probe predicts.
     """
-    from rossjax.curate.verifiers.induction import task_valid
+    from rossjax.verify.induction import task_valid
     from rossjax.probes import heads
     from rossjax.probes.activations import extract
 

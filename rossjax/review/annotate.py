@@ -121,10 +121,10 @@ def review(cfg, workdir: str) -> dict:
     `workdir`; returns the report (also written to WORKDIR/report.json)."""
     from tqdm import tqdm
 
-    from rossjax.curate.chat import render_chat
+    from rossjax.templates import render_chat
     from rossjax.curate.masks import compile_rollout
     from rossjax.curate.schema import chunked, expand_inputs, iter_records
-    from rossjax.curate.tokenizers import load_tokenizer
+    from rossjax.tokenizers import load_tokenizer
 
     if cfg.rows not in ROW_FILTERS:
         raise ValueError(f"config.rows {cfg.rows!r} must be one of {', '.join(ROW_FILTERS)}")

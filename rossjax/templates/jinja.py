@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from rossjax.curate.chat import Part, Rendered, TemplateError, tool_call_fields
+from rossjax.templates.spans import Part, Rendered, TemplateError, tool_call_fields
 
 
 def _tojson(x, indent=None, ensure_ascii=False, separators=None, sort_keys=False):

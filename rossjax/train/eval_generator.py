@@ -150,16 +150,18 @@ def check_config(c):
 
 
 def evaluate_generator(c) -> dict:
-    from rossjax.curate.tokenizers import load_tokenizer
-    from rossjax.curate.verifiers.induction import _run_f, task_valid, verify
+    from rossjax.tokenizers import load_tokenizer
+    from rossjax.tokenizers.ascii import write_ascii_tokenizer
     from rossjax.train import rollout
+    from rossjax.verify.induction import _run_f, task_valid, verify
+    from rossjax.verify.rewards import parse_induction_task
 
-    tok = load_tokenizer(rollout.write_ascii_tokenizer(os.path.join(c.workdir, "tokenizer"))
+    tok = load_tokenizer(write_ascii_tokenizer(os.path.join(c.workdir, "tokenizer"))
                          if c.tokenizer == "ascii" else c.tokenizer)
     mc, params = _model(c.generator.path, c.generator.preset, tok, c.seed)
     msgs = [[{"role": "user", "content": rollout.INDUCTION_PROMPT}]]
     texts = _sample(mc, params, tok, msgs, c.num_tasks, c, c.seed)
-    tasks = [rollout.parse_induction_task(t) for t in texts]
+    tasks = [parse_induction_task(t) for t in texts]
     valid = [t is not None and bool(task_valid(t).passed) for t in tasks]
     solved = [0] * len(tasks)
     sv = None
@@ -190,11 +192,12 @@ def evaluate_generator(c) -> dict:
 
 
 def evaluate_policy(c) -> dict:
-    from rossjax.curate.tokenizers import load_tokenizer
-    from rossjax.curate.verifiers import verify_many
+    from rossjax.tokenizers import load_tokenizer
+    from rossjax.tokenizers.ascii import write_ascii_tokenizer
     from rossjax.train import rollout
+    from rossjax.verify import verify_many
 
-    tok = load_tokenizer(rollout.write_ascii_tokenizer(os.path.join(c.workdir, "tokenizer"))
+    tok = load_tokenizer(write_ascii_tokenizer(os.path.join(c.workdir, "tokenizer"))
                          if c.tokenizer == "ascii" else c.tokenizer)
     mc, params = _model(c.solver.path, c.solver.preset, tok, c.seed)
     src = rollout.TaskSource(c.tasks, c.seed, field="config.tasks")

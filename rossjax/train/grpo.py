@@ -38,14 +38,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from rossjax import sample, sharding
-from rossjax.curate.tokenizers import load_tokenizer
+from rossjax.tokenizers import load_tokenizer
 from rossjax.models import lora
 from rossjax.probes import reward as reward_lib
 from rossjax.train import checkpoint as ckpt_lib
+from rossjax.tokenizers.ascii import write_ascii_tokenizer
 from rossjax.train import grpo_losses, grpo_step, history, optim, rollout, sft
 from rossjax.train.grpo_config import check_config, default_config  # noqa: F401 (configs use it)
 from rossjax.train import loop as sft_loop
 from rossjax.train import metrics as metrics_lib
+from rossjax.verify import rewards
+from rossjax.verify.pool import WorkerPool
 
 
 def _setup_tokenizer(cfg, workdir):
@@ -53,7 +56,7 @@ def _setup_tokenizer(cfg, workdir):
         # Process 0 writes the run's copy; other processes build theirs privately (no write race).
         folder = (os.path.join(workdir, "tokenizer") if jax.process_index() == 0
                   else tempfile.mkdtemp(prefix="rossjax-tokenizer-"))
-        path = rollout.write_ascii_tokenizer(folder)
+        path = write_ascii_tokenizer(folder)
         return load_tokenizer(path), path
     return load_tokenizer(cfg.tokenizer), cfg.tokenizer
 
@@ -139,10 +142,10 @@ class _Run:
                 base_shardings=self.base_shard or {}, lora_alpha=self.lora_alpha, loss_cfg=g,
                 chunk=g.loss_chunk, max_new=g.max_new_tokens)
         self.fns = _STEP_FNS[key]
-        self.cpu_kinds = tuple(f for f in cfg.reward.functions if f in rollout.CPU_REWARDS)
+        self.cpu_kinds = tuple(f for f in cfg.reward.functions if f in rewards.CPU_REWARDS)
         if self._uses_probe() and cfg.reward.probe.gate != "probe_only":
             self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.probe.validity,)))
-        self.workers = rollout.RewardWorkers(cfg.reward.workers, cpu_scorer or rollout.score_batch)
+        self.workers = WorkerPool(cfg.reward.workers, cpu_scorer or rewards.score_batch)
         self.probe_reward = None
         if self._uses_probe():
             p = cfg.reward.probe
@@ -210,7 +213,7 @@ def _data_state(src_index, hist_bytes):
 
 
 def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
-    """`cpu_scorer(kinds, records) -> [{kind: (reward, verdict)}]` replaces `rollout.score_batch`
+    """`cpu_scorer(kinds, records) -> [{kind: (reward, verdict)}]` replaces `rewards.score_batch`
     on the reward workers (a picklable module-level function; the benchmark's chosen-cost reward)."""
     g = cfg.grpo
     sft_loop.setup_distributed(cfg.distributed)

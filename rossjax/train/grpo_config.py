@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 
 from rossjax.probes import reward as reward_lib
-from rossjax.train import grpo_losses, rollout
+from rossjax.train import grpo_losses
+from rossjax.verify import rewards
 
 
 def default_config():
@@ -64,7 +65,7 @@ def check_config(cfg):
     for field in ("steps", "contexts", "max_new_tokens", "num_iterations", "micro_batches"):
         if g[field] < 1:
             raise ValueError(f"config.grpo.{field} is {g[field]}; it must be at least 1.")
-    kinds = (*rollout.CPU_REWARDS, "probe")
+    kinds = (*rewards.CPU_REWARDS, "probe")
     unknown = [f for f in r.functions if f not in kinds]
     if unknown or not r.functions or len(r.functions) != len(r.weights):
         raise ValueError(f"config.reward.functions {tuple(r.functions)} must name some of "
@@ -74,9 +75,9 @@ def check_config(cfg):
         if p.gate not in reward_lib.GATES:
             raise ValueError(f"config.reward.probe.gate {p.gate!r} is not one of "
                              f"{', '.join(reward_lib.GATES)}.")
-        if p.gate != "probe_only" and p.validity not in rollout.CPU_REWARDS:
+        if p.gate != "probe_only" and p.validity not in rewards.CPU_REWARDS:
             raise ValueError(f"config.reward.probe.validity {p.validity!r} is not one of "
-                             f"{', '.join(rollout.CPU_REWARDS)}.")
+                             f"{', '.join(rewards.CPU_REWARDS)}.")
         paths = [x for x in [p.path, *p.ensemble.split(","), p.auxiliary] if x and x != "bootstrap"]
         if not (p.path or p.ensemble):
             raise ValueError("config.reward.probe.path is empty; give the probe selected by "

@@ -10,23 +10,19 @@
               spell exactly what `rossjax curate` renders for the finished record;
   records     every candidate becomes a rollout record (DESIGN.md) with its token ids, sampler
               log-probs, reward, verdict and step;
-  CPU rewards `score(kind, record)`: "verifier" (curation verifiers), "contains", "validity".
+  metrics     the per-step scalars of a GRPO step.
+The CPU rewards (`score(kind, record)`) live in rossjax.verify.rewards and run on its WorkerPool.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import json
-import math
-import multiprocessing as mp
 import os
 import random
 
 import numpy as np
 
-from rossjax.curate.chat import render_chat
+from rossjax.templates import render_chat
 
-CPU_REWARDS = ("verifier", "contains", "validity")
 _LETTERS = "abcdefgh"
 
 INDUCTION_PROMPT = (
@@ -128,86 +124,6 @@ def make_record(task: dict, messages: list[dict], content: str, token_ids: list[
             "logprobs": [float(x) for x in logprobs]}
 
 
-# ----------------------------------------------------------------------------- CPU rewards
-
-def parse_induction_task(text: str) -> dict | None:
-    """A generated induction task (program + inputs) from the generator's answer, or None."""
-    from rossjax.curate.verifiers.answers import _FENCE
-
-    program, inputs = None, None
-    for lang, body in _FENCE.findall(text or ""):
-        if lang.lower() in ("python", "py") and program is None:
-            program = body
-        elif lang.lower() == "inputs" and inputs is None:
-            inputs = [ln.strip() for ln in body.splitlines() if ln.strip()]
-    if program is None or not inputs:
-        return None
-    return {"program": program, "inputs": inputs}
-
-
-def score(kind: str, record: dict) -> tuple[float, dict | None]:
-    """(reward, verifier verdict dict or None) for one record; never raises.
-
-    verifier: 1 if the curation verifier passes, 0 if it fails, NaN if it cannot decide;
-    contains: 1 if task.reference occurs in the answer; validity: 1 if the answer is a valid
-    induction task (parse + `task_valid`), else 0.
-    """
-    content = record["messages"][-1].get("content") or ""
-    if kind == "contains":
-        ref = (record.get("task") or {}).get("reference") or ""
-        ok = bool(ref) and ref in content
-        return float(ok), {"name": "contains", "passed": ok,
-                           "evidence": f"{ref!r} {'found' if ok else 'not found'} in the answer"}
-    if kind == "verifier":
-        from rossjax.curate.verifiers import verify_one
-        from rossjax.curate.verifiers.pool import verifier_name
-
-        name = verifier_name(record)
-        v = verify_one(record, name)
-        r = math.nan if v.passed is None else float(v.passed)
-        return r, {"name": name or "?", "passed": v.passed, "evidence": v.evidence[:300]}
-    if kind == "validity":
-        task = parse_induction_task(content)
-        if task is None:
-            return 0.0, {"name": "induction_task_valid", "passed": False,
-                         "evidence": "no ```python and ```inputs blocks"}
-        from rossjax.curate.verifiers.induction import task_valid
-
-        v = task_valid(task)
-        return float(bool(v.passed)), {"name": "induction_task_valid", "passed": bool(v.passed),
-                                       "evidence": v.evidence[:300]}
-    raise ValueError(f"reward kind {kind!r} is not one of {', '.join(CPU_REWARDS)}.")
-
-
-def score_batch(kinds: tuple, records: list[dict]) -> list[dict]:
-    """For a worker: {kind: (reward, verdict)} per record."""
-    return [{k: score(k, r) for k in kinds} for r in records]
-
-
-class RewardWorkers:
-    """CPU rewards on `workers` spawned processes (math-verify's signal timeouts need each
-    verifier in a main thread); workers=0 scores lazily in this process when asked."""
-
-    def __init__(self, workers: int, scorer=score_batch):
-        self.workers, self.scorer = int(workers), scorer
-        self._ex = (cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
-                    if self.workers > 0 else None)
-
-    def submit(self, kinds: tuple, records: list[dict]):
-        if not kinds:
-            return lambda: [{} for _ in records]
-        if self._ex is None:
-            return lambda: self.scorer(kinds, records)
-        per = max(1, -(-len(records) // (2 * self.workers)))
-        futs = [self._ex.submit(self.scorer, kinds, records[i:i + per])
-                for i in range(0, len(records), per)]
-        return lambda: [x for f in futs for x in f.result()]
-
-    def close(self):
-        if self._ex is not None:
-            self._ex.shutdown(cancel_futures=True)
-
-
 def group_stats(rewards: np.ndarray, g: int, success: float) -> dict:
     r = rewards.reshape(-1, g)
     ok = ~np.isnan(r)
@@ -242,24 +158,3 @@ def step_metrics(total, per: dict, g: int, success: float, *, ent, mask, lengths
                ("loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean",
                 "grad_norm", "lr", "skipped")},
             **{k: float(v) for k, v in is_metrics.items()}}
-
-
-def write_ascii_tokenizer(folder: str) -> str:
-    """A byte-level tokenizer over the 128 ASCII bytes plus <|endoftext|>, <|im_start|>,
-    <|im_end|> (ids 128-130), for tiny models trained from scratch; `rossjax curate` loads it
-    with `--config.tokenizer=FOLDER`. Returns the folder."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    from rossjax.curate.tokenizers import _bytes_to_unicode
-
-    table = _bytes_to_unicode()
-    vocab = {table[b]: b for b in range(128)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    os.makedirs(folder, exist_ok=True)
-    tok.save(os.path.join(folder, "tokenizer.json"))
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, f)
-    return folder

@@ -1,14 +1,16 @@
-"""Verifiers: `get(name)(record) -> Verdict(passed, evidence)`.
+"""Verifiers, their sandbox, GRPO's CPU rewards, and the one CPU worker pool that runs them.
 
-Names: "math" (math-verify), "code" (sandboxed unit tests or stdin/stdout cases), "induction"
-(Absolute-Zero-style function induction, plus `task_valid`), "gym:<dataset>" (reasoning-gym's
-score_answer); `register(name)` adds more. Where each one finds the answer in a record is
-documented in answers.py. `verify_many(records, workers)` runs them over CPU worker processes.
-Modules are imported on first use, so importing this package stays cheap.
+`get(name)(record) -> Verdict(passed, evidence)`. Names: "math" (math-verify), "code" (sandboxed
+unit tests or stdin/stdout cases), "induction" (Absolute-Zero-style function induction, plus
+`task_valid`), "gym:<dataset>" (reasoning-gym's score_answer); `register(name)` adds more. Where
+each one finds the answer in a record is documented in answers.py. `verify_many(records,
+workers)` runs them over CPU worker processes (pool.WorkerPool, also used for GRPO's rewards in
+rewards.py). Never imports jax; verifier modules are imported on first use, so importing this
+package stays cheap.
 """
 
-from rossjax.curate.verifiers.base import Verdict, Verifier, get, names, register
-from rossjax.curate.verifiers.pool import VerifierPool, verifier_name, verify_many, verify_one
+from rossjax.verify.base import Verdict, Verifier, get, names, register, verifier_name, verify_one
+from rossjax.verify.pool import WorkerPool, verify_many, verify_records
 
-__all__ = ["Verdict", "Verifier", "VerifierPool", "get", "names", "register", "verifier_name",
-           "verify_many", "verify_one"]
+__all__ = ["Verdict", "Verifier", "WorkerPool", "get", "names", "register", "verifier_name",
+           "verify_many", "verify_one", "verify_records"]

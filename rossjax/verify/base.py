@@ -1,4 +1,5 @@
-"""Verdict type and the verifier registry (kept import-light: sandbox.py imports it too)."""
+"""Verdict type, the verifier registry, and `verify_one` (kept import-light: sandbox.py imports it
+too)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ class Verdict(NamedTuple):
 
 Verifier = Callable[[dict], Verdict]
 
-# name -> "module:function" (loaded on first use, so `import rossjax.curate.verifiers` does not
+# name -> "module:function" (loaded on first use, so `import rossjax.verify` does not
 # pull in sympy or reasoning-gym) or a callable registered at run time.
 _REGISTRY: dict[str, str | Verifier] = {
-    "math": "rossjax.curate.verifiers.math_verifier:verify",
-    "code": "rossjax.curate.verifiers.code_verifier:verify",
-    "induction": "rossjax.curate.verifiers.induction:verify",
+    "math": "rossjax.verify.math_verifier:verify",
+    "code": "rossjax.verify.code_verifier:verify",
+    "induction": "rossjax.verify.induction:verify",
 }
 _GYM_PREFIX = "gym:"
 
@@ -39,7 +40,7 @@ def register(name: str):
 def get(name: str) -> Verifier:
     """The verifier called `name` ("math", "code", "induction", "gym:<dataset>", or registered)."""
     if name.startswith(_GYM_PREFIX) and name not in _REGISTRY:
-        from rossjax.curate.verifiers.gym import make_verifier
+        from rossjax.verify.gym import make_verifier
 
         _REGISTRY[name] = make_verifier(name[len(_GYM_PREFIX):])
     entry = _REGISTRY.get(name)
@@ -54,3 +55,23 @@ def get(name: str) -> Verifier:
 
 def names() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def verifier_name(record: dict, default: str | None = None) -> str | None:
+    """The record's `verifier.name`, else `task.domain` when that names a verifier, else default."""
+    name = (record.get("verifier") or {}).get("name")
+    if name:
+        return name
+    domain = (record.get("task") or {}).get("domain")
+    return domain if domain in names() else default
+
+
+def verify_one(record: dict, name: str | None = None) -> Verdict:
+    """Never raises: an unknown verifier or a crash inside one is an undecided verdict."""
+    name = name or verifier_name(record)
+    if not name:
+        return Verdict(None, "the record names no verifier (verifier.name or task.domain)")
+    try:
+        return get(name)(record)
+    except Exception as e:
+        return Verdict(None, f"verifier {name} error: {type(e).__name__}: {e}"[:300])

@@ -14,9 +14,9 @@ Optional `task.timeout_s` (default 10) bounds each run.
 
 from __future__ import annotations
 
-from rossjax.curate import sandbox
-from rossjax.curate.verifiers.answers import extract_code, last_assistant_content
-from rossjax.curate.verifiers.base import Verdict
+from rossjax.verify import sandbox
+from rossjax.verify.answers import extract_code, last_assistant_content
+from rossjax.verify.base import Verdict
 
 
 def _norm(out: str) -> list[str]:

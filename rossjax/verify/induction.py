@@ -25,9 +25,9 @@ import ast
 import json
 import secrets
 
-from rossjax.curate import sandbox
-from rossjax.curate.verifiers.answers import extract_code, last_assistant_content
-from rossjax.curate.verifiers.base import Verdict
+from rossjax.verify import sandbox
+from rossjax.verify.answers import extract_code, last_assistant_content
+from rossjax.verify.base import Verdict
 
 BANNED_MODULES = ("os", "sys", "subprocess", "shutil", "socket", "ctypes", "multiprocessing",
                   "threading", "signal", "importlib", "builtins", "pathlib", "io", "pickle",

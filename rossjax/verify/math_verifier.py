@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 
-from rossjax.curate.verifiers.answers import extract_boxed, last_assistant_content
-from rossjax.curate.verifiers.base import Verdict
+from rossjax.verify.answers import extract_boxed, last_assistant_content
+from rossjax.verify.base import Verdict
 
 
 def _parsed(items) -> bool:

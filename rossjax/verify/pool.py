@@ -1,69 +1,75 @@
-"""Run verifiers over many records on CPU worker processes.
+"""One pool of CPU worker processes, shared by curation (verify every row) and GRPO (score the
+candidates of a step while the device computes).
 
-Workers are separate processes (spawn: safe even if the parent imported jax) whose verifiers run
-in the worker's main thread, where math-verify's signal-based timeouts work. Code verifiers
-start their sandboxes from there.
+Workers are separate processes (spawn: safe even if the parent imported jax) and each job runs in
+a worker's main thread, where math-verify's signal-based timeouts work; code verifiers start
+their sandboxes from there. Results always come back in input order. workers=0 runs every job in
+this process (lazily, for `submit`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
-from typing import Iterable
+from typing import Callable, Iterable
 
-from rossjax.curate.verifiers.base import Verdict, get, names
-
-
-def verifier_name(record: dict, default: str | None = None) -> str | None:
-    """The record's `verifier.name`, else `task.domain` when that names a verifier, else default."""
-    name = (record.get("verifier") or {}).get("name")
-    if name:
-        return name
-    domain = (record.get("task") or {}).get("domain")
-    return domain if domain in names() else default
+from rossjax.verify.base import Verdict, verify_one
 
 
-def verify_one(record: dict, name: str | None = None) -> Verdict:
-    """Never raises: an unknown verifier or a crash inside one is an undecided verdict."""
-    name = name or verifier_name(record)
-    if not name:
-        return Verdict(None, "the record names no verifier (verifier.name or task.domain)")
-    try:
-        return get(name)(record)
-    except Exception as e:
-        return Verdict(None, f"verifier {name} error: {type(e).__name__}: {e}"[:300])
+class WorkerPool:
+    """`with WorkerPool(2) as pool: out = pool.map(items, fn)` (ordered, blocking), or
+    `thunk = pool.submit(a, items)` -> `thunk()` is `fn(a, items)` computed on the workers in
+    chunks (the asynchronous use: submit, do other work, collect). `fn` given here is the default
+    for both; it must be a picklable module-level function."""
 
-
-def _job(args):
-    return verify_one(*args)
-
-
-class VerifierPool:
-    """`with VerifierPool(2) as pool: verdicts = pool.map(records)`; workers=0 runs inline."""
-
-    def __init__(self, workers: int = 2):
-        self.workers = workers
-        self._ex = None
+    def __init__(self, workers: int = 2, fn: Callable | None = None):
+        self.workers, self.fn = max(0, int(workers)), fn
+        self._ex = (cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+                    if self.workers > 0 else None)
 
     def __enter__(self):
-        if self.workers > 0:
-            self._ex = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
         return self
 
     def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
         if self._ex is not None:
             self._ex.shutdown(cancel_futures=True)
         self._ex = None
 
-    def map(self, records: Iterable[dict], name: str | None = None) -> list[Verdict]:
-        jobs = [(r, name) for r in records]
+    def map(self, items: Iterable, fn: Callable | None = None) -> list:
+        """[fn(x) for x in items], spread over the workers in small chunks."""
+        fn = fn or self.fn
+        items = list(items)
         if self._ex is None:
-            return [_job(j) for j in jobs]
-        chunk = max(1, min(16, len(jobs) // (4 * self.workers) or 1))
-        return list(self._ex.map(_job, jobs, chunksize=chunk))
+            return [fn(x) for x in items]
+        chunk = max(1, min(16, len(items) // (4 * self.workers) or 1))
+        return list(self._ex.map(fn, items, chunksize=chunk))
+
+    def submit(self, *args, fn: Callable | None = None) -> Callable[[], list]:
+        """Start `fn(*args)` where the last argument is a list that `fn` maps to a list of the same
+        length: the list is cut into about 2 x workers chunks, one job each. Returns a thunk that
+        waits and concatenates the results in order."""
+        fn = fn or self.fn
+        *lead, items = args
+        if self._ex is None:
+            return lambda: fn(*lead, items)
+        per = max(1, -(-len(items) // (2 * self.workers)))
+        futs = [self._ex.submit(fn, *lead, items[i:i + per]) for i in range(0, len(items), per)]
+        return lambda: [x for f in futs for x in f.result()]
+
+
+def _verify_job(args) -> Verdict:
+    return verify_one(*args)
+
+
+def verify_records(pool: WorkerPool, records: Iterable[dict], name: str | None = None) -> list[Verdict]:
+    """Verdicts for records in order, each by `name` or the verifier the record names."""
+    return pool.map([(r, name) for r in records], _verify_job)
 
 
 def verify_many(records: Iterable[dict], workers: int = 2, name: str | None = None) -> list[Verdict]:
     """Verdicts for records in order, verified in parallel over `workers` CPU processes."""
-    with VerifierPool(workers) as pool:
-        return pool.map(records, name)
+    with WorkerPool(workers) as pool:
+        return verify_records(pool, records, name)

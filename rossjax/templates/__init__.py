@@ -1,0 +1,48 @@
+"""Chat rendering with the character span of every part of every message.
+
+`render_chat(messages, template)` returns the rendered text and a list of `Part`s: for each
+message its content (and for assistant turns its reasoning, tool calls and end-of-turn marker)
+with the span it occupies in the text. Eligibility for the loss comes only from these spans:
+assistant parts and the assistant end-of-turn marker are eligible, everything else (system,
+user, tool results, role headers, the newline the template writes after an end marker) is
+context. The newline after `<|im_end|>` is *not* eligible (slime includes it): the model stops at
+`<|im_end|>` and never generates that newline, so there is nothing to learn from it.
+
+Templates: "chatml" (Qwen3 layout: `<think>` reasoning, `<tool_call>` JSON, tool results grouped
+into a user turn of `<tool_response>` blocks), "llama3", "mistral" (v3 spacing: "[INST] u[/INST] a</s>"),
+and "tokenizer" (the tokenizer's own jinja template). The jinja path finds each assistant turn by
+rendering with and without the generation prompt and refuses, with a reason, any template whose
+spans cannot be located exactly (no generation prompt, history rewritten, content dropped) rather
+than producing an all-zero or all-one mask.
+
+Deviations from the models' own templates, deliberately: reasoning is rendered on every assistant
+turn that carries it (Qwen3's template strips it from earlier turns, which would change what the
+run saw); Llama 3 and Mistral have no native reasoning markup, so `<think>` / `[THINK]` is used.
+"""
+
+from __future__ import annotations
+
+from rossjax.errors import InputError
+from rossjax.templates.builtin import chatml, llama3, mistral
+from rossjax.templates.jinja import render_jinja
+from rossjax.templates.spans import Part, Rendered, TemplateError, tool_call_fields
+
+TEMPLATES = ("chatml", "llama3", "mistral", "tokenizer")
+__all__ = ["Part", "Rendered", "TEMPLATES", "TemplateError", "render_chat", "tool_call_fields"]
+
+
+def render_chat(messages, template: str = "chatml", tokenizer=None) -> Rendered:
+    """Render `messages` (rollout-record messages) and locate every part's span."""
+    if template == "chatml":
+        return chatml(messages)
+    if template == "llama3":
+        return llama3(messages)
+    if template == "mistral":
+        return mistral(messages)
+    if template == "tokenizer":
+        src = getattr(tokenizer, "chat_template", None)
+        if not src:
+            raise TemplateError("template_unavailable",
+                                f"tokenizer {getattr(tokenizer, 'name', '?')} has no chat template")
+        return render_jinja(src, messages, tokenizer)
+    raise InputError(f"template {template!r} is not one of {', '.join(TEMPLATES)}")
