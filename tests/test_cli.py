@@ -42,3 +42,58 @@ def test_main_prints_one_line_and_exits_2(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("rossjax train: --config.nope") and "\n" not in err
     assert cli.main(["no-such-command"]) == 2
+
+
+def _fake_command(monkeypatch, exc):
+    """A command `rossjax boom` whose main raises `exc`."""
+    import sys
+    import types
+
+    mod = types.ModuleType("rossjax.cli._boom")
+
+    def main(argv):
+        raise exc
+
+    mod.main = main
+    monkeypatch.setitem(sys.modules, "rossjax.cli._boom", mod)
+    monkeypatch.setitem(cli.COMMANDS, "boom", "_boom")
+
+
+@pytest.mark.parametrize("exc, expected", [
+    (cli.UsageError("--config.x: no such field."), "rossjax boom: --config.x: no such field."),
+    (FileNotFoundError(2, "No such file or directory", "in.jsonl"),
+     "rossjax boom: in.jsonl: No such file or directory"),
+])
+def test_user_errors_are_one_line_exit_2(monkeypatch, capsys, exc, expected):
+    _fake_command(monkeypatch, exc)
+    assert cli.main(["boom"]) == 2
+    assert capsys.readouterr().err.strip() == expected
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("a bug"), KeyError("k"), TypeError("t")])
+def test_other_errors_keep_their_traceback(monkeypatch, exc):
+    _fake_command(monkeypatch, exc)
+    with pytest.raises(type(exc)):
+        cli.main(["boom"])
+
+
+def test_bench_without_a_name_is_a_usage_line(capsys):
+    assert cli.main(["bench"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rossjax bench: usage: rossjax bench {model|") and "\n" not in err
+
+
+def test_default_configs_ship_with_the_package():
+    """repo_config finds configs through importlib.resources (rossjax/configs, copied into the
+    wheel) and returns the real file, so a config's paths to data/ resolve from the checkout."""
+    import importlib.resources
+    import os
+
+    shipped = importlib.resources.files("rossjax") / "configs" / "curate.py"
+    assert shipped.is_file()
+    path = cli.repo_config("curate.py")
+    assert os.path.isabs(path) and path == os.path.realpath(str(shipped))
+    assert os.path.samefile(path, os.path.join(os.path.dirname(__file__), "..", "configs",
+                                               "curate.py"))
+    cfg, _, _ = cli.parse_config([], default_config=path)
+    assert os.path.isfile(cfg.input)  # the shipped sample, found from the config's own file

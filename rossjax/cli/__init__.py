@@ -32,6 +32,21 @@ COMMANDS = {
 }
 
 
+# Errors the user can fix are printed as one sentence and exit 2: an InputError (bad input,
+# command line or config; see rossjax.errors) or a path the user named that cannot be opened.
+# Anything else is a bug in rossjax or the environment and keeps its traceback.
+# TRANSITION (issue 11): ValueError is still caught while the library's input checks are being
+# converted to InputError subclasses; drop it once `grep -rn "raise ValueError" rossjax` lists
+# only genuine bugs.
+USER_ERRORS = (InputError, FileNotFoundError, PermissionError, ValueError)
+
+
+def _one_sentence(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror or e}"
+    return str(e) or type(e).__name__
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -46,8 +61,6 @@ def main(argv=None) -> int:
     mod = importlib.import_module(f"rossjax.cli.{COMMANDS[name]}")
     try:
         return int(mod.main(rest) or 0)
-    except (InputError, ValueError, FileNotFoundError) as e:
-        # Bad input is reported as one sentence naming the file and field, not a stack trace.
-        # (ValueError is caught until every input error is an InputError; see rossjax.errors.)
-        print(f"rossjax {name}: {e}", file=sys.stderr)
+    except USER_ERRORS as e:
+        print(f"rossjax {name}: {_one_sentence(e)}", file=sys.stderr)
         return 2
