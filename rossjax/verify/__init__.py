@@ -9,8 +9,9 @@ rewards.py). Never imports jax; verifier modules are imported on first use, so i
 package stays cheap.
 """
 
-from rossjax.verify.base import Verdict, Verifier, get, names, register, verifier_name, verify_one
+from rossjax.verify.base import get, names, register, verifier_name, verify_one
 from rossjax.verify.pool import WorkerPool, verify_many, verify_records
+from rossjax.verify.verdict import Verdict, Verifier
 
 __all__ = ["Verdict", "Verifier", "WorkerPool", "get", "names", "register", "verifier_name",
            "verify_many", "verify_one", "verify_records"]

@@ -1,21 +1,10 @@
-"""Verdict type, the verifier registry, and `verify_one` (kept import-light: sandbox.py imports it
-too)."""
+"""The verifier registry and `verify_one` (the Verdict type is in verdict.py)."""
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable, NamedTuple
 
-
-class Verdict(NamedTuple):
-    """Outcome of a verifier: passed is True/False, or None when the check itself could not
-    decide (unparseable gold answer, missing tests); evidence says why in one line."""
-
-    passed: bool | None
-    evidence: str
-
-
-Verifier = Callable[[dict], Verdict]
+from rossjax.verify.verdict import Verdict, Verifier
 
 # name -> "module:function" (loaded on first use, so `import rossjax.verify` does not
 # pull in sympy or reasoning-gym) or a callable registered at run time.

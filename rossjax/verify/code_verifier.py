@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from rossjax.verify import sandbox
 from rossjax.verify.answers import extract_code, last_assistant_content
-from rossjax.verify.base import Verdict
+from rossjax.verify.verdict import Verdict
 
 
 def _norm(out: str) -> list[str]:

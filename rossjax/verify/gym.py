@@ -9,7 +9,7 @@ last `\\boxed{}`. Passed means a full score (>= 1.0); partial credit is reported
 from __future__ import annotations
 
 from rossjax.verify.answers import extract_boxed, extract_tag, last_assistant_content
-from rossjax.verify.base import Verdict, Verifier
+from rossjax.verify.verdict import Verdict, Verifier
 
 
 def make_verifier(dataset: str) -> Verifier:

@@ -27,7 +27,7 @@ import secrets
 
 from rossjax.verify import sandbox
 from rossjax.verify.answers import extract_code, last_assistant_content
-from rossjax.verify.base import Verdict
+from rossjax.verify.verdict import Verdict
 
 BANNED_MODULES = ("os", "sys", "subprocess", "shutil", "socket", "ctypes", "multiprocessing",
                   "threading", "signal", "importlib", "builtins", "pathlib", "io", "pickle",

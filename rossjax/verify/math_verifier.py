@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 
 from rossjax.verify.answers import extract_boxed, last_assistant_content
-from rossjax.verify.base import Verdict
+from rossjax.verify.verdict import Verdict
 
 
 def _parsed(items) -> bool:

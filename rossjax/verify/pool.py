@@ -13,7 +13,8 @@ import concurrent.futures as cf
 import multiprocessing as mp
 from typing import Callable, Iterable
 
-from rossjax.verify.base import Verdict, verify_one
+from rossjax.verify.base import verify_one
+from rossjax.verify.verdict import Verdict
 
 
 class WorkerPool:

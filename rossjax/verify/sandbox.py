@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from rossjax.verify.base import Verdict
+from rossjax.verify.verdict import Verdict
 
 _MARK = "\x1b[sandbox]\x1b "  # prefix of the bootstrap's own lines on stderr
 _UID_BASE, _UID_SLOTS = 2_100_000_000, 4096  # throw-away uids, far from real accounts

@@ -24,7 +24,7 @@ MARK = P["mark"]  # prefix of a refusal line on stderr; the host looks for it
 layers = []
 
 
-def _mounts():
+def _mounts(params):
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
 
@@ -49,7 +49,7 @@ def _mounts():
         return False
     layers.append("netns")
     call(libc.mount, None, "/", None, MS_REC | MS_PRIVATE, None)
-    hidden, prefix, stage = P["hidden"], P["prefix"], P["stage"]
+    hidden, prefix, stage = params["hidden"], params["prefix"], params["stage"]
     if hidden:
         # The interpreter lives under a directory the sandbox uid cannot enter (e.g. /root/.pyenv):
         # show only the interpreter's prefix there, on an empty read-only tmpfs.
@@ -69,7 +69,7 @@ def _mounts():
     return True
 
 
-mounted = _mounts() if P["isolate"] else False
+mounted = _mounts(P) if P["isolate"] else False
 os.chdir(TMP)  # after the mounts: the old cwd points below the read-only bind
 
 lim = P["limits"]
