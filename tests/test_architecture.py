@@ -179,6 +179,36 @@ def test_no_library_module_imports_the_cli():
     assert not bad, "library modules import the CLI:\n" + "\n".join(bad)
 
 
+# The layer table of docs/architecture.md: a room may import rooms of its own layer or below,
+# never above. Layers 1-3 are the CPU half (no jax), 4-8 the device half, then the applications
+# and the CLI on top. A new top-level package or module needs a row here (and in the doc).
+LAYERS = {
+    "rossjax": 0, "rossjax.errors": 0, "rossjax.monitor": 0,
+    "rossjax.tokenizers": 1, "rossjax.templates": 1, "rossjax.verify": 1,
+    "rossjax.routes": 2, "rossjax.curate": 2,
+    "rossjax.review": 3,
+    "rossjax.sharding": 4,
+    "rossjax.models": 5,
+    "rossjax.sample": 6,
+    "rossjax.probes": 7,
+    "rossjax.train": 8,
+    "rossjax.bench": 9, "rossjax.demo": 9, "rossjax.repro": 9,
+    "rossjax.cli": 10,
+}
+
+
+def test_every_room_has_a_layer():
+    missing = sorted({unit(m) for m in import_graph()} - set(LAYERS))
+    assert not missing, f"add {missing} to LAYERS here and to docs/architecture.md"
+
+
+def test_imports_point_down_the_layer_table():
+    graph = import_graph()
+    bad = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                 if LAYERS.get(unit(m), 99) < LAYERS.get(unit(d), -1))
+    assert not bad, "imports up the layer table (docs/architecture.md):\n" + "\n".join(bad)
+
+
 def test_errors_import_nothing_from_rossjax():
     """rossjax.errors is the bottom layer every room may raise from."""
     assert import_graph()["rossjax.errors"] == set()
