@@ -9,9 +9,16 @@ import pytest
 
 from rossjax.bench.select import family_routes, render_step, synth_traces
 from rossjax.curate import fingerprint as exported_fingerprint
-from rossjax.curate.routes import (
-    N_BIGRAM_BUCKETS, N_STATS, N_TRIGRAM_BUCKETS, _features, fingerprint, get_vocab, route_steps,
-    trace_text)
+from rossjax.routes.fingerprint import (
+    N_BIGRAM_BUCKETS,
+    N_STATS,
+    N_TRIGRAM_BUCKETS,
+    _features,
+    fingerprint,
+    get_vocab,
+    route_steps,
+    trace_text,
+)
 
 MATH = ("Let x be the number of apples.\n\nCompute 3 + 4 = 7.\n\nWait, that is wrong: it is 3 + 5.\n\n"
         "Check: 8 - 5 = 3, indeed.\n\n<tool_call>{\"name\": \"python\", \"arguments\": {}}</tool_call>\n\n"
@@ -62,7 +69,7 @@ def test_shape_dtype_and_seed():
 
 
 def test_identical_in_a_fresh_process_with_another_hash_seed(tmp_path):
-    code = ("import sys, numpy as np; from rossjax.curate.routes import fingerprint; "
+    code = ("import sys, numpy as np; from rossjax.routes.fingerprint import fingerprint; "
             f"np.save(sys.argv[1], fingerprint([{MATH!r}, 'Check it. Done.'], 'math', 64, 3))")
     out = tmp_path / "f.npy"
     env = dict(os.environ, PYTHONHASHSEED="12345")

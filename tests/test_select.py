@@ -6,9 +6,8 @@ import pytest
 
 from rossjax.bench.select import family_routes, synth_traces
 from rossjax.curate import select as exported_select
-from rossjax.curate.routes import fingerprint
-from rossjax.curate.selection import (
-    Clustering, _largest_remainder, cluster_pool, select)
+from rossjax.routes.fingerprint import fingerprint
+from rossjax.routes.selection import Clustering, _largest_remainder, cluster_pool, select
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +186,7 @@ def test_select_cli_parquet_and_errors(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rossjax.curate.select_cli import run
+    from rossjax.curate.subset import run
 
     recs = [json.loads(line) for line in open("data/select/sample.jsonl")][:20]
     for r in recs:
@@ -220,7 +219,7 @@ def test_select_cli_on_a_curated_dir(tmp_path):
 
     from rossjax.curate.masks import compile_rollout
     from rossjax.curate.pipeline import encode_example, read_compiled
-    from rossjax.curate.select_cli import run
+    from rossjax.curate.subset import run
     from rossjax.tokenizers import load_tokenizer
 
     tok = load_tokenizer("qwen")
@@ -249,7 +248,7 @@ def test_fingerprint_many_equals_one_call_in_chunks_and_workers():
     named by their index in the whole list, not in a chunk."""
     import json
 
-    from rossjax.curate.routes import fingerprint, fingerprint_many, trace_text
+    from rossjax.routes.fingerprint import fingerprint, fingerprint_many, trace_text
 
     texts = [trace_text(json.loads(line)) for line in open("data/select/sample.jsonl")]
     want, want_r = fingerprint(texts, "math", 32, 3, return_routes=True)

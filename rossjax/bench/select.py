@@ -101,7 +101,7 @@ class _Bank:
 
 def _work(args):
     start, size, seed, n_families = args
-    from rossjax.curate.routes import fingerprint
+    from rossjax.routes.fingerprint import fingerprint
     bank = _Bank(seed)
     routes = family_routes(n_families, seed, length=(24, 30))
     rng = np.random.Generator(np.random.PCG64([seed, start]))
@@ -122,7 +122,7 @@ def _work(args):
 
 def _naive_labels(texts, domain="math"):
     """The slow obvious labeller: split on blank lines, one regex search per label per step."""
-    from rossjax.curate.step_vocab import STEP_VOCAB
+    from rossjax.routes.step_vocab import STEP_VOCAB
     rx = [(lab, re.compile(r"\b(?:" + "|".join(c) + ")")) for lab, c in STEP_VOCAB[domain]]
     out = []
     for t in texts:
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     from tqdm import tqdm
 
-    from rossjax.curate.selection import cluster_pool, default_clusters, select
+    from rossjax.routes.selection import cluster_pool, default_clusters, select
 
     fps = np.empty((a.n, 64), np.float32)
     fams = np.empty(a.n, np.int64)
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
           f"(differs when other jobs share the cores; load average now {os.getloadavg()[0]:.1f})")
 
     sample, _ = synth_traces(300, family_routes(a.families, a.seed, (24, 30)), a.seed + 1, filler=2)
-    from rossjax.curate.routes import fingerprint
+    from rossjax.routes.fingerprint import fingerprint
     fingerprint(sample[:10])  # compile the vocabulary outside the timing
     t = time.perf_counter(); fingerprint(sample); ours = time.perf_counter() - t
     t = time.perf_counter(); _naive_labels(sample); naive = time.perf_counter() - t
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     rnd = select(fps, a.budget, "random", seed=a.seed)
     print(f"select diverse {a.budget:,} of {a.n:,} with {k} clusters: k-means {t_km:.1f} s + "
           f"per-cluster k-center {t_kc:.1f} s = {t_km + t_kc:.1f} s (target <= 120 s)")
-    from rossjax.curate.select_cli import mean_pairwise_distance
+    from rossjax.curate.subset import mean_pairwise_distance
 
     fd, fr = len(np.unique(fams[chosen])), len(np.unique(fams[rnd]))
     md, mr = mean_pairwise_distance(fps[chosen], a.seed), mean_pairwise_distance(fps[rnd], a.seed)

@@ -1,9 +1,23 @@
-"""`rossjax select`."""
+"""`rossjax select --config=configs/select_routes.py [--workdir=DIR]`: fingerprint rollouts (or a
+curated dir), select a subset, write it with report.json and a PNG (rossjax.curate.subset)."""
 
 from __future__ import annotations
 
+from rossjax.cli.flags import parse_config, repo_config
+
 
 def main(argv=None) -> int:
-    from rossjax.curate.select_cli import main as _main  # TODO(arch): body moves here; library exposes run(cfg, workdir)
+    from rossjax.curate.subset import run
 
-    return _main(argv)
+    cfg, fv, _ = parse_config(list(argv or []), default_config=repo_config("select_routes.py"))
+    report = run(cfg, fv.workdir or cfg.output)
+    r = report["rows"]
+    skipped = ", ".join(f"{k} {n}" for k, n in sorted(r["skipped"].items())) or "none"
+    print(f"selected {r['selected']} of {report['pool']['rows']} usable rows "
+          f"({r['input_rows']} read; skipped: {skipped}) with {report['method']} "
+          f"-> {report['output']}")
+    print(f"{'method':10s} {'mean dist':>9s} {'routes':>7s} {'clusters':>8s}")
+    for m, s in report["methods"].items():
+        print(f"{m:10s} {s['mean_pairwise_distance']:9.3f} {s['distinct_label_sequences']:7d} "
+              f"{s['clusters_covered']:8d}")
+    return 0

@@ -1,4 +1,5 @@
-"""`rossjax select --config=configs/select_routes.py`: fingerprint records, select, report.
+"""What `rossjax select --config=configs/select_routes.py` runs: fingerprint records, select,
+report (`run(cfg, workdir)`; the command line is rossjax/cli/select.py).
 
 Streams rollout records (or a curated output dir) through the fingerprinter (memory holds the
 fingerprints and a few fields per row, never the records), selects `budget` rows
@@ -17,8 +18,8 @@ import os
 
 import numpy as np
 
-from rossjax.curate.routes import fingerprint_many, trace_text
-from rossjax.curate.selection import METHODS, cluster_pool, default_clusters, select
+from rossjax.routes.fingerprint import fingerprint_many, trace_text
+from rossjax.routes.selection import METHODS, cluster_pool, default_clusters, select
 
 _PAIR_SAMPLE = 2000
 
@@ -155,8 +156,11 @@ def plot_selection(fps: np.ndarray, chosen: dict, path: str, seed: int = 0) -> N
     plt.close(fig)
 
 
-def run(cfg) -> dict:
-    if not cfg.input or not cfg.output:
+def run(cfg, workdir: str | None = None) -> dict:
+    """Select `cfg.budget` rows of `cfg.input` into `workdir` (default `cfg.output`); returns the
+    report (also written to report.json there)."""
+    out_dir = workdir or cfg.output
+    if not cfg.input or not out_dir:
         raise ValueError("select needs --config.input (records) and --config.output (a directory).")
     compare = [m for m in str(cfg.compare).split(",") if m]
     for m in [cfg.method] + compare:
@@ -168,7 +172,7 @@ def run(cfg) -> dict:
 
         if len(files := expand_inputs(cfg.input)) > 1:
             raise ValueError(f"config.input {cfg.input} names {len(files)} files; select copies rows "
-                             f"out of one rollout file, so concatenate them first.")
+                             f"out_dir of one rollout file, so concatenate them first.")
     # One streaming pass: traces go straight to the fingerprinter; only light per-row metadata
     # stays. A second pass over the input copies the chosen rows.
     meta = PoolMeta(cfg.group_by)
@@ -206,15 +210,15 @@ def run(cfg) -> dict:
     for m in dict.fromkeys([cfg.method] + compare):
         chosen[m] = select(fps, cfg.budget, m, seed=cfg.seed, groups=quota_groups,
                            per_group=per_group, routes=routes, clustering=clustering)
-    os.makedirs(cfg.output, exist_ok=True)
+    os.makedirs(out_dir, exist_ok=True)
     if curated:
         from rossjax.curate.mixture import write_shards
 
         sel = {"pool": rows[chosen[cfg.method]] - 1}   # 0-based read order
-        written = write_shards(cfg.output, {"pool": cfg.input}, sel, 4096, tag=None)
-        written = os.path.join(cfg.output, written[0]) if len(written) == 1 else cfg.output
+        written = write_shards(out_dir, {"pool": cfg.input}, sel, 4096, tag=None)
+        written = os.path.join(out_dir, written[0]) if len(written) == 1 else out_dir
     else:
-        written = _write_subset(cfg.input, rows[chosen[cfg.method]], cfg.output)
+        written = _write_subset(cfg.input, rows[chosen[cfg.method]], out_dir)
     # Every input row is accounted for: skipped (with a reason), selected, or left in the pool.
     n_sel = int(len(chosen[cfg.method]))
     rows_in = {"input_rows": int(len(meta) + sum(skipped.values())), "skipped": skipped,
@@ -226,26 +230,8 @@ def run(cfg) -> dict:
               "methods": {m: stats(idx) for m, idx in chosen.items()},
               "selected_ids": [meta.ids[i] for i in chosen[cfg.method]]}
     if cfg.plot:
-        plot_selection(fps, chosen, os.path.join(cfg.output, "selection.png"), cfg.seed)
-        report["plot"] = os.path.join(cfg.output, "selection.png")
-    with open(os.path.join(cfg.output, "report.json"), "w") as f:
+        plot_selection(fps, chosen, os.path.join(out_dir, "selection.png"), cfg.seed)
+        report["plot"] = os.path.join(out_dir, "selection.png")
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(report, f, indent=2)
     return report
-
-
-def main(argv=None) -> int:
-    from rossjax.cli import parse_config
-    from rossjax.curate.pipeline import repo_config
-
-    cfg, _, _ = parse_config(list(argv or []), default_config=repo_config("select_routes.py"))
-    report = run(cfg)
-    r = report["rows"]
-    skipped = ", ".join(f"{k} {n}" for k, n in sorted(r["skipped"].items())) or "none"
-    print(f"selected {r['selected']} of {report['pool']['rows']} usable rows "
-          f"({r['input_rows']} read; skipped: {skipped}) with {report['method']} "
-          f"-> {report['output']}")
-    print(f"{'method':10s} {'mean dist':>9s} {'routes':>7s} {'clusters':>8s}")
-    for m, s in report["methods"].items():
-        print(f"{m:10s} {s['mean_pairwise_distance']:9.3f} {s['distinct_label_sequences']:7d} "
-              f"{s['clusters_covered']:8d}")
-    return 0

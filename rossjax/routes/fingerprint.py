@@ -1,8 +1,5 @@
 """Route fingerprints: a fixed-length vector for the structure of a reasoning trace.
 
-(Named routes.py, not fingerprint.py, so the submodule never shadows the public function
-`rossjax.curate.fingerprint` on the package; likewise selection.py for `select`.)
-
 A trace is split into steps by rule (paragraphs; lines when it has a single paragraph;
 sentences when it has a single line; tool calls are steps of their own; pre-split steps are used
 as given). Each step is labelled from the domain's step vocabulary (`step_vocab.STEP_VOCAB`, data
@@ -30,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rossjax.curate.step_vocab import STEP_VOCAB
+from rossjax.routes.step_vocab import STEP_VOCAB
 
 N_BIGRAM_BUCKETS = 128
 N_TRIGRAM_BUCKETS = 256
