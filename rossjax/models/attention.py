@@ -1,4 +1,5 @@
-"""Grouped-query attention kernels in pure JAX: dense for short rows, block-wise for long ones.
+"""Grouped-query attention kernels in pure JAX: dense for short rows, block-wise for long ones;
+`attend` also dispatches to the fused backends of models/kernels (cuDNN, XLA, Pallas splash).
 
 Masks are described by ids (`MaskSpec`), never passed as a [b, s, t] array: key slot j is
 visible to query i when
@@ -235,8 +236,9 @@ def blockwise(q, k, v, m: MaskSpec, *, block: int = 512):
 
 
 def use_blockwise(impl: str, s: int, t: int, block: int) -> bool:
-    """'auto' picks dense while the keys fit in two blocks (dense is as fast or faster on CPU at
-    short lengths) or for a few queries (decode), block-wise beyond."""
+    """Among the pure-JAX kernels: 'auto' (and a fused backend's fallback) picks dense while the
+    keys fit in two blocks (dense is as fast or faster on CPU at short lengths) or for a few
+    queries (decode), block-wise beyond."""
     if impl == "dense":
         return False
     if impl == "blockwise":
@@ -244,14 +246,43 @@ def use_blockwise(impl: str, s: int, t: int, block: int) -> bool:
     return t > 2 * block and s > 16
 
 
-def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 512):
-    """q [b, s, H, hd], k/v [b, t, K, hd] -> [b, s, H, hd]."""
+def backend(impl: str, s: int, t: int, block: int, dtype, *, self_attention: bool = True) -> str:
+    """The kernel that runs: dense | blockwise | xla | cudnn | splash.
+
+    Fused backends (models/kernels) serve self-attention rows (training, scoring); `auto` picks
+    splash on TPU and cuDNN on NVIDIA GPUs in half precision, the pure-JAX kernels elsewhere.
+    Attention over a KV cache (prefill, decode) always uses the pure-JAX kernels.
+    """
+    from rossjax.models import kernels
+
+    if self_attention and impl in kernels.FUSED:
+        return impl
+    if self_attention and impl == "auto" and s > 16:
+        fused = kernels.platform_default(dtype)
+        if fused:
+            return fused
+    return "blockwise" if use_blockwise(impl, s, t, block) else "dense"
+
+
+def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 512, windows=(0,),
+           self_attention: bool = True):
+    """q [b, s, H, hd], k/v [b, t, K, hd] -> [b, s, H, hd].
+
+    `windows`: every value `m.window` can take (static; the fused splash kernel needs it).
+    """
     b, s, h, hd = q.shape
     nkv = k.shape[2]
     qg = q.reshape(b, s, nkv, h // nkv, hd)
-    if use_blockwise(impl, s, k.shape[1], block):
-        return blockwise(qg, k, v, m, block=block).reshape(b, s, h, hd)
-    return dense(qg, k, v, m).reshape(b, s, h, hd)
+    kind = backend(impl, s, k.shape[1], block, q.dtype, self_attention=self_attention)
+    if kind == "blockwise":
+        out = blockwise(qg, k, v, m, block=block)
+    elif kind == "dense":
+        out = dense(qg, k, v, m)
+    else:
+        from rossjax.models import kernels
+
+        out = kernels.attend(kind, qg, k, v, m, tuple(windows))
+    return out.reshape(b, s, h, hd)
 
 
 def attend_cache(q, kc, vc, m: MaskSpec, *, impl: str = "auto", block: int = 512):
@@ -264,7 +295,8 @@ def attend_cache(q, kc, vc, m: MaskSpec, *, impl: str = "auto", block: int = 512
     """
     b, s, h, hd = q.shape
     if s > 16:
-        return attend(q, kc.swapaxes(1, 2), vc.swapaxes(1, 2), m, impl=impl, block=block)
+        return attend(q, kc.swapaxes(1, 2), vc.swapaxes(1, 2), m, impl=impl, block=block,
+                      self_attention=False)
     nkv = kc.shape[1]
     qg = q.reshape(b, s, nkv, h // nkv, hd)
     scores = jnp.einsum("bskgd,bktd->bkgst", qg, kc, preferred_element_type=jnp.float32)

@@ -1,6 +1,7 @@
 """Decoder building blocks (Flax linen): RMSNorm, RoPE, GQA attention, SwiGLU MLP, Block.
 
-The attention kernels themselves (dense / block-wise, masks from ids) live in attention.py.
+The attention kernels themselves (dense / block-wise, masks from ids) live in attention.py, the
+fused backends (cuDNN, XLA, Pallas splash) in kernels/.
 
 Every parameter carries logical axis names (see rossjax/sharding.py for the rules that map them
 to mesh axes). Numerics follow transformers: RMSNorm and softmax in float32, RoPE with the
@@ -134,7 +135,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kw = {"impl": cfg.attention_impl, "block": cfg.attention_block}
         if kv_cache is None:
-            out, new_cache = attn_kernels.attend(q, k, v, mask, **kw), None
+            windows = tuple(sorted(set(cfg.layer_windows())))
+            out, new_cache = attn_kernels.attend(q, k, v, mask, windows=windows, **kw), None
         else:
             put = lambda c, new: jax.lax.dynamic_update_slice(
                 c, new.astype(c.dtype).swapaxes(1, 2), (0, 0, cache_index, 0))
