@@ -60,4 +60,12 @@ def get_config():
     c.chunk_rows = 4096  # rows verified and compiled per step (bounds memory)
     c.examples_per_shard = 8192
     c.progress = True
+    # local: this host (grain) | beam: the same stages as an Apache Beam pipeline (pip install
+    # "rossjax[beam]"; rossjax/curate/beam.py), for pools larger than one host; same outputs
+    c.runner = "local"
+    # runner=beam: Beam pipeline options, e.g. "--runner=DirectRunner --direct_num_workers=2
+    # --direct_running_mode=multi_processing", or --runner=DataflowRunner ... (see README)
+    c.beam_args = ("--runner=DirectRunner --direct_num_workers=2 "
+                   "--direct_running_mode=multi_processing")
+    c.beam_retries = 1  # runner=beam: reruns of a failed pipeline (the DirectRunner retries no bundle)
     return c
