@@ -209,6 +209,25 @@ def test_imports_point_down_the_layer_table():
     assert not bad, "imports up the layer table (docs/architecture.md):\n" + "\n".join(bad)
 
 
+DEVICE_LIBS = {"jax", "jaxlib", "flax", "optax", "orbax"}
+
+
+def test_the_cpu_half_never_names_jax():
+    """Layers 0-3 (the CPU half) run on workers without an accelerator: no import statement of
+    theirs, at any depth, names jax or a library built on it (test_curate_nojax.py checks the
+    same at run time for curate)."""
+    bad = []
+    for m, path in module_files().items():
+        if LAYERS.get(unit(m), 99) > 3:
+            continue
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            bad += [f"{m}: import {n}" for n in names if n.split(".")[0] in DEVICE_LIBS]
+    assert not bad, "\n".join(bad)
+
+
 def test_errors_import_nothing_from_rossjax():
     """rossjax.errors is the bottom layer every room may raise from."""
     assert import_graph()["rossjax.errors"] == set()
