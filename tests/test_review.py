@@ -1,85 +1,31 @@
-"""rossjax.review against a real local chat-completions server (http.server in a thread).
-
-The server answers from a script keyed on the rollout id it finds in the request: per id a list
-of answers, consumed in order (the repair round gets the next one). An answer is a string (the
-assistant text) or (status, body) for an HTTP error.
-"""
+"""rossjax.review: the client and the single-turn procedure against a scripted local
+chat-completions server (tests/review_server.py); agentic, resume and end-to-end runs are in
+test_review_agentic.py and test_review_runs.py."""
 
 import gzip
 import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import numpy as np
 import pytest
 
+from rossjax.curate.schema import iter_records, verifier_positive
+from rossjax.review import answers, client as client_mod, prompts, render
+from rossjax.review.run import run
 from rossjax.templates import render_chat
-from rossjax.curate.schema import iter_records
 from rossjax.tokenizers import load_tokenizer
-from rossjax.cli import review as review_cli
-from rossjax.review import annotate, answers, client as client_mod, prompt
+from review_server import Reviewer, as_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "data", "rollouts", "sample.jsonl")
 
 
-class Reviewer:
-    """A scripted chat-completions server on 127.0.0.1 (port 0)."""
-
-    def __init__(self, script, default=None):
-        self.script = {k: list(v) for k, v in script.items()}
-        self.default = default  # callable(id) -> answer, for ids not in the script
-        self.requests = []  # (rollout id, request json)
-        self.lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                assert self.path == "/v1/chat/completions", self.path
-                text = body["messages"][1]["content"]
-                rid = text.split("Rollout id: ", 1)[1].split("\n", 1)[0]
-                with outer.lock:
-                    outer.requests.append((rid, body))
-                    todo = outer.script.get(rid)
-                    ans = todo.pop(0) if todo else outer.default(rid)
-                if isinstance(ans, tuple):
-                    status, payload = ans
-                    data = json.dumps(payload).encode()
-                else:
-                    status = 200
-                    data = json.dumps({"id": "x", "object": "chat.completion", "choices": [
-                        {"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": ans}}]}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _config(input_path, url, **kw):
+def config(input_path, url, **kw):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("review_config", os.path.join(REPO, "configs", "review.py"))
+    spec = importlib.util.spec_from_file_location("review_config",
+                                                  os.path.join(REPO, "configs", "review.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     c = mod.get_config()
@@ -90,100 +36,110 @@ def _config(input_path, url, **kw):
     c.endpoint.concurrency = 4
     c.progress = False
     for k, v in kw.items():
-        c[k] = v
+        if "." in k:
+            a, b = k.split(".")
+            c[a][b] = v
+        else:
+            c[k] = v
     return c
 
 
-def _stripped_sample(path):
-    """data/rollouts/sample.jsonl with every annotation removed (bad lines kept as they are);
-    returns the original annotations by id."""
-    orig = {}
-    with open(SAMPLE, encoding="utf-8") as f, open(path, "w", encoding="utf-8") as out:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                out.write(line)
-                continue
-            if isinstance(rec, dict) and "annotation" in rec:
-                orig[rec["id"]] = rec.pop("annotation")
-            out.write(json.dumps(rec) + "\n")
-    return orig
-
-
-def _math_row(rid="m1"):
-    return {"id": rid, "task": {"id": "t", "domain": "math", "prompt": "Compute 7!/5!."},
+def math_row(rid="m1", **kw):
+    return {"id": rid, "task": {"id": "t", "domain": "math", "prompt": "Compute 7!/5!.",
+                                "reference": "42"},
             "messages": [{"role": "system", "content": "Be careful."},
                          {"role": "user", "content": "Compute 7!/5!."},
                          {"role": "assistant", "reasoning": "7! = 5040, 5! = 120, so 42.",
-                          "content": "Since 7!/5! = 7 \\cdot 6 = 42, the answer is \\boxed{42}."}],
-            "reward": 1.0, "verifier": {"name": "math", "passed": True, "evidence": "gold 42"}}
+                          "content": "Since 7!/5! = 7 \\cdot 6 = 42.\n"
+                                     "Check: 6 + 7 = 13, wrong but harmless.\n"
+                                     "The answer is \\boxed{42}."}],
+            "reward": 1.0, "verifier": {"name": "math", "passed": True, "evidence": "gold 42"},
+            **kw}
 
 
-def _write(path, rows):
+def write(path, rows):
     with open(path, "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
     return str(path)
 
 
-def _read_reviewed(workdir):
+def reviewed(workdir):
     rep = json.load(open(os.path.join(workdir, "report.json")))
     out = []
     for o in rep["outputs"]:
         with gzip.open(os.path.join(workdir, o["path"]), "rt", encoding="utf-8") as f:
             out += [json.loads(line) for line in f]
-    return rep, out
+    return rep, {r["id"]: r for r in out}
 
 
-def _withheld(workdir):
+def withheld(workdir):
     return {d["id"]: d for d in map(json.loads, open(os.path.join(workdir, "withheld.jsonl")))}
 
 
-KEEP_OK = json.dumps({"status": "accept", "keep": [
-    {"message": 2, "start": "Since 7!/5!", "end": "\\boxed{42}."}], "reason": "clean"})
+SPAN_A = {"message": 2, "start": "Since 7!/5!", "end": "= 42."}
+SPAN_B = {"message": 2, "start": "The answer is", "end": "\\boxed{42}."}
+SPANS = as_json({"decision": "spans", "keep": [SPAN_A, SPAN_B], "reason": "skip the bad check"})
+WHOLE = as_json({"decision": "whole", "reason": "all clean"})
+CLEAN = as_json({"verdict": "clean", "errors": []})
+AUDIT_ERR = as_json({"verdict": "error", "errors": [
+    {"quote": "6 + 7 = 13, wrong but harmless", "problem": "an irrelevant wrong check"}]})
 
 
-# -- answers -------------------------------------------------------------------------------------
+# -- answers and prompts ---------------------------------------------------------------------
 
 def test_extract_json_tolerates_fences_and_prose_but_not_two_objects():
-    obj = {"status": "accept", "keep": [{"message": 2, "start": "a {b}", "end": "c"}]}
+    obj = {"decision": "spans", "keep": [{"message": 2, "start": "a {b}", "end": "c"}]}
     s = json.dumps(obj)
     assert answers.extract_json(s) == obj
     assert answers.extract_json(f"Here you go:\n```json\n{s}\n```\nDone.") == obj
     assert answers.extract_json(f"<think>maybe {{no}}</think>Sure: {s} -- hope it helps") == obj
-    for bad in ("", "no json here", "[1, 2]", s + " and also " + json.dumps({"status": "drop"})):
+    for bad in ("", "no json here", "[1, 2]", s + " and also " + json.dumps({"verdict": "x"})):
         with pytest.raises(answers.Unparseable):
             answers.extract_json(bad)
 
 
-def test_review_mode_and_prompt_show_numbered_parts():
+def test_review_mode_and_prompts_show_numbered_parts():
     tok = load_tokenizer("qwen")
     rows = [r.record for r in iter_records(SAMPLE) if r.record is not None]
     code = next(r for r in rows if r["id"] == "code-fib-s23-r0")
     math = next(r for r in rows if r["id"] == "math-2-s12-r0")
-    assert prompt.review_mode(code) == "exclude" and prompt.review_mode(math) == "keep"
-    assert prompt.review_mode(code, "keep") == "keep"
-    msgs = prompt.build_messages(code, render_chat(code["messages"], "chatml", tok), "exclude")
+    assert render.review_mode(code) == "exclude" and render.review_mode(math) == "keep"
+    assert render.review_mode(code, "keep") == "keep"
+    msgs = prompts.discovery(code, render_chat(code["messages"], "chatml", tok), [(2, 1), (4, 1)])
     user = msgs[1]["content"]
-    assert "Rollout id: code-fib-s23-r0" in user and "EXCLUDE mode" in user
-    # the line the sample's exclusion quotes, with its 1-based number, under message 2
+    assert "Rollout id: code-fib-s23-r0" in user and "SEMANTIC ERROR DISCOVERY" in user
+    assert "message 2 (1 call), message 4 (1 call)" in user
     after = user.split("[message 2] assistant", 1)[1]
     assert "  2 | rm -rf /tmp/work && mkdir /tmp/work  # clean slate" in after
     assert " tool_calls:\n" in after and " reasoning:\n" in after
 
 
-# -- client --------------------------------------------------------------------------------------
+def test_verifier_positive_is_one_definition():
+    row = math_row()
+    assert verifier_positive(row)
+    assert not verifier_positive({**row, "verifier": {"name": "math", "passed": False}})
+    undecided = {**row, "verifier": {"name": "math", "passed": None}}
+    assert not verifier_positive(undecided) and verifier_positive(undecided, undecided="keep")
+    bare = {k: v for k, v in row.items() if k != "verifier"}  # reward 1.0 is not a verdict
+    assert not verifier_positive(bare) and verifier_positive(bare, unverified="keep")
 
-def test_client_retries_5xx_then_succeeds_and_400_is_one_clear_error(tmp_path):
+
+# -- client ----------------------------------------------------------------------------------
+
+def _ask(c, rid, **kw):
+    return c.ask([{"role": "system", "content": ""}, {"role": "user", "content": f"Rollout id: {rid}\n"}],
+                 **kw)
+
+
+def test_client_retries_5xx_then_succeeds_and_400_is_one_clear_error():
     with Reviewer({"a": [(500, {"error": {"message": "overloaded"}}), "fine"],
                    "b": [(400, {"error": {"message": "prompt is too long"}})]}) as srv:
         c = client_mod.ReviewerClient(srv.url, "tiny", backoff_s=0.01)
-        assert c.complete([{"role": "system", "content": ""},
-                           {"role": "user", "content": "Rollout id: a\n"}]) == "fine"
-        assert [r for r, _ in srv.requests] == ["a", "a"] and c.stats["retries"] == 1
+        assert _ask(c, "a", stage="proposal").text == "fine"
+        assert srv.stages() == ["?", "?"] and c.stats["proposal"]["retries"] == 1
         with pytest.raises(client_mod.ReviewerError) as e:
-            c.complete([{"role": "system", "content": ""}, {"role": "user", "content": "Rollout id: b\n"}])
+            _ask(c, "b")
     msg = str(e.value)
     assert e.value.status == 400 and srv.url + "/chat/completions" in msg
     assert "HTTP 400" in msg and "prompt is too long" in msg and "\n" not in msg
@@ -193,220 +149,162 @@ def test_client_malformed_response_is_a_clear_error():
     with Reviewer({"a": [(200, {"choices": []})]}) as srv:
         c = client_mod.ReviewerClient(srv.url, "tiny", backoff_s=0.01)
         with pytest.raises(client_mod.ReviewerError, match="not a chat completion") as e:
-            c.complete([{"role": "system", "content": ""}, {"role": "user", "content": "Rollout id: a\n"}])
+            _ask(c, "a")
     assert srv.url in str(e.value)
 
 
-# -- pipeline ------------------------------------------------------------------------------------
+def test_client_env_key_url_extra_body_keepalive_and_cache(tmp_path, monkeypatch):
+    with Reviewer(default=lambda rid, body: "ok " + rid) as srv:
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-123")
+        extra = '{"seed": 7, "top_p": 0.9, "chat_template_kwargs": {"enable_thinking": false}}'
+        c = client_mod.ReviewerClient(model="tiny", extra_body=extra, cache_dir=str(tmp_path))
+        fmt = prompts.response_format("audit", "json_schema")
+        replies = [_ask(c, f"r{k}", stage="audit", response_format=fmt) for k in range(5)]
+        assert [r.text for r in replies] == [f"ok r{k}" for k in range(5)]
+        assert len(srv.ports) == 1 and c.connections == 1  # one kept-alive connection
+        body, headers = srv.requests[0][2], srv.requests[0][3]
+        assert headers["Authorization"] == "Bearer sk-test-123"
+        assert body["seed"] == 7 and body["top_p"] == 0.9
+        assert body["chat_template_kwargs"] == {"enable_thinking": False}
+        assert body["response_format"]["json_schema"]["schema"] == prompts.SCHEMAS["audit"]
+        assert c.stats["audit"]["requests"] == 5 and c.stats["audit"]["completion_tokens"] > 0
+        again = _ask(c, "r0", stage="audit", response_format=fmt)
+        assert again.cached and again.text == "ok r0" and len(srv.requests) == 5
+        entry = json.load(open(os.path.join(str(tmp_path), again.key[:2], again.key + ".json")))
+        assert entry["request"] == body and entry["response"]["choices"][0]["message"]["content"] == "ok r0"
+    with pytest.raises(ValueError, match="extra_body may not set model"):
+        client_mod.ReviewerClient("http://x/v1", "tiny", extra_body={"model": "other"})
 
-def test_keep_repair_garbage_drop_and_retry(tmp_path):
-    rows = [_math_row(r) for r in ("ok", "fix", "junk", "drop", "flaky")]
-    bad = json.dumps({"status": "revise", "keep": [
-        {"message": 2, "start": "Since 7!/5!", "end": "\\boxed{41}."}]})
-    script = {"ok": [KEEP_OK], "fix": [bad, "```json\n" + KEEP_OK + "\n```"],
-              "junk": ["I think this rollout is fine!"],
-              "drop": ['{"status": "drop", "reason": "lucky guess"}'],
-              "flaky": [(503, {"error": "busy"}), KEEP_OK]}
-    inp = _write(tmp_path / "in.jsonl", rows)
+
+# -- single-turn procedure -------------------------------------------------------------------
+
+def _run(tmp_path, rows, script, name="out", **kw):
+    inp = write(tmp_path / f"{name}.jsonl", rows)
     with Reviewer(script) as srv:
-        rep = annotate.review(_config(inp, srv.url), str(tmp_path / "out"))
-    assert rep["input_rows"] == 5
-    assert rep["buckets"] == {"kept": 3, "withheld": 2, "invalid": 0}
-    assert rep["reasons"]["withheld"] == {"reviewer_drop": 1, "reviewer_unparseable": 1}
-    assert rep["attempts"] == {"1": 4, "2": 1}
-    _, out = _read_reviewed(tmp_path / "out")
-    by = {r["id"]: r for r in out}
-    assert set(by) == {"ok", "fix", "flaky"}
-    assert by["ok"]["annotation"] == {"status": "accept", "keep": json.loads(KEEP_OK)["keep"]}
-    assert by["ok"]["review"]["attempts"] == 1 and by["ok"]["review"]["reason"] == "clean"
-    assert by["ok"]["review"]["model"] == "tiny-reviewer"
-    assert by["ok"]["review"]["prompt_version"] == prompt.PROMPT_VERSION
-    assert by["fix"]["review"]["attempts"] == 2
-    # the repair request carries the reviewer's answer and the exact curate error sentence
-    fix = [b for r, b in srv.requests if r == "fix"]
-    assert len(fix) == 2
-    err = "keep[0].end '\\\\boxed{41}.' does not occur in message 2"
-    assert fix[1]["messages"][-2] == {"role": "assistant", "content": bad}
-    assert err in fix[1]["messages"][-1]["content"] and err not in json.dumps(fix[0]["messages"])
-    assert [r for r, _ in srv.requests].count("flaky") == 2
-    assert rep["requests"]["retries"] == 1
-    wh = _withheld(tmp_path / "out")
-    assert "lucky guess" in wh["drop"]["detail"]
+        rep = run(config(inp, srv.url, **kw), str(tmp_path / name))
+    return srv, rep
 
 
-def test_unfixed_anchor_is_withheld_with_curate_code(tmp_path):
-    bad = json.dumps({"status": "revise", "keep": [
-        {"message": 2, "start": "42", "end": "\\boxed{42}."}]})  # "42" occurs 3 times
-    inp = _write(tmp_path / "in.jsonl", [_math_row("amb")])
-    with Reviewer({"amb": [bad, bad, bad]}) as srv:
-        rep = annotate.review(_config(inp, srv.url, max_repairs=1), str(tmp_path / "out"))
-    assert len(srv.requests) == 2
-    assert rep["reasons"]["withheld"] == {"anchor_ambiguous": 1}
-    assert "after 2 reviewer answer(s)" in _withheld(tmp_path / "out")["amb"]["detail"]
+def test_accept_proposal_then_clean_audit(tmp_path):
+    srv, rep = _run(tmp_path, [math_row("ok")], {"ok": [SPANS, CLEAN]})
+    assert srv.stages() == ["proposal", "audit"]
+    _, by = reviewed(tmp_path / "out")
+    assert by["ok"]["annotation"] == {"status": "revise", "keep": [SPAN_A, SPAN_B]}
+    info = by["ok"]["review"]
+    assert info["procedure"] == "single_turn" and info["answers"] == 2 and info["repair_rounds"] == 0
+    # the audit judges the exact selected text in order, not the proposal's summary
+    audit = srv.bodies("ok", "audit")[0]["messages"][-1]["content"]
+    assert "Since 7!/5! = 7 \\cdot 6 = 42.\n[...]\nThe answer is \\boxed{42}." in audit
+    assert "wrong but harmless" not in audit and "skip the bad check" not in audit
+    assert rep["stages"]["proposal"]["requests"] == 1 and rep["stages"]["audit"]["requests"] == 1
+    assert rep["stages"]["audit"]["prompt_tokens"] > 0
+    assert rep["requests"]["requests"] == 2 and rep["procedures"] == {"single_turn": 1}
 
 
-def test_setup_refusal_stops_the_run_with_one_sentence(tmp_path):
-    inp = _write(tmp_path / "in.jsonl", [_math_row("a")])
+def test_audit_finds_error_then_repair_succeeds(tmp_path):
+    srv, rep = _run(tmp_path, [math_row("fix")], {"fix": [WHOLE, AUDIT_ERR, SPANS, CLEAN]})
+    assert srv.stages() == ["proposal", "audit", "repair", "audit"]
+    repair = srv.bodies("fix", "repair")[0]["messages"]
+    assert repair[-2] == {"role": "assistant", "content": WHOLE}
+    assert "an irrelevant wrong check" in repair[-1]["content"]
+    assert "6 + 7 = 13, wrong but harmless" in repair[-1]["content"]
+    # the first audit saw the whole response, the second only the repaired selection
+    a1, a2 = (b["messages"][-1]["content"] for b in srv.bodies("fix", "audit"))
+    assert "wrong but harmless" in a1 and "wrong but harmless" not in a2
+    _, by = reviewed(tmp_path / "out")
+    assert by["fix"]["annotation"]["keep"] == [SPAN_A, SPAN_B]
+    assert by["fix"]["review"]["repair_rounds"] == 1
+    assert rep["stages"]["repair"]["requests"] == 1
+
+
+BAD_SPANS = as_json({"decision": "spans", "keep": [{"message": 2, "start": "Nope", "end": "x"}]})
+REPAIR_FAILS = {
+    "errors": ([WHOLE, AUDIT_ERR, SPANS, AUDIT_ERR], "still finds errors after 1 repair round"),
+    "reject": ([WHOLE, AUDIT_ERR, as_json({"decision": "reject", "reason": "no clean part"})],
+               "no clean part"),
+    "unfixable": ([WHOLE, AUDIT_ERR, BAD_SPANS, BAD_SPANS], "'Nope' does not occur in message 2"),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(REPAIR_FAILS))
+def test_repair_fails_row_is_dropped(tmp_path, ending):
+    script, why = REPAIR_FAILS[ending]
+    srv, rep = _run(tmp_path, [math_row("d")], {"d": script}, max_repair_rounds=1,
+                    max_step_retries=1)
+    assert rep["buckets"] == {"kept": 0, "withheld": 1, "invalid": 0}
+    assert rep["reasons"]["withheld"] == {"annotation_drop": 1}
+    assert rep["stages"]["repair"]["withheld"] == {"annotation_drop": 1}
+    assert len(srv.requests) == len(script)  # bounded: nothing asked after the last round
+    assert why in withheld(tmp_path / "out")["d"]["detail"]
+
+
+def test_out_of_order_spans_and_missing_final_answer_are_asked_again(tmp_path):
+    swapped = as_json({"decision": "spans", "keep": [SPAN_B, SPAN_A]})
+    no_answer = as_json({"decision": "spans", "keep": [SPAN_A]})
+    srv, rep = _run(tmp_path, [math_row("order"), math_row("final")],
+                    {"order": [swapped, SPANS, CLEAN], "final": [no_answer, SPANS, CLEAN]})
+    assert rep["buckets"]["kept"] == 2
+    assert srv.stages("order") == srv.stages("final") == ["proposal", "retry", "audit"]
+    retry = srv.bodies("order")[1]["messages"]
+    assert retry[-2]["content"] == swapped
+    assert "keep[1] starts before keep[0] ends" in retry[-1]["content"]
+    retry = srv.bodies("final")[1]["messages"][-1]["content"]
+    assert "does not contain the complete final answer '\\\\boxed{42}'" in retry
+    assert rep["stages"]["proposal"]["failed_checks"] == {"anchor_order": 1,
+                                                          "final_answer_missing": 1}
+
+
+@pytest.mark.parametrize("answer,code", [
+    ("I think this rollout is fine!", "reviewer_unparseable"),
+    ({"content": '{"decision": "spans", "keep": [{"mess', "finish_reason": "length"},
+     "reviewer_truncated"),
+    (as_json({"decision": "spans", "keep": [{"message": "2", "start": 1, "end": None}]}),
+     "reviewer_malformed"),
+    (as_json({"decision": "maybe"}), "reviewer_malformed"),
+    (as_json({"decision": "spans", "keep": "all of it"}), "reviewer_malformed"),
+    ("{" + "x" * 60_000, "reviewer_oversized"),
+    ({"content": None}, "reviewer_unparseable"),
+])
+def test_bad_answers_are_withheld_never_a_crash(tmp_path, answer, code):
+    srv, rep = _run(tmp_path, [math_row("bad"), math_row("good")],
+                    {"bad": [answer, answer], "good": [SPANS, CLEAN]}, max_step_retries=1)
+    assert rep["buckets"] == {"kept": 1, "withheld": 1, "invalid": 0}
+    assert rep["reasons"]["withheld"] == {code: 1}
+    assert srv.stages("bad") == ["proposal", "retry"]
+    assert "after 2 proposal answer(s)" in withheld(tmp_path / "out")["bad"]["detail"]
+
+
+def test_rows_gating_bypass_and_pass_through(tmp_path):
+    pre = {"status": "revise", "keep": [SPAN_A]}
+    rows = [math_row("pre", annotation=pre),
+            math_row("failed", verifier={"name": "math", "passed": False}),
+            {k: v for k, v in math_row("reward_only").items() if k != "verifier"},
+            math_row("if1", task={"id": "if", "domain": "ifeval", "prompt": "Answer in caps."})]
+    srv, rep = _run(tmp_path, rows, {}, if_bypass=True)
+    assert srv.requests == []
+    assert rep["kept_by"] == {"reviewed": 0, "passed_through": 1, "bypassed": 1}
+    assert rep["reasons"]["withheld"] == {"unverified": 1, "verifier_failed": 1}
+    _, by = reviewed(tmp_path / "out")
+    assert by["pre"]["annotation"] == pre
+    assert by["if1"]["annotation"] == {"status": "accept"}
+    assert by["if1"]["review"]["bypass"] == "instruction_following"
+    # without the IF rule the instruction-following row is reviewed like any other
+    srv, rep = _run(tmp_path, rows[3:], {"if1": [WHOLE, CLEAN]}, name="b")
+    assert srv.stages() == ["proposal", "audit"] and rep["kept_by"]["reviewed"] == 1
+
+
+def test_setup_refusal_stops_the_run_and_one_refused_row_is_withheld(tmp_path):
+    inp = write(tmp_path / "in.jsonl", [math_row("a")])
     with Reviewer({"a": [(404, {"error": {"message": "model tiny-reviewer not found"}})]}) as srv:
         with pytest.raises(ValueError, match=r"refused the request with HTTP 404: model"):
-            annotate.review(_config(inp, srv.url), str(tmp_path / "out"))
-
-
-def test_one_refused_row_is_withheld_and_the_run_goes_on(tmp_path):
-    inp = _write(tmp_path / "in.jsonl", [_math_row("long"), _math_row("ok")])
-    with Reviewer({"long": [(400, {"error": {"message": "maximum context length exceeded"}})],
-                   "ok": [KEEP_OK]}) as srv:
-        rep = annotate.review(_config(inp, srv.url), str(tmp_path / "out"))
+            run(config(inp, srv.url), str(tmp_path / "out"))
+    srv, rep = _run(tmp_path, [math_row("long"), math_row("ok")],
+                    {"long": [(400, {"error": {"message": "maximum context length exceeded"}})],
+                     "ok": [SPANS, CLEAN]}, name="b", **{"endpoint.concurrency": 1})
     assert rep["buckets"] == {"kept": 1, "withheld": 1, "invalid": 0}
-    detail = _withheld(tmp_path / "out")["long"]["detail"]
-    assert "HTTP 400" in detail and "maximum context length" in detail and srv.url in detail
-
-
-def test_annotated_rows_pass_through_unless_overwrite(tmp_path):
-    pre = {"status": "revise", "keep": [{"message": 2, "start": "7 \\cdot 6", "end": "42,"}]}
-    failed = {**_math_row("bad"), "verifier": {"name": "math", "passed": False}}
-    inp = _write(tmp_path / "in.jsonl", [{**_math_row("pre"), "annotation": pre}, failed])
-    with Reviewer({"pre": [KEEP_OK]}) as srv:
-        rep = annotate.review(_config(inp, srv.url), str(tmp_path / "a"))
-        assert srv.requests == []
-        assert rep["kept_by"] == {"reviewed": 0, "passed_through": 1}
-        assert rep["reasons"]["withheld"] == {"not_verifier_positive": 1}
-        assert _read_reviewed(tmp_path / "a")[1][0]["annotation"] == pre
-        rep = annotate.review(_config(inp, srv.url, overwrite=True), str(tmp_path / "b"))
-        assert [r for r, _ in srv.requests] == ["pre"] and rep["kept_by"]["reviewed"] == 1
-        assert _read_reviewed(tmp_path / "b")[1][0]["annotation"]["status"] == "accept"
-
-
-def test_resume_from_cache_asks_nothing(tmp_path):
-    rows = [_math_row(f"r{k}") for k in range(6)]
-    inp = _write(tmp_path / "in.jsonl", rows)
-    cache = str(tmp_path / "cache")
-    with Reviewer({}, default=lambda rid: KEEP_OK) as srv:
-        rep1 = annotate.review(_config(inp, srv.url, cache_dir=cache), str(tmp_path / "a"))
-        n1 = len(srv.requests)
-        rep2 = annotate.review(_config(inp, srv.url, cache_dir=cache), str(tmp_path / "b"))
-    assert n1 == 6 and len(srv.requests) == 6  # the second run made zero HTTP requests
-    assert rep2["requests"] == {"requests": 0, "retries": 0, "cache_hits": 6}
-    assert _read_reviewed(tmp_path / "a")[1] == _read_reviewed(tmp_path / "b")[1]
-    assert rep1["buckets"] == rep2["buckets"] == {"kept": 6, "withheld": 0, "invalid": 0}
-
-
-def _sample_reviewer(orig):
-    """Answers each sample row with its shipped annotation; rows whose shipped annotation does
-    not compile get a corrected one in the repair round."""
-    fixed = {
-        # ambiguous "42" -> a unique start anchor
-        "math-2-s50-r4": {"status": "accept", "keep": [
-            {"message": 2, "start": "Since 7!/5!", "end": "\\boxed{42}."}]},
-        # the last exclusion touches the protected "Here is the solution:" -> drop it
-        "code-add_pair-s51-r5": {**orig["code-add_pair-s51-r5"],
-                                 "exclude": orig["code-add_pair-s51-r5"]["exclude"][:2]},
-        # row 22: the keep points at message 5 of 3
-        "math-8-s55-r9": {"status": "accept", "keep": [
-            {"message": 2, "start": "A hexagon has", "end": "\\boxed{720}."}]},
-    }
-    script = {rid: [json.dumps(a)] for rid, a in orig.items()}
-    for rid, a in fixed.items():
-        script[rid].append("Corrected:\n```json\n" + json.dumps(a) + "\n```")
-    # the unannotated positive row, and row 22 whose annotation points at a missing message
-    script["math-12-s22-r0"] = [json.dumps({"status": "accept", "keep": [
-        {"message": 2, "start": "We have", "end": "\\boxed{15}."}]})]
-    return script
-
-
-def _reference_loss(record, input_ids, tok):
-    """The loss mask the reviewer's spans select, the slow obvious way: per token its character
-    range in the rendered text; supervised iff it overlaps an assistant part and (keep) a kept
-    span / (exclude) no excluded quote."""
-    r = render_chat(record["messages"], "chatml", tok)
-    text = r.text
-    raw = text.encode("utf-8")
-    bounds, b = [], 0
-    for t in input_ids:
-        n = len(tok.token_bytes(int(t)))
-        bounds.append((len(raw[:b].decode("utf-8", "ignore")), len(raw[:b + n].decode("utf-8", "ignore"))))
-        b += n
-    assistant = [(p.start, p.end) for p in r.parts if p.role == "assistant"]
-    ann = record["annotation"]
-    spans = []
-    for k in ann.get("keep") or []:
-        parts = [p for p in r.parts if p.message == k["message"]]
-        lo, hi = min(p.start for p in parts), max(p.end for p in parts)
-        s = text.index(k["start"], lo, hi)
-        e = text.index(k["end"], lo, hi) + len(k["end"])
-        spans.append((s, e))
-        body_end = max(p.text_end for p in parts if p.kind != "end")
-        if e >= body_end:  # kept through the last word: the end-of-turn marker is kept too
-            spans += [(p.start, p.end) for p in parts if p.kind == "end"]
-    excl = []
-    for x in ann.get("exclude") or []:
-        p = next(p for p in r.parts if p.message == x["message"] and p.kind == x.get("part", "content"))
-        lines = text[p.text_start:p.text_end].split("\n")
-        base = p.text_start + sum(len(line) + 1 for line in lines[:x["line"] - 1])
-        col = lines[x["line"] - 1].index(x["quote"])
-        excl.append((base + col, base + col + len(x["quote"])))
-
-    def hits(s, e, ivs):
-        return any(a < e and s < b for a, b in ivs)
-
-    out = []
-    for s, e in bounds:
-        sup = hits(s, e, assistant)
-        if ann.get("keep"):
-            sup = sup and hits(s, e, spans)
-        out.append(sup and not hits(s, e, excl))
-    return np.array(out, np.uint8)
-
-
-def test_sample_review_then_curate_end_to_end(tmp_path, capsys):
-    """The shipped sample with annotations stripped -> `rossjax review` (CLI main) -> `rossjax
-    curate`: accounting adds up, and every row the review kept compiles in curate with the
-    non-empty loss mask the reviewer's spans select."""
-    from rossjax.curate import pipeline
-
-    inp = tmp_path / "stripped.jsonl"
-    orig = _stripped_sample(inp)
-    work = tmp_path / "rev"
-    with Reviewer(_sample_reviewer(orig)) as srv:
-        assert review_cli.main([f"--config={REPO}/configs/review.py", f"--workdir={work}",
-                         f"--config.input={inp}", f"--config.endpoint.base_url={srv.url}",
-                         "--config.endpoint.model=tiny-reviewer", "--config.endpoint.backoff_s=0.01",
-                         "--config.progress=False"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 3 and lines[0].startswith("rossjax review: 30 rows: 23 kept")
-    rep, out = _read_reviewed(work)
-    assert rep["input_rows"] == 30 == sum(rep["buckets"].values())
-    assert rep["buckets"] == {"kept": 23, "withheld": 5, "invalid": 2}
-    # math-6-s53-r7 stores token_ids of another template: no annotation can make it compile,
-    # so it is withheld with curate's code before the reviewer is asked
-    assert rep["reasons"] == {"withheld": {"not_verifier_positive": 3, "reviewer_drop": 1,
-                                           "token_mismatch": 1},
-                              "invalid": {"invalid_record": 2}}
-    assert rep["modes"] == {"exclude": 8, "keep": 16}
-    # math-2-s50-r4 (ambiguous), code-add_pair-s51-r5 (protected), math-8-s55-r9 (row 22:
-    # message 5 does not exist) took a repair round
-    assert rep["attempts"] == {"1": 21, "2": 3}
-    assert len(srv.requests) == 27 and "math-6-s53-r7" not in {r for r, _ in srv.requests}
-    repaired = {r["id"] for r in out if r["review"]["attempts"] == 2}
-    assert repaired == {"math-2-s50-r4", "code-add_pair-s51-r5", "math-8-s55-r9"}
-    wrong_msg = [b for r, b in srv.requests if r == "math-8-s55-r9"][1]["messages"][-1]["content"]
-    assert "annotation.keep[0].message 5 points at a message that does not exist" in wrong_msg
-
-    cur = tmp_path / "cur"
-    assert pipeline.main([f"--config={REPO}/configs/curate.py", f"--config.input={work / rep['outputs'][0]['path']}",
-                          f"--config.output={cur}", "--config.verify=stored",
-                          "--config.unverified=keep", "--config.progress=False"]) == 0
-    crep = json.load(open(cur / "report.json"))
-    assert crep["buckets"] == {"kept": 23, "withheld": 0, "invalid": 0}
-    tok = load_tokenizer("qwen")
-    by = {r["id"]: r for r in out}
-    compiled = list(pipeline.read_compiled(str(cur)))
-    assert sorted(ex["id"] for ex in compiled) == sorted(by)
-    for ex in compiled:
-        loss = np.asarray(ex["loss_mask"])
-        assert loss.sum() > 0, ex["id"]
-        np.testing.assert_array_equal(loss, _reference_loss(by[ex["id"]], ex["input_ids"], tok),
-                                      err_msg=ex["id"])
+    detail = withheld(tmp_path / "b")["long"]["detail"]
+    assert "HTTP 400" in detail and "maximum context length" in detail
 
 
 def test_review_imports_without_jax():

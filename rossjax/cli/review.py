@@ -1,5 +1,5 @@
 """`rossjax review --config=configs/review.py --workdir=DIR`: annotate rollouts with a reviewer
-LLM (rossjax.review.annotate), then print where the annotated rollouts are and how to curate them."""
+LLM (rossjax.review.run), then print where the annotated rollouts are and how to curate them."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ def summary(report: dict, workdir: str) -> list[str]:
         f"reviewer {report['reviewer']['model']} at {report['reviewer']['url']}: "
         f"{q['requests']} HTTP requests ({q['retries']} retries), {q['cache_hits']} answers from "
         f"the cache, answers per row {report['attempts'] or '{}'}",
+        "stages: " + ("; ".join(
+            f"{name} {st['requests']} requests {st['prompt_tokens'] + st['completion_tokens']} "
+            f"tokens" + (f" withheld {sum(st['withheld'].values())}" if st["withheld"] else "")
+            for name, st in report.get("stages", {}).items()) or "none asked"),
         f"annotated rollouts: {first}" + (f" (+{len(outs) - 1} more shards)" if len(outs) > 1
                                           else "")
         + f"; report {os.path.join(workdir, 'report.json')}; next: rossjax curate "
@@ -30,11 +34,11 @@ def summary(report: dict, workdir: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from rossjax.review.annotate import review
+    from rossjax.review.run import run
 
     cfg, workdir, _ = command_config(list(argv or []), "review", "configs/review.py",
                                      default_config=repo_config("review.py"))
-    report = review(cfg, workdir)
+    report = run(cfg, workdir)
     for line in summary(report, workdir):
         print(line)
     return 0

@@ -2,10 +2,11 @@
 
     rossjax review --config=configs/review.py --workdir=DIR
 
-asks a reviewer model behind an OpenAI-compatible chat-completions endpoint to annotate
-verifier-positive rollouts (keep anchors for single-turn rows, exclude/protect quotes for agentic
-ones), checks every annotation by compiling it with the curate code, and writes annotated
-rollouts that `rossjax curate` reads. Like rossjax.curate it never imports jax.
+asks a reviewer model behind an OpenAI-compatible chat-completions endpoint to annotate the
+rollouts curate will train on: single-turn rows by proposal, deterministic checks, audit and
+repair; agentic rows by semantic discovery over step groups, then boundary localization per
+finding (docs/review.md). Every annotation is compiled with curate's own compiler before it is
+kept. Like rossjax.curate it never imports jax.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import importlib
 _EXPORTS = {
     "ReviewerClient": "rossjax.review.client",
     "ReviewerError": "rossjax.review.client",
-    "PROMPT_VERSION": "rossjax.review.prompt",
-    "build_messages": "rossjax.review.prompt",
-    "review_mode": "rossjax.review.prompt",
+    "Reply": "rossjax.review.client",
+    "PROMPT_VERSION": "rossjax.review.prompts",
+    "review_mode": "rossjax.review.render",
     "extract_json": "rossjax.review.answers",
-    "review": "rossjax.review.annotate",
+    "run": "rossjax.review.run",
+    "read_transcript": "rossjax.review.run",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,10 +1,10 @@
-"""Read a reviewer's answer: find its one JSON object, turn it into a record annotation.
+"""Read a reviewer's answer: find its one JSON object, check its fields.
 
 Models wrap JSON in ```json fences, in a sentence of preamble, or after a <think> block; all of
 that is tolerated as long as exactly ONE JSON object can be found. Anything else (no object, two
-different objects, an array) is `Unparseable`, which the pipeline withholds as
-`reviewer_unparseable`. Whether the annotation's selectors resolve is checked elsewhere
-(annotate.py compiles it with the curate code).
+different objects, an array) is `Unparseable`. `read_answer` adds the limits of a usable answer
+(not cut off at max_tokens, not huge) and names each failure with the withheld reason it becomes
+when no retry fixes it (`BadAnswer.code`); the want_* helpers check field types the same way.
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 import re
 
-from rossjax.curate.schema import STATUSES
-
-ANNOTATION_KEYS = ("keep", "exclude", "protect", "omissions")
 _FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n?(.*?)```", re.S)
 _THINK = re.compile(r"<think>.*?</think>", re.S)
 
@@ -64,18 +61,58 @@ def extract_json(text: str) -> dict:
     return next(iter(distinct.values()))
 
 
-def to_annotation(obj: dict) -> tuple[dict, str | None]:
-    """(annotation, error): the record annotation (status + selector lists only) the answer
-    describes, and one sentence when its status is missing or unknown. The reviewer's free-text
-    `reason` is returned inside the annotation as `reason` only when it is a string."""
-    status = obj.get("status")
-    ann = {"status": status}
-    for key in ANNOTATION_KEYS:
-        if obj.get(key) is not None:
-            ann[key] = obj[key]
-    if isinstance(obj.get("reason"), str) and obj["reason"].strip():
-        ann["reason"] = obj["reason"].strip()
-    if status not in STATUSES:
-        return ann, (f"status {status!r} is not one of {', '.join(STATUSES)}" if status is not None
-                     else f"the JSON object has no status (one of {', '.join(STATUSES)})")
-    return ann, None
+class BadAnswer(ValueError):
+    """An answer a stage cannot use; `code` is the withheld reason if no retry fixes it."""
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+
+
+def read_answer(reply, max_chars: int) -> dict:
+    """The one JSON object of a client Reply, or `BadAnswer`: reviewer_truncated (cut off at
+    max_tokens), reviewer_oversized (longer than `max_chars`), reviewer_unparseable."""
+    text = reply.text
+    if reply.finish_reason == "length":
+        raise BadAnswer("reviewer_truncated", f"the answer was cut off at max_tokens after "
+                                              f"{len(text)} characters; answer more briefly")
+    if len(text) > max_chars:
+        raise BadAnswer("reviewer_oversized", f"the answer has {len(text)} characters, more than "
+                                              f"the {max_chars} allowed; answer more briefly")
+    try:
+        return extract_json(text)
+    except Unparseable as e:
+        raise BadAnswer("reviewer_unparseable",
+                        f"the answer is not one JSON object ({e}): {text[:160]!r}") from None
+
+
+def malformed(where: str, what: str) -> BadAnswer:
+    return BadAnswer("reviewer_malformed", f"{where} {what}")
+
+
+def want_str(obj: dict, key: str, where: str, required: bool = True) -> str | None:
+    v = obj.get(key)
+    if v is None and not required:
+        return None
+    if not isinstance(v, str) or not v:
+        raise malformed(f"{where}.{key}", f"must be a non-empty string, got {v!r:.60}")
+    return v
+
+
+def want_int(obj: dict, key: str, where: str, lo: int = 0, default: int | None = None) -> int:
+    v = obj.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise malformed(f"{where}.{key}", f"must be an integer >= {lo}, got {v!r:.60}")
+    return v
+
+
+def want_list(obj: dict, key: str, where: str) -> list:
+    v = obj.get(key, [])
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise malformed(f"{where}.{key}", f"must be a list, got {type(v).__name__}")
+    for j, x in enumerate(v):
+        if not isinstance(x, dict):
+            raise malformed(f"{where}.{key}[{j}]", f"must be an object, got {type(x).__name__}")
+    return v

@@ -1,0 +1,282 @@
+"""The deterministic checks between reviewer requests. Each failure is a `BadAnswer` whose detail
+is the exact sentence the retry request quotes and whose code is the withheld reason when no
+retry fixes it.
+
+Single-turn proposals (and revisions): the shape (decision whole | spans | reject, keep spans of
+verbatim start/end anchors); the annotation compiles with curate's own compiler (anchors exist
+and are unique, spans in source order and disjoint, inside an assistant message: curate's codes
+anchor_missing, anchor_ambiguous, anchor_order, anchor_not_eligible, ...); and the selected text
+contains the complete final answer as the verifier extracts it (`final_answer_missing`).
+
+Agentic discovery: every call of the group is judged once on each axis (ok | fail |
+unresolved), every finding names a call of the group, every failed dimension is referenced by
+an error or omission of that call and every unresolved one by an unresolved finding, and no
+finding names a dimension judged ok (`review_inconsistent`). Localization: selectors resolve
+(curate's codes), an error's exclusions lie in its own message, and no exclusion overlaps a
+protected region (`exclude_protected`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from rossjax.review.answers import BadAnswer, malformed, want_int, want_list, want_str
+
+DECISIONS = ("whole", "spans", "reject")
+AXES = ("contract", "operation", "environment", "execution")
+JUDGMENTS = ("ok", "fail", "unresolved")
+KINDS = ("error", "omission", "unresolved")
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_TAG = re.compile(r"<answer>.*?</answer>", re.S)
+
+
+# -- single-turn -----------------------------------------------------------------------------
+
+def final_answer(record: dict) -> tuple[int, str] | None:
+    """(message index, answer text) of the final answer as the verifier extracts it from the
+    last assistant content: the whole `\\boxed{...}` for math, the last code block for code and
+    induction, the last <answer>...</answer> (else \\boxed{}) otherwise; None when none is found
+    (the check is then skipped: no verifier extraction to hold the spans to)."""
+    from rossjax.verify.answers import extract_boxed, extract_code, extract_tag
+
+    msgs = record["messages"]
+    idx = next((i for i in range(len(msgs) - 1, -1, -1)
+                if msgs[i]["role"] == "assistant" and msgs[i].get("content")), None)
+    if idx is None:
+        return None
+    text = msgs[idx]["content"]
+    name = (record.get("verifier") or {}).get("name") or (record.get("task") or {}).get("domain")
+    if name in ("code", "induction"):
+        body = extract_code(text)
+        return (idx, body) if body and body.strip() else None
+    if name != "math" and extract_tag(text) is not None:
+        return idx, [m.group(0) for m in _TAG.finditer(text)][-1]
+    inner = extract_boxed(text)
+    if inner is None:
+        return None
+    last = [m for m in _BOXED.finditer(text) if text.startswith(inner + "}", m.end())][-1]
+    return idx, text[last.start():last.end() + len(inner) + 1]
+
+
+def answer_interval(rendered, record: dict) -> tuple[tuple[int, int], str] | None:
+    """The final answer's character interval in the rendered text, and the answer."""
+    found = final_answer(record)
+    if found is None:
+        return None
+    idx, ans = found
+    part = rendered.part(idx, "content")
+    k = rendered.text.rfind(ans, part.text_start, part.text_end) if part else -1
+    return ((k, k + len(ans)), ans) if k >= 0 else None
+
+
+class Proposal(NamedTuple):
+    decision: str  # whole | spans | reject
+    annotation: dict | None  # the record annotation (None for reject)
+    selected: str  # the exact selected text, spans concatenated in order
+    reason: str
+
+
+def _keep_entries(obj: dict) -> list[dict]:
+    keep = want_list(obj, "keep", "answer")
+    for j, k in enumerate(keep):
+        want_int(k, "message", f"keep[{j}]")
+        want_str(k, "start", f"keep[{j}]")
+        want_str(k, "end", f"keep[{j}]")
+    return [{"message": k["message"], "start": k["start"], "end": k["end"]} for k in keep]
+
+
+def selected_text(rendered, spans: list[tuple[int, int]]) -> str:
+    """The kept text in source order, a gap between non-adjacent spans shown as [...]."""
+    out, prev = [], None
+    for s, e in spans:
+        if prev is not None and s > prev:
+            out.append("\n[...]\n")
+        out.append(rendered.text[s:e])
+        prev = e
+    return "".join(out)
+
+
+def check_proposal(obj: dict, record: dict, rendered, compile_) -> Proposal:
+    """A proposal or revision that passed every single-turn check, or `BadAnswer`."""
+    from rossjax.curate.masks import ordered_keep_intervals
+    from rossjax.curate.selectors import SelectorError
+
+    decision = obj.get("decision")
+    if decision not in DECISIONS:
+        raise malformed("answer.decision", f"must be one of {', '.join(DECISIONS)}, got "
+                                           f"{decision!r:.60}")
+    reason = obj.get("reason") if isinstance(obj.get("reason"), str) else ""
+    if decision == "reject":
+        return Proposal(decision, None, "", reason)
+    keep = _keep_entries(obj) if decision == "spans" else []
+    if decision == "spans" and not keep:
+        raise malformed("answer.keep", "is empty but decision is spans (use whole or reject)")
+    ann = {"status": "accept"} if decision == "whole" else {"status": "revise", "keep": keep}
+    ex = compile_({**record, "annotation": ann})
+    if ex.status != "kept":
+        code = "reviewer_malformed" if ex.reason == "invalid_record" else ex.reason
+        raise BadAnswer(code, ex.detail)
+    if decision == "whole":
+        body = [(p.text_start, p.text_end) for p in rendered.parts
+                if p.eligible and p.kind != "end" and p.text_end > p.text_start]
+    else:
+        try:
+            marks = {(p.start, p.end) for p in rendered.parts if p.kind == "end"}
+            body = [iv for iv in ordered_keep_intervals(rendered, keep) if iv not in marks]
+        except SelectorError as e:  # compile_ resolved them already; never expected here
+            raise BadAnswer(e.code, e.detail) from None
+    ans = answer_interval(rendered, record)
+    if ans is not None:
+        (a, b), text = ans
+        if not any(s <= a and b <= e for s, e in body):
+            raise BadAnswer("final_answer_missing",
+                            f"the selected text does not contain the complete final answer "
+                            f"{text[:200]!r}: one keep span must include all of it")
+    return Proposal(decision, ann, selected_text(rendered, body), reason)
+
+
+def check_audit(obj: dict) -> tuple[bool, list[dict], str]:
+    """(clean, errors [{quote, problem}], reason) of an audit answer."""
+    verdict = obj.get("verdict")
+    if verdict not in ("clean", "error"):
+        raise malformed("answer.verdict", f"must be clean or error, got {verdict!r:.60}")
+    errors = want_list(obj, "errors", "answer")
+    for j, e in enumerate(errors):
+        want_str(e, "problem", f"errors[{j}]")
+        want_str(e, "quote", f"errors[{j}]", required=False)
+    if verdict == "error" and not errors:
+        raise malformed("answer.errors", "is empty but verdict is error: name each error")
+    reason = obj.get("reason") if isinstance(obj.get("reason"), str) else ""
+    return verdict == "clean", [{"quote": e.get("quote"), "problem": e["problem"]}
+                                for e in errors], reason
+
+
+# -- agentic ---------------------------------------------------------------------------------
+
+def _inconsistent(detail: str) -> BadAnswer:
+    return BadAnswer("review_inconsistent", detail)
+
+
+def check_discovery(obj: dict, group: list[tuple[int, int]]) -> list[dict]:
+    """The findings of a discovery answer for `group` [(message, n_calls)], checked for
+    coverage and consistency with the per-call judgments."""
+    owned = {(m, c) for m, n in group for c in range(n)}
+    judged: dict[tuple[int, int], dict] = {}
+    for j, c in enumerate(want_list(obj, "calls", "answer")):
+        key = (want_int(c, "message", f"calls[{j}]"), want_int(c, "call", f"calls[{j}]", 0, 0))
+        if key not in owned:
+            raise _inconsistent(f"calls[{j}] judges message {key[0]} call {key[1]}, which is not "
+                                f"a call of the steps in this request")
+        if key in judged:
+            raise _inconsistent(f"message {key[0]} call {key[1]} is judged twice")
+        for ax in AXES:
+            if c.get(ax) not in JUDGMENTS:
+                raise malformed(f"calls[{j}].{ax}", f"must be one of {', '.join(JUDGMENTS)}, "
+                                                    f"got {c.get(ax)!r:.40}")
+        judged[key] = {ax: c[ax] for ax in AXES}
+    missing = sorted(owned - set(judged))
+    if missing:
+        raise _inconsistent(f"message {missing[0][0]} call {missing[0][1]} has no judgment: "
+                            "judge every call of the steps in this request")
+    findings = []
+    for j, f in enumerate(want_list(obj, "findings", "answer")):
+        kind = f.get("kind")
+        if kind not in KINDS:
+            raise malformed(f"findings[{j}].kind", f"must be one of {', '.join(KINDS)}")
+        key = (want_int(f, "message", f"findings[{j}]"),
+               want_int(f, "call", f"findings[{j}]", 0, 0))
+        axes = f.get("axes")
+        if (not isinstance(axes, list) or not axes or any(a not in AXES for a in axes)):
+            raise malformed(f"findings[{j}].axes", f"must be a non-empty list of "
+                                                   f"{', '.join(AXES)}")
+        what = want_str(f, "what", f"findings[{j}]")
+        if key not in judged:
+            raise _inconsistent(f"findings[{j}] names message {key[0]} call {key[1]}, which is "
+                                "not a call of the steps in this request")
+        want = "unresolved" if kind == "unresolved" else "fail"
+        for a in axes:
+            if judged[key][a] != want:
+                raise _inconsistent(f"findings[{j}] is a {kind} on {a} of message {key[0]} call "
+                                    f"{key[1]}, but that dimension is judged {judged[key][a]}")
+        findings.append({"kind": kind, "message": key[0], "call": key[1], "axes": list(axes),
+                         "what": what})
+    for (m, c), js in sorted(judged.items()):
+        for a, v in js.items():
+            kinds = ("unresolved",) if v == "unresolved" else ("error", "omission")
+            if v != "ok" and not any(f["message"] == m and f["call"] == c and a in f["axes"]
+                                     and f["kind"] in kinds for f in findings):
+                raise _inconsistent(f"message {m} call {c} is judged {v} on {a}, but no "
+                                    f"{' or '.join(kinds)} finding of that call names {a}")
+    return findings
+
+
+def _selector(s: dict, where: str, need_quote: bool) -> dict:
+    out = {"message": want_int(s, "message", where), "line": want_int(s, "line", where, 1)}
+    quote = want_str(s, "quote", where, required=need_quote)
+    if quote is not None:
+        out["quote"] = quote
+    occ = want_int(s, "occurrence", where, 0, 0)
+    if occ:
+        out["occurrence"] = occ
+    part = s.get("part", "content")
+    if part not in ("content", "reasoning", "tool_calls"):
+        raise malformed(f"{where}.part", "must be content, reasoning or tool_calls")
+    if part != "content":
+        out["part"] = part
+    return out
+
+
+def _resolve(rendered, sel: dict, kind: str, j: int) -> tuple[int, int]:
+    from rossjax.curate.selectors import SelectorError, line_interval
+
+    try:
+        return line_interval(rendered, sel, kind, j)
+    except SelectorError as e:
+        raise BadAnswer(e.code, e.detail) from None
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def check_localization(obj: dict, finding: dict, rendered, done: dict) -> dict:
+    """The selectors of one finding, resolved and consistent with the findings `done` before
+    it ({"exclude": [(sel, iv)], "protect": [(sel, iv)]}). Returns {"exclude": [...],
+    "protect": [...], "omission": {...} | None} of (selector, interval) pairs."""
+    if finding["kind"] == "omission":
+        if not isinstance(obj.get("after"), dict):
+            raise malformed("answer.after", "must be an object {message, line, quote, "
+                                            "occurrence}: where the missing action belonged")
+        sel = _selector(obj["after"], "after", True)
+        _resolve(rendered, sel, "after", 0)
+        note = obj.get("note") if isinstance(obj.get("note"), str) else finding["what"]
+        return {"exclude": [], "protect": [], "omission": {
+            "message": sel["message"], "after": sel["quote"], "line": sel["line"], "note": note}}
+    excl = [_selector(s, f"exclude[{j}]", False)
+            for j, s in enumerate(want_list(obj, "exclude", "answer"))]
+    prot = [_selector(s, f"protect[{j}]", False)
+            for j, s in enumerate(want_list(obj, "protect", "answer"))]
+    if not excl:
+        raise malformed("answer.exclude", "is empty: an error needs at least one exclusion")
+    out = {"exclude": [], "protect": [], "omission": None}
+    for j, s in enumerate(excl):
+        if s["message"] != finding["message"]:
+            raise _inconsistent(f"exclude[{j}] is in message {s['message']}, but the finding is "
+                                f"about message {finding['message']}")
+        out["exclude"].append((s, _resolve(rendered, s, "exclude", j)))
+    out["protect"] = [(s, _resolve(rendered, s, "protect", j)) for j, s in enumerate(prot)]
+    for j, (s, iv) in enumerate(out["exclude"]):
+        for k, (p, piv) in enumerate(out["protect"] + done["protect"]):
+            if _overlap(iv, piv):
+                raise BadAnswer("exclude_protected",
+                                f"exclude[{j}] (message {s['message']} line {s['line']}) overlaps "
+                                f"the protected {p.get('quote') or 'line'!r:.60} on line "
+                                f"{p['line']}")
+    for k, (p, piv) in enumerate(out["protect"]):
+        for s, iv in done["exclude"]:
+            if _overlap(iv, piv):
+                raise BadAnswer("exclude_protected",
+                                f"protect[{k}] overlaps an exclusion of an earlier finding "
+                                f"(message {s['message']} line {s['line']})")
+    return out

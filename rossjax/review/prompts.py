@@ -1,0 +1,212 @@
+"""The requests of each review stage, written for rossjax (docs/review.md shows them in order).
+
+Every request is [system, user] (a retry or repair continues the conversation), asks for one
+JSON object, and names the stage it serves. `SCHEMAS[stage]` is the answer's JSON schema, sent as
+`response_format` when config.endpoint.response_format = "json_schema" (vLLM/SGLang guided
+decoding, OpenAI structured outputs). Bump PROMPT_VERSION whenever a wording changes: it is
+recorded in every reviewed row, and cached answers are keyed on the exact messages, so a new
+wording is asked afresh.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rossjax.review.render import context, render_transcript
+
+PROMPT_VERSION = "ross-review-v2"
+
+SYSTEM = """\
+You review rollouts of a language model that a verifier has already judged correct. The model \
+will be trained again on parts of its own rollout, so you decide which assistant text is worth \
+learning from. Judge the reasoning and actions, not only the final answer.
+
+The transcript lists every message as [message I] with its 0-based index I, and every part of a \
+message (content, reasoning, tool_calls) with 1-based line numbers written as "  N | text". The \
+line numbers and the " | " separator are NOT part of the text: quote only the text after them, \
+character for character (same spaces, punctuation, LaTeX backslashes).
+
+Answer with exactly one JSON object and nothing else."""
+
+_PROPOSAL = """\
+PROPOSAL. Decide what of this single-turn response the model should learn from:
+- "whole": the whole assistant response (reasoning and answer) is clean;
+- "spans": only parts are clean: list them as keep spans;
+- "reject": nothing can be kept without teaching an error (right answer by luck, wrong or \
+unjustified reasoning).
+A keep span is {"message": I, "start": "...", "end": "..."}: it runs from the beginning of the \
+verbatim text `start` to the end of the verbatim text `end`. Each anchor must occur EXACTLY ONCE \
+in message I (make it long enough to be unique, within one line), `end` must come after \
+`start`, spans must be listed in the order they appear and must not overlap, and only the \
+assistant message can be kept (a span may begin in its reasoning and end in its content). \
+Leave out wrong, confused or needlessly repeated reasoning. The kept text must contain the \
+complete final answer{final}.
+
+Reply: {"decision": "whole" | "spans" | "reject", "keep": [{"message": 2, "start": "...", \
+"end": "..."}], "reason": "one sentence"}"""
+
+_AUDIT = """\
+AUDIT. Below is the exact text selected from a model's answer for training (kept spans in \
+order; [...] marks left-out text). Judge only this text: does it contain an error — a false \
+statement, an invalid or unjustified step, a calculation mistake, a claim contradicted by the \
+task, or reasoning that does not support the final answer? Do not judge what was left out, \
+only whether what is kept teaches something wrong.
+
+Selected text:
+<<<
+{selected}
+>>>
+
+Reply: {{"verdict": "clean" | "error", "errors": [{{"quote": "verbatim text from the selected \
+text", "problem": "what is wrong"}}], "reason": "one sentence"}}"""
+
+_REPAIR = """\
+REPAIR. An independent audit of the text your proposal selects found these errors:
+{errors}
+Revise the proposal so that the kept text no longer contains them: move or split the keep \
+spans around the wrong text, or reject the rollout if no clean selection that contains the \
+complete final answer exists. Never invent text: spans select verbatim text only. Same rules \
+and same reply format as before."""
+
+_DISCOVERY = """\
+SEMANTIC ERROR DISCOVERY. Judge these assistant steps of the rollout: {steps}. A step's calls \
+are its tool calls, counted from 0 in order; a step without tool calls is one call (0), its \
+text. Judge every call on four axes, each "ok", "fail" or "unresolved":
+- contract: does the call respect the task's instructions and the tool's interface?
+- operation: is it the right operation with the right arguments for the state at that point?
+- environment: does the step read the environment (tool results, files, errors) correctly?
+- execution: is the call carried out and its result used correctly, without false claims?
+"unresolved" means the transcript does not let you decide (e.g. a claim nothing confirms).
+Then list findings: "error" (something wrong is present), "omission" (something needed is \
+missing: a check not run, a result not read), "unresolved" (a claim you cannot settle). Every \
+axis judged fail needs an error or omission of that call naming that axis; every axis judged \
+unresolved needs an unresolved finding of that call naming it. Do not give text boundaries yet.
+
+Reply: {{"calls": [{{"message": 2, "call": 0, "contract": "ok", "operation": "fail", \
+"environment": "ok", "execution": "ok"}}], "findings": [{{"kind": "error" | "omission" | \
+"unresolved", "message": 2, "call": 0, "axes": ["operation"], "what": "one sentence"}}]}}"""
+
+_LOCALIZE_ERROR = """\
+BOUNDARY LOCALIZATION for this finding: an error in message {message} call {call} ({axes}): \
+{what}
+Give the exact text that must NOT be learned, as selectors {{"message": {message}, "line": N, \
+"quote": "verbatim text on that line", "occurrence": K, "part": "content" | "reasoning" | \
+"tool_calls"}}: line N is 1-based within that part, occurrence K (0-based) picks among repeated \
+matches of the quote on the line, omit "quote" to select the whole line. Exclude as little as \
+possible: only the wrong text, in message {message}. List under "protect" correct text near it \
+that must stay learned (same selector form, any message); an exclusion may never touch it.
+
+Reply: {{"exclude": [{{"message": {message}, "line": 1, "quote": "...", "occurrence": 0}}], \
+"protect": []}}"""
+
+_LOCALIZE_OMISSION = """\
+BOUNDARY LOCALIZATION for this finding: an omission in message {message} call {call} ({axes}): \
+{what}
+Say where the missing action belonged: after which verbatim text, as a selector \
+{{"message": I, "line": N, "quote": "verbatim text on that line", "occurrence": K, "part": \
+"content" | "reasoning" | "tool_calls"}}. An omission is recorded, not masked.
+
+Reply: {{"after": {{"message": {message}, "line": 1, "quote": "...", "occurrence": 0}}, \
+"note": "what was missing"}}"""
+
+_RETRY = """\
+Your answer failed a check and cannot be used: {detail}
+Fix exactly that and reply with the corrected JSON object only (quote the transcript verbatim, \
+without the line-number prefix)."""
+
+
+def _user(record: dict, rendered, task: str) -> str:
+    return f"{context(record)}\n\nTranscript:\n{render_transcript(record, rendered)}\n{task}"
+
+
+def proposal(record: dict, rendered, answer: str | None) -> list[dict]:
+    final = f" ({answer[:300]})" if answer else ""
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": _user(record, rendered,
+                                              _PROPOSAL.replace("{final}", final))}]
+
+
+def audit(record: dict, selected: str) -> list[dict]:
+    """Judged without the transcript: the selected text itself, with the task it answers."""
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"{context(record)}\n\n"
+                                        f"{_AUDIT.format(selected=selected)}"}]
+
+
+def repair(proposal_messages: list[dict], accepted_answer: str, errors: list[dict]) -> list[dict]:
+    lines = "\n".join(f"- {e['problem']}" + (f" (at {e['quote']!r})" if e.get("quote") else "")
+                      for e in errors)
+    return [*proposal_messages[:2], {"role": "assistant", "content": accepted_answer},
+            {"role": "user", "content": _REPAIR.format(errors=lines)}]
+
+
+def discovery(record: dict, rendered, group: list[tuple[int, int]]) -> list[dict]:
+    steps = ", ".join(f"message {m} ({n} call{'s' if n > 1 else ''})" for m, n in group)
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": _user(record, rendered, _DISCOVERY.format(steps=steps))}]
+
+
+def localization(record: dict, rendered, finding: dict) -> list[dict]:
+    tmpl = _LOCALIZE_OMISSION if finding["kind"] == "omission" else _LOCALIZE_ERROR
+    task = tmpl.format(message=finding["message"], call=finding["call"],
+                       axes=", ".join(finding["axes"]), what=finding["what"])
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": _user(record, rendered, task)}]
+
+
+def retry(messages: list[dict], answer: str, detail: str) -> list[dict]:
+    """The same conversation plus the rejected answer and the exact check it failed."""
+    return [*messages, {"role": "assistant", "content": answer},
+            {"role": "user", "content": _RETRY.format(detail=detail)}]
+
+
+def _obj(props: dict, required: list[str]) -> dict:
+    return {"type": "object", "properties": props, "required": required}
+
+
+_STR = {"type": "string"}
+_INT = {"type": "integer"}
+_SEL = _obj({"message": _INT, "line": _INT, "quote": _STR, "occurrence": _INT,
+             "part": {"type": "string", "enum": ["content", "reasoning", "tool_calls"]}},
+            ["message", "line"])
+_JUDGE = {"type": "string", "enum": ["ok", "fail", "unresolved"]}
+_AXES = ("contract", "operation", "environment", "execution")
+SCHEMAS = {
+    "proposal": _obj({"decision": {"type": "string", "enum": ["whole", "spans", "reject"]},
+                      "keep": {"type": "array", "items": _obj(
+                          {"message": _INT, "start": _STR, "end": _STR},
+                          ["message", "start", "end"])},
+                      "reason": _STR}, ["decision"]),
+    "audit": _obj({"verdict": {"type": "string", "enum": ["clean", "error"]},
+                   "errors": {"type": "array", "items": _obj({"quote": _STR, "problem": _STR},
+                                                             ["problem"])},
+                   "reason": _STR}, ["verdict"]),
+    "discovery": _obj({"calls": {"type": "array", "items": _obj(
+        {"message": _INT, "call": _INT, **{a: _JUDGE for a in _AXES}},
+        ["message", "call", *_AXES])},
+        "findings": {"type": "array", "items": _obj(
+            {"kind": {"type": "string", "enum": ["error", "omission", "unresolved"]},
+             "message": _INT, "call": _INT, "axes": {"type": "array", "items": {
+                 "type": "string", "enum": list(_AXES)}}, "what": _STR},
+            ["kind", "message", "call", "axes", "what"])}}, ["calls", "findings"]),
+    "localization": _obj({"exclude": {"type": "array", "items": _SEL},
+                          "protect": {"type": "array", "items": _SEL},
+                          "after": _SEL, "note": _STR}, []),
+}
+SCHEMAS["repair"] = SCHEMAS["proposal"]
+
+
+def response_format(stage: str, kind: str) -> dict | None:
+    """The `response_format` field for `stage` under config.endpoint.response_format `kind`."""
+    if kind in ("", "none"):
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": f"ross_{stage}",
+                                                       "schema": SCHEMAS[stage]}}
+    raise ValueError(f"response_format {kind!r} is not one of none, json_object, json_schema")
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False)

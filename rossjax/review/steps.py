@@ -1,0 +1,74 @@
+"""One checked reviewer step: ask, read the one JSON object, run the stage's check, and on a
+failure ask again with the exact failing check in the request (bounded), logging every request
+and answer of the row into its transcript.
+
+A row's procedure raises `RowWithheld(code, detail, stage)` when it ends without an annotation;
+the run puts the row in the withheld bucket with that code and counts it against that stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rossjax.review.answers import BadAnswer, read_answer
+from rossjax.review.client import ReviewerError
+from rossjax.review.prompts import response_format, retry
+
+# Refusals that concern one request (too long for the context, a payload the server rejects):
+# that row is withheld, the run goes on. Any other 4xx (auth, unknown model) stops the run.
+ROW_REFUSALS = (400, 413, 422)
+
+
+class RowWithheld(Exception):
+    def __init__(self, code: str, detail: str, stage: str):
+        super().__init__(detail)
+        self.code, self.detail, self.stage = code, detail, stage
+
+
+@dataclass
+class Row:
+    """What a row's procedure needs and what it leaves behind."""
+    client: object  # ReviewerClient
+    record: dict
+    rendered: object  # the chat rendering (templates.Rendered)
+    compile_: object  # record -> CompiledExample, curate's compiler with the run's settings
+    max_retries: int  # re-asks per step after a failed check
+    max_chars: int  # longest usable answer
+    response_format: str = "none"
+    transcript: list = field(default_factory=list)
+    answers: int = 0  # reviewer answers this row received (cached ones included)
+
+    def log(self, stage: str, messages: list, reply, check: BadAnswer | None, result=None):
+        entry = {"stage": stage, "messages": messages, "answer": reply.text,
+                 "finish_reason": reply.finish_reason, "usage": reply.usage,
+                 "cached": reply.cached, "key": reply.key}
+        if check is not None:
+            entry["check"] = {"code": check.code, "detail": check.detail}
+        if result is not None:
+            entry["result"] = result
+        self.transcript.append(entry)
+
+    def ask(self, stage: str, messages: list, check):
+        """`check(obj)` of the first answer that passes it, after at most max_retries re-asks
+        that quote the failing check; else `RowWithheld` with the last failure's code."""
+        fmt = response_format(stage, self.response_format)
+        last = None
+        for attempt in range(self.max_retries + 1):
+            try:
+                reply = self.client.ask(messages, stage=stage, response_format=fmt)
+            except ReviewerError as e:
+                if e.status in ROW_REFUSALS:
+                    raise RowWithheld("reviewer_refused", str(e), stage) from None
+                raise
+            self.answers += 1
+            try:
+                out = check(read_answer(reply, self.max_chars))
+            except BadAnswer as e:
+                self.log(stage, messages, reply, e)
+                last = e
+                messages = retry(messages, reply.text[:self.max_chars], e.detail)
+                continue
+            self.log(stage, messages, reply, None)
+            return out, reply.text
+        raise RowWithheld(last.code, f"{last.detail} (still failing after {attempt + 1} "
+                                     f"{stage} answer(s))", stage)

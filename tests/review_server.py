@@ -1,0 +1,109 @@
+"""A scripted chat-completions server for the reviewer tests (http.server in a thread, HTTP/1.1
+keep-alive like vLLM or OpenAI).
+
+The script maps a rollout id (read from the "Rollout id: ..." line every request carries) to its
+answers, consumed in order whatever the stage; `default(rid, body)` answers the rest. An answer
+is a string (the assistant text), a dict {"content", "finish_reason"}, (status, body) for an HTTP
+error, or a callable(body) returning one of these. Every request is recorded with the stage its
+last user message asks for.
+"""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+_MARKERS = (("Your answer failed a check", "retry"), ("REPAIR.", "repair"), ("AUDIT.", "audit"),
+            ("PROPOSAL.", "proposal"), ("SEMANTIC ERROR DISCOVERY.", "discovery"),
+            ("BOUNDARY LOCALIZATION", "localization"))
+
+
+def stage_of(body) -> str:
+    last = body["messages"][-1]["content"]
+    return next((name for key, name in _MARKERS if key in last), "?")
+
+
+def rollout_id(body) -> str:
+    text = body["messages"][1]["content"]
+    return text.split("Rollout id: ", 1)[1].split("\n", 1)[0] if "Rollout id: " in text else "?"
+
+
+class Reviewer:
+    def __init__(self, script=None, default=None, on_request=None):
+        self.script = {k: list(v) for k, v in (script or {}).items()}
+        self.default = default
+        self.on_request = on_request  # callable(n_requests_so_far, body) -> bool: answer it?
+        self.requests = []  # (rollout id, stage, body, headers)
+        self.answered = []  # bodies that got a 200 answer
+        self.ports = set()  # client ports seen: one per TCP connection
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body = json.loads(raw)
+                assert self.path == "/v1/chat/completions", self.path
+                rid = rollout_id(body)
+                with outer.lock:
+                    if outer.on_request is not None and not outer.on_request(len(outer.requests),
+                                                                             body):
+                        self.close_connection = True
+                        return
+                    outer.ports.add(self.client_address[1])
+                    outer.requests.append((rid, stage_of(body), body, dict(self.headers)))
+                    todo = outer.script.get(rid)
+                    ans = todo.pop(0) if todo else outer.default(rid, body)
+                if callable(ans):
+                    ans = ans(body)
+                if isinstance(ans, tuple):
+                    status, payload = ans
+                    data = json.dumps(payload).encode()
+                else:
+                    status = 200
+                    if isinstance(ans, str):
+                        ans = {"content": ans}
+                    content = ans["content"]
+                    data = json.dumps({
+                        "id": "chatcmpl-1", "object": "chat.completion", "created": 1,
+                        "model": body["model"],
+                        "choices": [{"index": 0, "finish_reason": ans.get("finish_reason", "stop"),
+                                     "message": {"role": "assistant", "content": content}}],
+                        "usage": {"prompt_tokens": len(raw) // 4,
+                                  "completion_tokens": len(content or "") // 4,
+                                  "total_tokens": len(raw) // 4 + len(content or "") // 4}}).encode()
+                    with outer.lock:
+                        outer.answered.append(body)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def stages(self, rid=None) -> list[str]:
+        return [s for r, s, _, _ in self.requests if rid is None or r == rid]
+
+    def bodies(self, rid=None, stage=None) -> list[dict]:
+        return [b for r, s, b, _ in self.requests
+                if (rid is None or r == rid) and (stage is None or s == stage)]
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def as_json(obj) -> str:
+    return json.dumps(obj)
