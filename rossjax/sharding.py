@@ -1,36 +1,57 @@
-"""Mesh with axes (data, fsdp, tensor) and logical-axis rules -> NamedShardings.
+"""Mesh with axes (data, fsdp, tensor), logical-axis rules, and the Partitioner that holds both.
 
 Rules are data: a tuple of (logical_name, mesh_axis) pairs, where mesh_axis is a mesh axis name,
 a tuple of names, or None (replicated). Configs override them, e.g.
 `config.sharding_rules = (("embed", None), ("mlp", "tensor"), ...)`; logical names not listed
-are replicated. A dimension that a mesh axis does not divide evenly falls back to replicated
-(e.g. 2 KV heads on tensor=4), and one mesh axis is used at most once per array.
+are replicated, and one mesh axis is used at most once per array.
+
+Divisibility: a dimension that a rule's mesh axis does not divide is a ConfigError naming the
+tensor, the dimension and the axis. A rule whose axis ends in "?" (`("kv_heads", "tensor?")`,
+e.g. 2 KV heads on tensor=4) is optional: that axis is dropped for that tensor with a warning.
+Nothing is replicated silently.
+
+    part = Partitioner(make_mesh(data=2, fsdp=2, tensor=2), rules)   # or partitioner_from_config(cfg)
+    part.sharding(P("batch", None), shape=(8, 128), name="input_ids")
+
+Param and KV-cache shardings of a model live in rossjax.models.shardings (this module knows no
+model); the multi-host set-up is `distributed_config()` + `initialize_distributed(cfg.distributed)`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 from collections.abc import Mapping
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from rossjax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
+OPTIONAL = "?"  # suffix of a mesh axis in a rule: drop it (with a warning) where it does not divide
 
-# Logical names used by rossjax.models (params) and by batches/activations.
+# Logical names used by rossjax.models (params) and by batches/activations. GQA models often have
+# fewer KV heads than tensor devices and vocabularies rarely divide evenly: those two are optional.
 DEFAULT_RULES = (
     ("batch", ("data", "fsdp")),
-    ("vocab", "tensor"),
+    ("vocab", "tensor?"),
     ("embed", "fsdp"),
     ("heads", "tensor"),
-    ("kv_heads", "tensor"),
+    ("kv_heads", "tensor?"),
     ("mlp", "tensor"),
     ("head_dim", None),
     ("layers", None),
     ("norm", None),
     ("length", None),
 )
+
+
+def _axis_name(a):
+    return a[:-len(OPTIONAL)] if isinstance(a, str) and a.endswith(OPTIONAL) else a
 
 
 def normalize_rules(rules=None) -> tuple:
@@ -41,14 +62,15 @@ def normalize_rules(rules=None) -> tuple:
     out = []
     for item in items:
         if len(item) != 2 or not isinstance(item[0], str):
-            raise ValueError(f"sharding rules: entry {item!r} is not a (logical_name, mesh_axes) pair.")
+            raise ConfigError(f"config.sharding_rules: entry {item!r} is not a (logical_name, "
+                              f"mesh_axes) pair.")
         name, axes = item
         if isinstance(axes, list):
             axes = tuple(axes)
         for a in (axes if isinstance(axes, tuple) else (axes,)):
-            if a is not None and a not in MESH_AXES:
-                raise ValueError(f"sharding rules: entry for {name!r} names mesh axis {a!r}; mesh axes "
-                                 f"are {', '.join(MESH_AXES)}.")
+            if a is not None and _axis_name(a) not in MESH_AXES:
+                raise ConfigError(f"config.sharding_rules: entry for {name!r} names mesh axis {a!r}; "
+                                  f"mesh axes are {', '.join(MESH_AXES)} (optional: 'tensor?').")
         out.append((name, axes))
     return tuple(out)
 
@@ -58,15 +80,15 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None) -> M
     devices = list(jax.devices() if devices is None else devices)
     sizes = [data, fsdp, tensor]
     if sizes.count(-1) > 1:
-        raise ValueError("make_mesh: at most one of data, fsdp, tensor may be -1.")
+        raise ConfigError("make_mesh: at most one of data, fsdp, tensor may be -1.")
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if len(devices) % known:
-            raise ValueError(f"make_mesh: {len(devices)} devices are not divisible by {known}.")
+            raise ConfigError(f"make_mesh: {len(devices)} devices are not divisible by {known}.")
         sizes[sizes.index(-1)] = len(devices) // known
     if math.prod(sizes) != len(devices):
-        raise ValueError(f"make_mesh: data*fsdp*tensor = {math.prod(sizes)} but there are "
-                         f"{len(devices)} devices.")
+        raise ConfigError(f"make_mesh: data*fsdp*tensor = {math.prod(sizes)} but there are "
+                          f"{len(devices)} devices.")
     try:
         from jax.experimental import mesh_utils
         grid = mesh_utils.create_device_mesh(sizes, devices)
@@ -75,24 +97,51 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None) -> M
     return Mesh(grid, MESH_AXES)
 
 
-def logical_to_mesh_spec(logical: P | tuple, rules=None, shape=None, mesh: Mesh | None = None) -> P:
-    """Map a spec of logical names to a spec of mesh axes (see module docstring for the rules)."""
+def mesh_from_config(m) -> Mesh:
+    """The mesh of a config's `mesh` section (data, fsdp, tensor; optional num_devices). Without a
+    -1 it takes the first data*fsdp*tensor devices, so `data=1, fsdp=1, tensor=1` is one device."""
+    sizes = (int(m.data), int(m.fsdp), int(m.tensor))
+    devices = jax.devices()
+    n = int(m.get("num_devices", 0) or 0) if hasattr(m, "get") else 0
+    if n > 0:
+        devices = devices[:n]
+    if -1 not in sizes:
+        if math.prod(sizes) > len(devices):
+            raise ConfigError(f"config.mesh asks for {math.prod(sizes)} devices (data x fsdp x "
+                              f"tensor = {' x '.join(map(str, sizes))}) but there are {len(devices)}.")
+        devices = devices[:math.prod(sizes)]
+    return make_mesh(*sizes, devices=devices)
+
+
+def logical_to_mesh_spec(logical: P | tuple, rules=None, shape=None, mesh: Mesh | None = None, *,
+                         name: str = "array", optional: bool = False) -> P:
+    """Map a spec of logical names to a spec of mesh axes (see the module docstring).
+
+    With `shape` and `mesh`, an axis that does not divide its dimension raises ConfigError naming
+    `name`, unless its rule is optional (or `optional` is set): then it is dropped with a warning."""
     table = {}
-    for name, axes in normalize_rules(rules):
-        table.setdefault(name, axes)  # first rule for a name wins, as in flax
+    for lname, axes in normalize_rules(rules):
+        table.setdefault(lname, axes)  # first rule for a name wins, as in flax
     used: set[str] = set()
     out = []
-    for dim, name in enumerate(tuple(logical)):
-        axes = table.get(name) if name is not None else None
+    for dim, lname in enumerate(tuple(logical)):
+        axes = table.get(lname) if lname is not None else None
         axes = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
         kept = []
-        for a in axes:
+        for raw in axes:
+            a = _axis_name(raw)
             if a in used or (mesh is not None and a not in mesh.shape):
                 continue
             size = mesh.shape[a] if mesh is not None else 1
             have = math.prod(mesh.shape[k] for k in kept) if mesh is not None else 1
             if shape is not None and shape[dim] % (have * size):
-                continue  # uneven: replicate this axis rather than fail deep inside XLA
+                msg = (f"sharding: {name} dim {dim} ({lname!r}, size {shape[dim]}) is not divisible "
+                       f"by mesh axis {a!r} (x{have * size} with the axes before it)")
+                if not (optional or raw != a):
+                    raise ConfigError(f"{msg}; change config.mesh, or mark the rule optional "
+                                      f"(({lname!r}, {a + OPTIONAL!r})) in config.sharding_rules.")
+                warnings.warn(f"{msg}; that axis is replicated for it.", stacklevel=2)
+                continue
             kept.append(a)
         used.update(kept)
         out.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
@@ -104,35 +153,73 @@ def _is_spec(x):
 
 
 def logical_to_sharding(logical_tree, mesh: Mesh, rules=None, shapes=None):
-    """Pytree of logical PartitionSpecs (+ optional matching pytree of shapes) -> NamedShardings."""
+    """Pytree of logical PartitionSpecs (+ optional matching pytree of shapes) -> NamedShardings.
+    Errors name the tensor by its path in the tree."""
     if shapes is None:
         return jax.tree.map(lambda s: NamedSharding(mesh, logical_to_mesh_spec(s, rules, None, mesh)),
                             logical_tree, is_leaf=_is_spec)
-    return jax.tree.map(
-        lambda s, x: NamedSharding(mesh, logical_to_mesh_spec(s, rules, tuple(x.shape), mesh)),
+    return jax.tree_util.tree_map_with_path(
+        lambda path, s, x: NamedSharding(mesh, logical_to_mesh_spec(
+            s, rules, tuple(x.shape), mesh, name=_path_name(path))),
         logical_tree, shapes, is_leaf=_is_spec)
 
 
-def param_shardings(cfg, mesh: Mesh, rules=None):
-    """NamedShardings for `rossjax.models.init_params(cfg, ...)`'s pytree (computed abstractly)."""
-    from rossjax.models import transformer
-
-    shapes = jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))
-    return logical_to_sharding(transformer.logical_axes(cfg), mesh, rules, shapes)
+def _path_name(path) -> str:
+    return "params/" + "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
-def init_params_sharded(cfg, rng, mesh: Mesh, rules=None):
-    """Random init directly into the mesh layout (no full replica on any one device)."""
-    from rossjax.models import transformer
+@dataclasses.dataclass(frozen=True)
+class Partitioner:
+    """A mesh and the logical rules that place arrays on it (hashable: compiled programs key on it)."""
+    mesh: Mesh
+    rules: tuple = DEFAULT_RULES
 
-    shardings = param_shardings(cfg, mesh, rules)
-    return jax.jit(lambda r: transformer.init_params(cfg, r), out_shardings=shardings)(rng)
+    def __post_init__(self):
+        object.__setattr__(self, "rules", normalize_rules(self.rules))
+
+    def spec(self, logical, shape=None, *, name: str = "array", optional: bool = False) -> P:
+        return logical_to_mesh_spec(logical, self.rules, shape, self.mesh, name=name, optional=optional)
+
+    def sharding(self, logical, shape=None, *, name: str = "array",
+                 optional: bool = False) -> NamedSharding:
+        return NamedSharding(self.mesh, self.spec(logical, shape, name=name, optional=optional))
+
+    def tree(self, logical_tree, shapes=None):
+        """NamedShardings for a pytree of logical specs (see logical_to_sharding)."""
+        return logical_to_sharding(logical_tree, self.mesh, self.rules, shapes)
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+    def rows(self, ndim: int = 2, shape=None, *, name: str = "batch",
+             optional: bool = False) -> NamedSharding:
+        """Leading (batch) dim over the rule for "batch" (default data x fsdp), the rest replicated."""
+        return self.sharding(P("batch", *([None] * (ndim - 1))), shape, name=name, optional=optional)
+
+    def batch_size_multiple(self) -> int:
+        """How many shards the batch axes make: row counts must be a multiple of it."""
+        axes = self.spec(P("batch"))[0]
+        axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+        return math.prod(self.mesh.shape[a] for a in axes)
+
+
+def as_partitioner(mesh_or_partitioner, rules=None) -> Partitioner | None:
+    """A Partitioner from a Partitioner, a Mesh (+ rules), or None (one device: None)."""
+    if mesh_or_partitioner is None or isinstance(mesh_or_partitioner, Partitioner):
+        return mesh_or_partitioner
+    return Partitioner(mesh_or_partitioner, normalize_rules(rules))
+
+
+def partitioner_from_config(cfg) -> Partitioner:
+    """`cfg.mesh` and `cfg.sharding_rules` (() = DEFAULT_RULES) -> Partitioner."""
+    return Partitioner(mesh_from_config(cfg.mesh), normalize_rules(cfg.get("sharding_rules") or None))
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules=None, shape=None) -> NamedSharding:
-    """Leading (batch) dim over the rule for "batch" (default data x fsdp), the rest replicated."""
-    logical = P("batch", *([None] * (ndim - 1)))
-    return NamedSharding(mesh, logical_to_mesh_spec(logical, rules, shape, mesh))
+    """Leading (batch) dim over the rule for "batch" (default data x fsdp), the rest replicated;
+    a batch axis that does not divide `shape[0]` is dropped with a warning (a trainer's batch
+    uses `Partitioner.rows`, where that is an error)."""
+    return as_partitioner(mesh, rules).rows(ndim, shape, optional=True)
 
 
 def from_host(x, named_sharding: NamedSharding) -> jax.Array:
@@ -155,21 +242,44 @@ def to_host(x) -> np.ndarray:
 
 def shard_batch(batch, mesh: Mesh, rules=None):
     """device_put every array of a batch pytree with its leading dim split over the batch axes."""
+    part = as_partitioner(mesh, rules)
+
     def put(x):
         x = np.asarray(x) if not isinstance(x, jax.Array) else x
-        spec = logical_to_mesh_spec(P("batch", *([None] * (x.ndim - 1))), rules, None, mesh)
-        n = math.prod(mesh.shape[a] for a in ((spec[0],) if isinstance(spec[0], str) else spec[0] or ()))
+        n = part.batch_size_multiple()
         if x.shape[0] % n:
             raise ValueError(f"shard_batch: batch size {x.shape[0]} is not divisible by the {n} "
-                             f"devices of the batch axes {spec[0]}.")
-        return jax.device_put(x, NamedSharding(mesh, spec))
+                             f"devices of the batch axes {part.spec(P('batch'))[0]}.")
+        return jax.device_put(x, part.rows(x.ndim))
     return jax.tree.map(put, batch)
 
 
-def cache_shardings(cfg, mesh: Mesh, batch: int, max_len: int, rules=None):
-    """NamedShardings for `rossjax.models.init_cache(cfg, batch, max_len)`'s pytree."""
-    kv_shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
-    kv = NamedSharding(mesh, logical_to_mesh_spec(
-        P("layers", "batch", "kv_heads", "length", "head_dim"), rules, kv_shape, mesh))
-    row = NamedSharding(mesh, logical_to_mesh_spec(P("batch", "length"), rules, (batch, max_len), mesh))
-    return {"k": kv, "v": kv, "mask": row, "pos": row}
+# ----------------------------------------------------------------------------- multi-host
+
+def distributed_config():
+    """The `config.distributed` section (train and grpo configs share it)."""
+    import ml_collections
+
+    return ml_collections.ConfigDict(dict(
+        enabled=False,       # call jax.distributed.initialize (TPU pods detect the rest)
+        coordinator="",      # host:port; "" = auto-detect (TPU, SLURM)
+        num_processes=-1,
+        process_id=-1,
+        cpu_collectives="",  # "gloo" for multi-process CPU runs
+    ))
+
+
+def initialize_distributed(dcfg) -> None:
+    """jax.distributed.initialize from a `distributed_config()` section (no-op unless enabled)."""
+    if not dcfg.enabled:
+        return
+    if dcfg.cpu_collectives:
+        jax.config.update("jax_cpu_collectives_implementation", dcfg.cpu_collectives)
+    kw = {}
+    if dcfg.coordinator:
+        kw["coordinator_address"] = dcfg.coordinator
+    if dcfg.num_processes > 0:
+        kw["num_processes"] = int(dcfg.num_processes)
+    if dcfg.process_id >= 0:
+        kw["process_id"] = int(dcfg.process_id)
+    jax.distributed.initialize(**kw)

@@ -4,13 +4,19 @@ the single-device forward; rules are data, uneven dims fall back to replication.
 import jax
 import numpy as np
 import pytest
+from hf_tiny import make_tiny_hf
 from jax.sharding import PartitionSpec as P
 
-from hf_tiny import make_tiny_hf
 from rossjax.models import ModelConfig, forward, init_params, load_hf
-from rossjax.sharding import (DEFAULT_RULES, batch_sharding, cache_shardings,
-                              init_params_sharded, logical_to_mesh_spec, make_mesh,
-                              normalize_rules, param_shardings, shard_batch)
+from rossjax.models.shardings import cache_shardings, init_params_sharded, param_shardings
+from rossjax.sharding import (
+    DEFAULT_RULES,
+    batch_sharding,
+    logical_to_mesh_spec,
+    make_mesh,
+    normalize_rules,
+    shard_batch,
+)
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
 

@@ -36,6 +36,7 @@ from safetensors.numpy import save_file
 
 from rossjax.models.config import ModelConfig, canonical_dtype, from_hf_config, to_hf_config
 from rossjax.models.transformer import init_params, logical_axes
+from rossjax.sharding import as_partitioner
 
 _INDEX = "model.safetensors.index.json"
 
@@ -148,21 +149,19 @@ def read_hf_config(path: str) -> ModelConfig:
     return from_hf_config(hf, source=cfg_file)
 
 
-def load_hf(path, dtype="float32", mesh=None, rules=None):
+def load_hf(path, dtype="float32", mesh=None, rules=None, *, partitioner=None):
     """Read a local HF folder -> (ModelConfig, params). `dtype` sets params and compute dtype.
 
-    With `mesh` (see rossjax.sharding.make_mesh) params land sharded by `rules`, each device
-    receiving only its slice; without, they land on the default device.
+    With a `partitioner` (rossjax.sharding.Partitioner; or `mesh` + `rules`) params land sharded
+    by its rules, each device receiving only its slice; without, on the default device.
     """
     path = os.fspath(path)
     dt = canonical_dtype(dtype, source=f"load_hf({path!r})", field="dtype")
     cfg = read_hf_config(path).replace(dtype=dt, param_dtype=dt)
     weight_map, where = _weight_map(path)
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
-    shardings = None
-    if mesh is not None:
-        from rossjax.sharding import logical_to_sharding
-        shardings = logical_to_sharding(logical_axes(cfg), mesh, rules, shapes)
+    part = partitioner if partitioner is not None else as_partitioner(mesh, rules)
+    shardings = None if part is None else part.tree(logical_axes(cfg), shapes)
     params: dict = {}
     with contextlib.ExitStack() as stack:
         handles = {}

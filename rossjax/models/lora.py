@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from rossjax.sharding import as_partitioner
+
 # target name -> (module, kernel name, number of input dims of the (unstacked) kernel)
 TARGETS = {"q": ("attn", 1), "k": ("attn", 1), "v": ("attn", 1), "o": ("attn", 2),
            "gate": ("mlp", 1), "up": ("mlp", 1), "down": ("mlp", 1)}
@@ -105,9 +107,8 @@ def logical_axes(cfg, adapters):
 
 
 def shardings(cfg, adapters, mesh, rules=None):
-    from rossjax import sharding
-
-    return sharding.logical_to_sharding(logical_axes(cfg, adapters), mesh, rules, adapters)
+    """NamedShardings of an adapters tree; `mesh` is a Partitioner or a Mesh (+ rules)."""
+    return as_partitioner(mesh, rules).tree(logical_axes(cfg, adapters), adapters)
 
 
 def num_params(adapters) -> int:
