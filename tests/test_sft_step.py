@@ -7,7 +7,9 @@ import optax
 import pytest
 
 from rossjax import models, sharding
+from rossjax.models import shardings as model_shardings
 from rossjax.train import sft
+from rossjax.train import state as state_lib
 
 SEQ = 24
 
@@ -32,11 +34,11 @@ def tiny():
 def _run_step(cfg, params, batch, *, micro=1, chunk=8):
     """One step with SGD(lr=1) so that grads = params_before - params_after; returns (loss, grads)."""
     mesh = _mesh()
-    p_shard = sharding.param_shardings(cfg, mesh)
+    p_shard = model_shardings.param_shardings(cfg, mesh)
     params = jax.device_put(params, p_shard)
     before = jax.device_get(params)
-    sh = sft.state_shardings(p_shard, _SGD, jax.eval_shape(lambda: params), mesh)
-    state = sft.init_state(params, _SGD, sh)
+    sh = state_lib.state_shardings(p_shard, _SGD, jax.eval_shape(lambda: params), mesh)
+    state = state_lib.init_state(params, _SGD, sh)
     shape = batch["input_ids"].shape
     bs = sharding.batch_sharding(mesh, 2, shape=shape)
     key = (cfg, micro, chunk, shape)
@@ -162,10 +164,10 @@ def test_nonfinite_step_is_skipped_and_counted(tiny):
     params = jax.tree.map(lambda x: x, params)
     params["final_norm"]["scale"] = jnp.asarray(params["final_norm"]["scale"]).at[0].set(jnp.nan)
     mesh = _mesh()
-    p_shard = sharding.param_shardings(cfg, mesh)
+    p_shard = model_shardings.param_shardings(cfg, mesh)
     params = jax.device_put(params, p_shard)
-    sh = sft.state_shardings(p_shard, _SGD, jax.eval_shape(lambda: params), mesh)
-    state = sft.init_state(params, _SGD, sh)
+    sh = state_lib.state_shardings(p_shard, _SGD, jax.eval_shape(lambda: params), mesh)
+    state = state_lib.init_state(params, _SGD, sh)
     bs = sharding.batch_sharding(mesh, 2, shape=(8, SEQ))
     key = (cfg, 1, 8, (8, SEQ))
     step = _STEPS.get(key) or sft.make_train_step(cfg, _SGD, lambda s: 1.0, mesh=mesh, shardings=sh,

@@ -6,7 +6,7 @@ token p+1 and `mask[r, p] = 1` where token p+1 is a generated token (the stop to
 so `token_logprobs` at masked positions are exactly the completion's log-probs and the GRPO loss
 runs on [B, S] with that mask.
 
-Train state (what checkpoints hold): the SFT trainer's (`sft.init_state`), with "params" the
+Train state (what checkpoints hold): the SFT trainer's (`state.init_state`), with "params" the
 trainable tree (full params, or LoRA adapters). With LoRA the frozen base is a separate, non-donated
 argument and the reference is that base with the adapters off.
 """
@@ -19,11 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from rossjax import models, sharding
 from rossjax.models import lora
-from rossjax.train import grpo_losses, losses, sft
+from rossjax.train import accumulate, grpo_losses, losses
+from rossjax.train import state as state_lib
 
 BATCH_KEYS = ("tokens", "positions", "segment_ids", "targets", "mask")
 _METRICS = ("pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean")  # grpo_loss's
@@ -57,41 +58,33 @@ def policy_params(trainable, base, lora_alpha):
     return trainable if lora_alpha is None else lora.merge(base, trainable, lora_alpha)
 
 
-def logp_entropy(model_cfg, params, batch, chunk: int):
-    """(log p(target) [B, S], entropy of the next-token distribution [B, S]) in float32, one
-    block of positions at a time so [B, S, V] logits never exist at once."""
+def token_logprobs(model_cfg, params, batch, chunk: int, with_entropy: bool = False):
+    """log p(target) [B, S] float32 (with `with_entropy`, also the next-token entropy [B, S]),
+    from the chunked LM head (`losses.chunked_token_logprobs`): [B, S, V] logits never exist."""
     h = models.hidden_states(model_cfg, params, batch["tokens"], batch["positions"],
                              batch["segment_ids"])
-    w = models.lm_head(model_cfg, params)
-    b, s, d = h.shape
-    c = max(1, min(chunk, s))
-    pad = (-s) % c
-    hp = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, c, d).swapaxes(0, 1)
-    tp = jnp.pad(batch["targets"], ((0, 0), (0, pad))).reshape(b, -1, c).swapaxes(0, 1)
+    w, vocab_major = losses.head_weights(model_cfg, params)
+    return losses.chunked_token_logprobs(h, w, batch["targets"], chunk, vocab_major, with_entropy)
 
-    def block(xs):
-        hb, tb = xs
-        logits = jnp.einsum("bcd,dv->bcv", hb, w.astype(hb.dtype), preferred_element_type=jnp.float32)
-        lsm = jax.nn.log_softmax(logits, axis=-1)
-        lp = jnp.take_along_axis(lsm, tb[..., None], axis=-1)[..., 0]
-        ent = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
-        return lp, ent
 
-    lp, ent = jax.lax.map(block, (hp, tp))
-    fix = lambda x: x.swapaxes(0, 1).reshape(b, -1)[:, :s]
-    return fix(lp), fix(ent)
+def logp_entropy(model_cfg, params, batch, chunk: int):
+    """(log p(target) [B, S], entropy of the next-token distribution [B, S]) in float32."""
+    return token_logprobs(model_cfg, params, batch, chunk, with_entropy=True)
 
 
 class StepFns:
-    """Jitted pieces with explicit shardings: merge, log-probs, update (state donated)."""
+    """Jitted pieces with explicit shardings: merge, log-probs, update (state donated).
+    `partitioner` (rossjax.sharding.Partitioner) places rows over the batch axes; a step is the
+    SFT step's shape: accumulate.split_batch / accumulate / apply_if_finite, state.advance."""
 
-    def __init__(self, model_cfg, optimizer, schedule, *, mesh, param_shardings, state_shardings,
-                 base_shardings, lora_alpha, loss_cfg, chunk: int, max_new: int):
+    def __init__(self, model_cfg, optimizer, schedule, *, partitioner, param_shardings,
+                 state_shardings, base_shardings, lora_alpha, loss_cfg, chunk: int, max_new: int):
         self.lora_alpha = lora_alpha
-        rows = NamedSharding(mesh, P(*self._batch_spec(mesh)))
-        repl = NamedSharding(mesh, P())
+        part = self.partitioner = partitioner
+        rows = part.sharding(P("batch", None))
+        repl = part.replicated()
         bsh = {k: rows for k in (*BATCH_KEYS, "old_logp", "ref_logp", "is_weights")}
-        bsh["adv"] = NamedSharding(mesh, P(self._batch_spec(mesh)[0]))
+        bsh["adv"] = part.sharding(P("batch"))
         self.row_sharding = rows
         train_sh = state_shardings["params"]
 
@@ -102,52 +95,31 @@ class StepFns:
                             in_shardings=(param_shardings, {k: rows for k in BATCH_KEYS}),
                             out_shardings=(rows, rows))
         c = loss_cfg
-
         n_micro = int(c.micro_batches)
 
-        def micro_sharding(x):  # [n, rows / n, ...]: rows stay split over the data axes
-            shape = (n_micro, x.shape[0] // n_micro, *x.shape[1:])
-            logical = P(None, "batch", *([None] * (x.ndim - 1)))
-            return NamedSharding(mesh, sharding.logical_to_mesh_spec(logical, None, shape, mesh))
+        def loss_fn(trainable, base, norm, mb):
+            params = policy_params(trainable, base, lora_alpha)
+            logp = token_logprobs(model_cfg, params, mb, chunk)
+            return grpo_losses.grpo_loss(
+                logp, mb["old_logp"], mb["ref_logp"] if c.beta else None, mb["adv"],
+                mb["mask"], c.eps_low, c.eps_high, c.beta, c.agg,
+                is_weights=mb["is_weights"] if c.is_mode != "none" else None,
+                max_len=max_new, norm=norm)
 
         def step(state, base, batch):
             # Exact gradient accumulation: every micro-batch divides by the whole minibatch's
             # normalizers, so the summed shares are the minibatch's loss and gradient.
             norm = grpo_losses.normalizers(batch["mask"], c.agg, max_new)
-            micro = jax.tree.map(lambda x: sft._split_micro(x, n_micro, micro_sharding(x)), batch)
-
-            def loss_fn(trainable, mb):
-                params = policy_params(trainable, base, lora_alpha)
-                h = models.hidden_states(model_cfg, params, mb["tokens"], mb["positions"],
-                                         mb["segment_ids"])
-                logp = losses.chunked_token_logprobs(h, models.lm_head(model_cfg, params),
-                                                     mb["targets"], chunk)
-                return grpo_losses.grpo_loss(
-                    logp, mb["old_logp"], mb["ref_logp"] if c.beta else None, mb["adv"],
-                    mb["mask"], c.eps_low, c.eps_high, c.beta, c.agg,
-                    is_weights=mb["is_weights"] if c.is_mode != "none" else None,
-                    max_len=max_new, norm=norm)
-
-            def accumulate(acc, mb):
-                (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], mb)
-                return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), acc,
-                                    (g, {"loss": loss, **m})), None
-
-            zeros = (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state["params"]),
-                     {k: jnp.zeros((), jnp.float32) for k in ("loss", *_METRICS)})
-            (grads, m), _ = jax.lax.scan(accumulate, zeros, micro)
-            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state["params"])
-            loss = m.pop("loss")
+            micro = accumulate.split_batch(batch, n_micro, part)
+            g_sum, (loss, m) = accumulate.accumulate(
+                lambda t, mb: loss_fn(t, base, norm, mb), state["params"], micro,
+                {k: jnp.zeros((), jnp.float32) for k in _METRICS})
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), g_sum, state["params"])
             gnorm = optax.tree.norm(grads)
             finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-            updates, new_opt = optimizer.update(grads, state["opt_state"], state["params"])
-            new_params = optax.apply_updates(state["params"], updates)
-            keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-            new_state = {"params": keep(new_params, state["params"]),
-                         "opt_state": keep(new_opt, state["opt_state"]),
-                         "step": state["step"] + 1,
-                         "rng": jax.random.fold_in(state["rng"], state["step"]),
-                         "bad_steps": jnp.where(finite, 0, state["bad_steps"] + 1).astype(jnp.int32)}
+            new_params, new_opt = accumulate.apply_if_finite(
+                optimizer, state["params"], state["opt_state"], grads, finite)
+            new_state = state_lib.advance(state, new_params, new_opt, finite)
             return new_state, {"loss": loss, "grad_norm": gnorm, "lr": schedule(state["step"]),
                                "skipped": 1 - finite.astype(jnp.int32),
                                "bad_steps": new_state["bad_steps"], **m}
@@ -155,12 +127,8 @@ class StepFns:
         self.update = jax.jit(step, in_shardings=(state_shardings, base_shardings, bsh),
                               out_shardings=(state_shardings, repl), donate_argnums=0)
 
-    @staticmethod
-    def _batch_spec(mesh):
-        return sharding.logical_to_mesh_spec(P("batch", None), None, None, mesh)
-
     def put_rows(self, arrays: dict) -> dict:
         """Host arrays (the same on every process) -> global arrays, rows over the batch axes."""
-        adv_sh = NamedSharding(self.row_sharding.mesh, P(self.row_sharding.spec[0]))
+        adv_sh = self.partitioner.sharding(P("batch"))
         return {k: sharding.from_host(v, adv_sh if np.ndim(v) == 1 else self.row_sharding)
                 for k, v in arrays.items()}

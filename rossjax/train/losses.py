@@ -69,14 +69,16 @@ def _pad_positions(x, multiple):
     return jnp.pad(x, widths)
 
 
-def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024, vocab_major=False):
+def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024, vocab_major=False,
+                           with_entropy=False):
     """log p(target) `[b, s]` float32 from hidden states, one block of positions at a time.
 
     hidden [b, s, d] (final-normed), lm_head_w [d, V] (or [V, d] with `vocab_major`, e.g. a tied
     embedding table: passing it as is avoids a transposed copy of the table and of its gradient),
     targets [b, s]. Only a `[b, chunk, V]` float32 logits block exists at any time, in the
     forward *and* in the backward: each block is a checkpointed scan step, so autodiff recomputes
-    its logits instead of storing them.
+    its logits instead of storing them. `with_entropy` returns (log p, entropy of the next-token
+    distribution), both [b, s].
     """
     spec = "bcd,vd->bcv" if vocab_major else "bcd,dv->bcv"
     b, s, d = hidden.shape
@@ -91,14 +93,18 @@ def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024, vocab_ma
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def block(w, hb, tb):
         logits = jnp.einsum(spec, hb, w.astype(hb.dtype), preferred_element_type=jnp.float32)
-        return token_logprobs(logits, tb)
+        if not with_entropy:
+            return token_logprobs(logits, tb)
+        lsm = jax.nn.log_softmax(logits, axis=-1)
+        lp = jnp.take_along_axis(lsm, tb[..., None], axis=-1)[..., 0]
+        return lp, -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
 
     def body(carry, xs):
         hb, tb = xs
         return carry, block(lm_head_w, hb, tb)
 
-    _, lp = jax.lax.scan(body, None, (hs, ts))
-    return lp.swapaxes(0, 1).reshape(b, n * chunk)[:, :s]
+    _, out = jax.lax.scan(body, None, (hs, ts))
+    return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :s], out)
 
 
 def chunked_masked_nll(hidden, lm_head_w, targets, mask, chunk_size=1024, vocab_major=False):
@@ -106,6 +112,14 @@ def chunked_masked_nll(hidden, lm_head_w, targets, mask, chunk_size=1024, vocab_
     mask = jnp.asarray(mask, jnp.float32)
     nll = -chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size, vocab_major)
     return jnp.sum(jnp.where(mask != 0, nll * mask, 0.0)), jnp.sum(mask)
+
+
+def head_weights(model_cfg, params):
+    """(LM-head weights, vocab_major) of a params tree: a tied model's [V, d] embedding table as
+    it is (no transposed copy, nor of its gradient), else the [d, V] head."""
+    if model_cfg.tie_embeddings and "lm_head" not in params:
+        return params["embed"]["embedding"], True
+    return params["lm_head"]["kernel"], False
 
 
 from rossjax.train.grpo_losses import group_advantages, grpo_loss, importance_weights  # noqa: E402,F401

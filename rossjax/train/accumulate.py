@@ -1,0 +1,67 @@
+"""Gradient accumulation and the guarded update, shared by the SFT and GRPO steps.
+
+A step splits its global batch into micro-batches (`split_batch`), sums per-micro-batch gradients
+of *sums* in float32 (`accumulate`), and applies one optimizer update in which the summed gradient
+is divided once by the global normalizer (`apply_if_finite`). A step with a non-finite loss or
+gradient norm (or nothing to learn from) leaves params and optimizer state as they were: a
+`lax.cond`, so a skipped step never holds old and new states at once.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import PartitionSpec as P
+
+
+def split_micro(x, n: int, sharding=None):
+    """[B, ...] -> [n, B/n, ...]; micro-batch m takes rows m, m+n, ... so every data shard
+    contributes equally to every micro-batch (no cross-device reshuffle)."""
+    b = x.shape[0]
+    y = x.reshape(b // n, n, *x.shape[1:]).swapaxes(0, 1)
+    return y if sharding is None else jax.lax.with_sharding_constraint(y, sharding)
+
+
+def split_batch(batch, n: int, partitioner=None):
+    """Every [B, ...] array of `batch` -> [n, B/n, ...], rows kept over the batch axes (where
+    B/n does not divide over them that layout is dropped with a warning)."""
+    rows = next(iter(jax.tree.leaves(batch))).shape[0]
+    if rows % n:
+        raise ValueError(f"a batch of {rows} rows is not divisible into {n} micro-batches.")
+
+    def one(path, x):
+        sh = None
+        if partitioner is not None:
+            shape = (n, x.shape[0] // n, *x.shape[1:])
+            sh = partitioner.sharding(P(None, "batch", *([None] * (x.ndim - 1))), shape,
+                                      name=f"micro-batch {jax.tree_util.keystr(path)}",
+                                      optional=True)
+        return split_micro(x, n, sh)
+
+    return jax.tree_util.tree_map_with_path(one, batch)
+
+
+def accumulate(loss_fn, params, micro, aux_zeros):
+    """Sum over micro-batches of `loss_fn(params, mb) -> (value, aux)`: returns (float32 sum of
+    d value / d params, (sum of values, sum of aux)). `aux_zeros`: float32 zeros shaped like aux."""
+    def body(carry, mb):
+        (value, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+        return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), carry, (g, (value, aux))), None
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    carry0 = (zeros, (jnp.zeros((), jnp.float32), aux_zeros))
+    (g_sum, sums), _ = jax.lax.scan(body, carry0, micro)
+    return g_sum, sums
+
+
+def apply_if_finite(optimizer, params, opt_state, g_sum, apply, denom=None):
+    """(params, opt_state) after one update with gradient `g_sum / denom` (cast to each param's
+    dtype) when `apply`, else unchanged. The one division is fused into the update."""
+    def update(g_sum, opt_state, params):
+        scaled = g_sum if denom is None else jax.tree.map(lambda g: g / denom, g_sum)
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), scaled, params)
+        updates, new_opt = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_opt
+
+    return jax.lax.cond(apply, update, lambda g, o, p: (p, o), g_sum, opt_state, params)
