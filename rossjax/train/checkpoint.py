@@ -11,7 +11,6 @@ Shared by SFT and GRPO; nothing here knows what the state contains.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import os
 import signal
@@ -19,6 +18,15 @@ import signal
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+# The model-folder format (model_config.json, params/) is the models package's; workdirs use it too.
+from rossjax.models.orbax_folder import (  # noqa: F401
+    read_model_config,
+    restore_params,
+    save_params,
+    shape_mismatch,
+    write_model_config,
+)
 
 
 def encode_data_state(state):
@@ -36,21 +44,6 @@ def decode_data_state(obj):
     if obj["kind"] == "bytes":
         return base64.b64decode(obj["b64"])
     return obj["value"]
-
-
-def _shape_mismatch(directory, step, stored_tree, abstract_tree) -> str | None:
-    """One sentence naming the first leaf whose shape differs, or None."""
-    stored = {jax.tree_util.keystr(p): tuple(getattr(x, "shape", ()))
-              for p, x in jax.tree_util.tree_flatten_with_path(stored_tree)[0]}
-    for p, x in jax.tree_util.tree_flatten_with_path(abstract_tree)[0]:
-        key = jax.tree_util.keystr(p)
-        if key not in stored:
-            return (f"checkpoint {directory} step {step} is incompatible with this model: it has no "
-                    f"parameter {key}.")
-        if stored[key] != tuple(x.shape):
-            return (f"checkpoint {directory} step {step} is incompatible with this model: parameter "
-                    f"{key} has shape {stored[key]} there but {tuple(x.shape)} here.")
-    return None
 
 
 def item_handlers():
@@ -91,7 +84,7 @@ class Checkpointer:
         tree = getattr(meta, "tree", meta)
         if key not in tree:
             raise ValueError(f"checkpoint {self.directory} step {step} holds no {key!r} item.")
-        msg = _shape_mismatch(self.directory, step, tree[key], abstract_params)
+        msg = shape_mismatch(self.directory, step, tree[key], abstract_params)
         if msg:
             raise ValueError(msg)
 
@@ -116,31 +109,6 @@ class Checkpointer:
         self._mngr.close()
 
 
-def save_params(path: str, params):
-    """Params only (the `--format orbax` export and the from-orbax init format)."""
-    ckptr = ocp.StandardCheckpointer()
-    ckptr.save(os.path.abspath(os.path.join(path, "params")), params, force=True)
-    ckptr.wait_until_finished()
-
-
-def restore_params(path: str, abstract_params):
-    path = os.path.abspath(os.path.join(path, "params"))
-    ckptr = ocp.StandardCheckpointer()
-    meta = ckptr.metadata(path)
-    tree = getattr(meta, "item_metadata", meta)
-    tree = getattr(tree, "tree", tree)
-    msg = _shape_mismatch(path, "params", tree, abstract_params)
-    if msg:
-        raise ValueError(msg)
-    return ckptr.restore(path, abstract_params)
-
-
-def write_model_config(path: str, model_cfg):
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "model_config.json"), "w") as f:
-        json.dump(dataclasses.asdict(model_cfg), f, indent=1, default=list)
-
-
 def write_lora_manifest(path: str, *, rank: int, alpha: float, targets, base_source: str,
                         base_path: str, seed: int):
     """lora.json beside model_config.json: what `rossjax export` needs to merge the adapters a
@@ -163,22 +131,6 @@ def read_lora_manifest(path: str):
     if missing:
         raise ValueError(f"{file}: field {missing[0]!r} is missing.")
     return d
-
-
-def read_model_config(path: str):
-    from rossjax.models import ModelConfig
-
-    file = os.path.join(path, "model_config.json")
-    with open(file) as f:
-        d = json.load(f)
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(d) - fields)
-    if unknown:
-        raise ValueError(f"{file}: field {unknown[0]!r} is not a ModelConfig field.")
-    for k in ("rope_scaling", "layer_types", "eos_token_id"):
-        if isinstance(d.get(k), list):
-            d[k] = tuple(tuple(x) if isinstance(x, list) else x for x in d[k])
-    return ModelConfig(**d)
 
 
 class PreemptionGuard:
