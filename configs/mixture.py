@@ -6,7 +6,7 @@ Run:
       --config.sources.agentic.path=CURATED_AGENT --config.sources.retrogen.path=CURATED_RG
   (shares 40/20/20/20 by default; change with --config.sources.math.share=0.5 etc.).
 
-Needs: curated output dirs written by `rossjax curate` (read with pipeline.read_compiled).
+Needs: curated output dirs written by `rossjax curate` (read with compiled.read_compiled).
 Writes DIR/compiled-NNNNN.array_record (the drawn examples, curated format: train on DIR
 directly), DIR/mixture.jsonl (source, path, row, id, n_tokens of every drawn row, in draw order)
 and DIR/report.json (target vs achieved token shares, drops). A source that cannot cover its share

@@ -4,10 +4,11 @@ import os
 
 import numpy as np
 
+from rossjax.cli.inspect import main
 from rossjax.curate.masks import compile_rollout
 from rossjax.curate.schema import iter_records
+from rossjax.curate.view import render_html, render_terminal, token_classes, token_texts
 from rossjax.tokenizers import load_tokenizer
-from rossjax.curate.view import main, render_html, render_terminal, token_classes, token_texts
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "..", "data", "rollouts", "sample.jsonl")
 

@@ -106,7 +106,7 @@ def test_bad_input():
 def _curated_dir(path, name, lengths):
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    from rossjax.curate.pipeline import encode_example
+    from rossjax.curate.compiled import encode_example
 
     path.mkdir()
     w = ArrayRecordWriter(str(path / "compiled-00000.array_record"), "group_size:1")
@@ -120,8 +120,8 @@ def _curated_dir(path, name, lengths):
 def test_run_reads_curated_dirs_and_writes_a_curated_mixture(tmp_path, capsys):
     import importlib.util
 
+    from rossjax.curate.compiled import read_compiled
     from rossjax.curate.mixture import run
-    from rossjax.curate.pipeline import read_compiled
 
     rng = np.random.default_rng(2)
     src = {"math": rng.integers(20, 400, 300), "code": rng.integers(20, 800, 150),

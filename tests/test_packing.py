@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from rossjax.curate.compiled import encode_example
 from rossjax.curate.packing import make_loader
-from rossjax.curate.pipeline import encode_example
 
 SEQ = 64
 

@@ -9,7 +9,8 @@ import pytest
 
 from rossjax.cli import main as cli_main
 from rossjax.cli import parse_config
-from rossjax.curate.pipeline import curate, decode_example, encode_example, read_compiled
+from rossjax.curate.compiled import decode_example, encode_example, read_compiled
+from rossjax.curate.pipeline import curate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "curate.py")

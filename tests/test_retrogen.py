@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 
 from rossjax.curate.retrogen import (
-    SIGNALS, format_report, gate, pick_form, run, score_traces, serialize, to_rollouts)
+    SIGNALS,
+    format_report,
+    gate,
+    pick_form,
+    run,
+    score_traces,
+    serialize,
+    to_rollouts,
+)
 
 SAMPLE = "data/retrogen/sample.jsonl"
 
@@ -211,7 +219,7 @@ def test_run_buckets_unreadable_lines_and_reads_gz(tmp_path, monkeypatch):
     assert all(d["detail"].startswith("bad.jsonl.gz row ") for d in disc)
 
     # The default config is found from any working directory (not only the repo root).
-    from rossjax.curate.retrogen import main
+    from rossjax.cli.retrogen import main
 
     monkeypatch.chdir(tmp_path)
     assert main([f"--config.input={bad}", f"--config.output={tmp_path / 'o2'}"]) == 0

@@ -217,8 +217,8 @@ def test_select_cli_on_a_curated_dir(tmp_path):
 
     from array_record.python.array_record_module import ArrayRecordWriter
 
+    from rossjax.curate.compiled import encode_example, read_compiled
     from rossjax.curate.masks import compile_rollout
-    from rossjax.curate.pipeline import encode_example, read_compiled
     from rossjax.curate.subset import run
     from rossjax.tokenizers import load_tokenizer
 

@@ -25,7 +25,7 @@ def write_curated(out, n=120, vocab=256, seed=0, supervised=True):
     """A curated dir as `rossjax curate` writes it: ArrayRecord shards of compiled examples."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    from rossjax.curate.pipeline import encode_example
+    from rossjax.curate.compiled import encode_example
 
     os.makedirs(out, exist_ok=True)
     rng = np.random.default_rng(seed)

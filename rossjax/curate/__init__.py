@@ -19,11 +19,11 @@ _EXPORTS = {
     "CompiledExample": "rossjax.curate.masks",
     "fingerprint": "rossjax.routes.fingerprint",
     "select": "rossjax.routes.selection",
-    "read_compiled": "rossjax.curate.pipeline",
+    "read_compiled": "rossjax.curate.compiled",
     "make_loader": "rossjax.curate.packing",
     "verify_many": "rossjax.verify",
 }
-_SUBPACKAGES = ("pipeline", "packing", "report")
+_SUBPACKAGES = ("compiled", "ledger", "pipeline", "packing")
 
 __all__ = sorted([*_EXPORTS, *_SUBPACKAGES])
 

@@ -1,4 +1,8 @@
-"""The curation run report: every input row in exactly one bucket, plus token accounting.
+"""The accounts of a run over rollout rows (curate; review writes the same files): every input
+row in exactly one bucket, with a reason for each row not kept, plus token accounting.
+
+`RowLists` writes withheld.jsonl and invalid.jsonl ({row, id, reason, detail} per line) while
+`Report` counts; `write_json` writes report.json atomically.
 
 report.json holds
   input_rows                      rows read (valid or not)
@@ -29,6 +33,34 @@ def write_json(path: str, obj) -> None:
         json.dump(obj, f, indent=2, default=str)
         f.write("\n")
     os.replace(path + ".tmp", path)
+
+
+LISTS = ("invalid", "withheld")
+
+
+class RowLists:
+    """DIR/invalid.jsonl and DIR/withheld.jsonl, opened for writing (truncated); `add` counts the
+    row in `report` and lists it with its reason. Use as a context manager (closes the files)."""
+
+    def __init__(self, out_dir: str, report: Report):
+        self.report = report
+        self._files = {k: open(os.path.join(out_dir, f"{k}.jsonl"), "w", encoding="utf-8")
+                       for k in LISTS}
+
+    def add(self, status: str, row: int, rid, code: str, detail: str):
+        self.report.add(status, code)
+        self._files[status].write(json.dumps({"row": row, "id": rid, "reason": code,
+                                              "detail": detail}, ensure_ascii=False) + "\n")
+
+    def close(self):
+        for f in self._files.values():
+            f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 class Report:

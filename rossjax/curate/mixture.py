@@ -8,7 +8,7 @@ row that overshoots by less than the remaining gap may close it. Achieved shares
 within a row's length of the targets; the report states them and whether each is within
 `tolerance_pp` (0.5 percentage points). A source whose rows cannot cover its share raises
 ValueError naming it. The core (`plan_mixture`) works on (id, n_tokens) lists; `rossjax mix`
-reads the lengths from `rossjax.curate.pipeline.read_compiled(dir)` and writes the drawn examples
+reads the lengths from `rossjax.curate.compiled.read_compiled(dir)` and writes the drawn examples
 as DIR/compiled-NNNNN.array_record shards in the curated format (provenance gains
 `mixture_source`), so `packing.make_loader(DIR, ...)` trains on the mixture directly.
 """
@@ -152,8 +152,8 @@ def _n_examples(path: str) -> int | None:
 
 
 def read_lengths(path: str, progress: bool = False) -> tuple[list[str], np.ndarray]:
-    """(ids, token counts) of a curated output dir, streamed through pipeline.read_compiled."""
-    from rossjax.curate.pipeline import read_compiled
+    """(ids, token counts) of a curated output dir, streamed through compiled.read_compiled."""
+    from rossjax.curate.compiled import read_compiled
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: mixture source is not a curated output directory")
@@ -166,8 +166,9 @@ def read_lengths(path: str, progress: bool = False) -> tuple[list[str], np.ndarr
     return ids, np.asarray(lens, np.int64)
 
 
-def run(cfg) -> Mixture:
-    if not cfg.output:
+def run(cfg, workdir: str | None = None) -> Mixture:
+    out_dir = workdir or cfg.output
+    if not out_dir:
         raise ValueError("mix needs --config.output (a directory).")
     names = sorted(cfg.sources.keys())
     if not names:
@@ -181,16 +182,16 @@ def run(cfg) -> Mixture:
         shares[name] = float(src.share)
     mix = plan_mixture(lens, shares, cfg.budget_tokens, max_length=cfg.max_length or None,
                        seed=cfg.seed, tolerance_pp=cfg.tolerance_pp)
-    os.makedirs(cfg.output, exist_ok=True)
-    with open(os.path.join(cfg.output, "mixture.jsonl"), "w") as f:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "mixture.jsonl"), "w") as f:
         for name in names:
             for r in mix.selected[name].tolist():
                 f.write(json.dumps({"source": name, "path": cfg.sources[name].path, "row": r,
                                     "id": ids[name][r], "n_tokens": int(lens[name][r])}) + "\n")
-    mix.report["shards"] = write_shards(cfg.output, {n: cfg.sources[n].path for n in names},
+    mix.report["shards"] = write_shards(out_dir, {n: cfg.sources[n].path for n in names},
                                         mix.selected, cfg.examples_per_shard,
                                         progress=cfg.progress)
-    with open(os.path.join(cfg.output, "report.json"), "w") as f:
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(mix.report, f, indent=2)
     return mix
 
@@ -203,7 +204,7 @@ def write_shards(out_dir: str, paths: dict, selected: dict, per_shard: int,
 
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    from rossjax.curate.pipeline import encode_example, read_compiled
+    from rossjax.curate.compiled import encode_example, read_compiled
 
     for old in glob.glob(os.path.join(out_dir, "compiled-*.array_record")):
         os.remove(old)  # a rerun must not leave shards of an earlier mixture behind
@@ -229,13 +230,3 @@ def write_shards(out_dir: str, paths: dict, selected: dict, per_shard: int,
         writer.close()
     bar.close()
     return [os.path.basename(p) for p in shards]
-
-
-def main(argv=None) -> int:
-    from rossjax.cli import parse_config
-    from rossjax.curate.pipeline import repo_config
-
-    cfg, _, _ = parse_config(list(argv or []), default_config=repo_config("mixture.py"))
-    mix = run(cfg)
-    print(format_report(mix.report))
-    return 0

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rossjax.curate.pipeline import compiled_paths, decode_example
+from rossjax.curate.compiled import compiled_paths, decode_example
+from rossjax.curate.grain_flags import mark_absl_parsed
 
 STRATEGIES = ("first_fit", "best_fit")
 TRUNCATE = ("none", "left")
@@ -138,8 +139,6 @@ def make_loader(paths_or_dirs, seq_len: int, batch_size: int, *, seed: int = 0,
     if not drop_remainder:
         out = out.map(_PadBatch(batch_size))
     if worker_count > 0:
-        from rossjax.curate.pipeline import _absl_defaults
-
-        _absl_defaults()
+        mark_absl_parsed()
         out = out.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
     return PackedLoader(out, stats, paths)

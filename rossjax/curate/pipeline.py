@@ -26,91 +26,32 @@ Stages, per chunk of `chunk_rows` input rows (so memory stays bounded on million
            `workers > 0`, each loading the tokenizer once);
   write    kept examples into DIR/compiled-NNNNN.array_record (`examples_per_shard` each);
            withheld and invalid rows, with row number, id, reason code and detail, into
-           DIR/withheld.jsonl and DIR/invalid.jsonl; counts into DIR/report.json (report.py).
-
-Record encoding inside the ArrayRecord shards (one record per example, stdlib + numpy only):
-    b"RJX1" | uint32 little-endian header length | JSON header | array bytes
-with header {"id", "provenance", "turn_spans", "n", "arrays": [[name, dtype], ...]} and the arrays
-(input_ids int32, loss_mask uint8, eligible_mask uint8, each n long) concatenated in that order.
-`read_compiled(DIR)` and `decode_example(bytes)` read it back.
+           DIR/withheld.jsonl and DIR/invalid.jsonl; counts into DIR/report.json (ledger.py).
+The shard format is compiled.py's. `curate(cfg)` runs these steps one chunk at a time
+(`curate_chunk`); the command line is rossjax/cli/curate.py.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
-import struct
 import sys
 import time
-from typing import Iterator
 
-import numpy as np
+from rossjax.curate.compiled import SHARD_GLOB, ShardWriter, encode_example
+from rossjax.curate.grain_flags import mark_absl_parsed
+from rossjax.curate.ledger import Report, RowLists
+from rossjax.curate.masks import MASK_MODES, compile_rollout
+from rossjax.curate.schema import chunked, expand_inputs, iter_records, verifier_positive
+from rossjax.errors import ConfigError
+from rossjax.tokenizers import load_tokenizer
+from rossjax.verify import WorkerPool, verifier_name, verify_records
 
-_MAGIC = b"RJX1"
-_ARRAYS = (("input_ids", "int32"), ("loss_mask", "uint8"), ("eligible_mask", "uint8"))
-SHARD_GLOB = "compiled-*.array_record"
 VERIFY_MODES = ("auto", "stored", "rerun")
 ROW_FILTERS = ("accepted", "verifier_positive")
 _NOT_ANNOTATED = ("the row carries no reviewer annotation and config.rows=accepted trains only on "
                   "rows a reviewer accepted or revised (config.rows=verifier_positive with "
                   "config.mask_mode=eligible keeps it: the positive-rollout SFT baseline)")
-
-
-def encode_example(ex) -> bytes:
-    """Bytes of a kept CompiledExample (or a dict with the same fields)."""
-    get = ex.get if isinstance(ex, dict) else (lambda k, d=None: getattr(ex, k, d))
-    arrays = [np.ascontiguousarray(get(name), dtype=dt) for name, dt in _ARRAYS]
-    n = len(arrays[0])
-    if any(len(a) != n for a in arrays):
-        raise ValueError(f"example {get('id')!r}: input_ids and masks differ in length")
-    header = json.dumps({"id": get("id"), "provenance": get("provenance") or {},
-                         "turn_spans": [[int(s), int(e)] for s, e in (get("turn_spans") or [])],
-                         "n": n, "arrays": [list(a) for a in _ARRAYS]},
-                        separators=(",", ":"), default=str).encode("utf-8")
-    return b"".join([_MAGIC, struct.pack("<I", len(header)), header, *(a.tobytes() for a in arrays)])
-
-
-def decode_example(blob: bytes) -> dict:
-    if blob[:4] != _MAGIC:
-        raise ValueError("not a rossjax compiled example (bad magic bytes)")
-    (hlen,) = struct.unpack_from("<I", blob, 4)
-    header = json.loads(blob[8:8 + hlen])
-    out = {"id": header["id"], "provenance": header["provenance"],
-           "turn_spans": [tuple(s) for s in header["turn_spans"]]}
-    off, n = 8 + hlen, header["n"]
-    for name, dt in header["arrays"]:
-        a = np.frombuffer(blob, dtype=dt, count=n, offset=off)
-        out[name] = a
-        off += a.nbytes
-    return out
-
-
-def compiled_paths(path_or_dir) -> list[str]:
-    """Shard files of a curated dir (or a single shard path), sorted."""
-    if os.path.isdir(path_or_dir):
-        paths = sorted(glob.glob(os.path.join(path_or_dir, SHARD_GLOB)))
-        if not paths and not os.path.exists(os.path.join(path_or_dir, "report.json")):
-            raise FileNotFoundError(f"{path_or_dir}: no {SHARD_GLOB} shards and no report.json")
-        return paths
-    if not os.path.exists(path_or_dir):
-        raise FileNotFoundError(f"{path_or_dir}: no such curated dir or shard")
-    return [path_or_dir]
-
-
-def read_compiled(path_or_dir) -> Iterator[dict]:
-    """Yield compiled examples (id, input_ids, loss_mask, eligible_mask, provenance, turn_spans)."""
-    from array_record.python.array_record_module import ArrayRecordReader
-
-    for path in compiled_paths(path_or_dir):
-        reader = ArrayRecordReader(path)
-        try:
-            n = reader.num_records()
-            for start in range(0, n, 1024):
-                for blob in reader.read(start, min(n, start + 1024)):
-                    yield decode_example(blob)
-        finally:
-            reader.close()
 
 
 class Compiler:
@@ -125,9 +66,6 @@ class Compiler:
         return {**self.__dict__, "_tok": None}
 
     def __call__(self, item):
-        from rossjax.curate.masks import compile_rollout
-        from rossjax.tokenizers import load_tokenizer
-
         if self._tok is None:
             self._tok = load_tokenizer(self.spec)
         row, record = item
@@ -137,44 +75,11 @@ class Compiler:
         return row, ex
 
 
-class _ShardWriter:
-    def __init__(self, out_dir: str, per_shard: int, report):
-        self.out_dir, self.per_shard, self.report = out_dir, per_shard, report
-        self.writer, self.count, self.index = None, 0, 0
-
-    def write(self, blob: bytes):
-        from array_record.python.array_record_module import ArrayRecordWriter
-
-        if self.writer is None:
-            path = os.path.join(self.out_dir, f"compiled-{self.index:05d}.array_record")
-            self.writer = ArrayRecordWriter(path, "group_size:1")  # random access for grain
-            self.report.shards.append({"path": os.path.basename(path), "examples": 0})
-        self.writer.write(blob)
-        self.count += 1
-        self.report.shards[-1]["examples"] += 1
-        if self.count == self.per_shard:
-            self.close()
-
-    def close(self):
-        if self.writer is not None:
-            self.writer.close()
-            self.writer, self.count, self.index = None, 0, self.index + 1
-
-
 def _clear_outputs(out_dir: str):
     for p in glob.glob(os.path.join(out_dir, SHARD_GLOB)) + [
             os.path.join(out_dir, n) for n in ("report.json", "invalid.jsonl", "withheld.jsonl")]:
         if os.path.exists(p):
             os.remove(p)
-
-
-def _absl_defaults():
-    # grain's worker code reads its absl flags from the global FLAGS; our CLI parses into its own
-    # FlagValues, so let grain see its defaults.
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
 
 
 def _count_lines(files: list[str]) -> int | None:
@@ -206,15 +111,13 @@ def review_status(record: dict) -> str:
 
 def check_rows(cfg) -> str:
     """config.rows, checked against config.mask_mode (one sentence when they do not fit)."""
-    from rossjax.curate.masks import MASK_MODES
-
     rows = cfg.get("rows", "accepted")
     if rows not in ROW_FILTERS:
-        raise ValueError(f"config.rows {rows!r} must be one of {', '.join(ROW_FILTERS)}")
+        raise ConfigError(f"config.rows {rows!r} must be one of {', '.join(ROW_FILTERS)}")
     if cfg.mask_mode not in MASK_MODES:
-        raise ValueError(f"config.mask_mode {cfg.mask_mode!r} must be one of {', '.join(MASK_MODES)}")
+        raise ConfigError(f"config.mask_mode {cfg.mask_mode!r} must be one of {', '.join(MASK_MODES)}")
     if rows == "verifier_positive" and cfg.mask_mode != "eligible":
-        raise ValueError(f"config.rows='verifier_positive' ignores the reviewers' annotations, so it "
+        raise ConfigError(f"config.rows='verifier_positive' ignores the reviewers' annotations, so it "
                          f"needs config.mask_mode='eligible', not {cfg.mask_mode!r} (annotated masks "
                          f"go with config.rows='accepted')")
     return rows
@@ -226,126 +129,136 @@ def has_verdict(record: dict) -> bool:
     return isinstance(ver, dict) and "passed" in ver
 
 
-def curate(cfg) -> dict:
-    """Run the pipeline for an ml-collections config (see configs/curate.py); returns the report."""
-    import grain
-    from tqdm import tqdm
-
-    from rossjax.curate.report import Report
-    from rossjax.curate.schema import chunked, expand_inputs, iter_records, verifier_positive
-    from rossjax.tokenizers import load_tokenizer
-    from rossjax.verify import WorkerPool, verifier_name, verify_records
-
+def check_config(cfg, out_dir: str) -> tuple[str, list[str]]:
+    """Everything that can be checked before the output dir is touched (one sentence each):
+    returns the row filter and the input files."""
     if cfg.verify not in VERIFY_MODES:
-        raise ValueError(f"config.verify {cfg.verify!r} must be one of {', '.join(VERIFY_MODES)}")
+        raise ConfigError(f"config.verify {cfg.verify!r} must be one of {', '.join(VERIFY_MODES)}")
     for key in ("undecided", "unverified"):
         if cfg[key] not in ("withhold", "keep"):
-            raise ValueError(f"config.{key} {cfg[key]!r} must be 'withhold' or 'keep'")
+            raise ConfigError(f"config.{key} {cfg[key]!r} must be 'withhold' or 'keep'")
     rows_filter = check_rows(cfg)
-    if not cfg.output:
-        raise ValueError("config.output is empty; set --config.output=DIR")
+    if not out_dir:
+        raise ConfigError("config.output is empty; set --config.output=DIR")
     files = expand_inputs(cfg.input)  # a missing file or an empty pattern fails here
-    try:  # fail before touching the output dir, not inside a worker after reading rows
+    try:  # fail here, not inside a worker after reading rows
         load_tokenizer(cfg.tokenizer)
     except (FileNotFoundError, ValueError) as e:
-        raise ValueError(f"config.tokenizer {cfg.tokenizer!r} cannot be loaded: {e}") from None
-    os.makedirs(cfg.output, exist_ok=True)
-    _clear_outputs(cfg.output)
-    report = Report(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg))
+        raise ConfigError(f"config.tokenizer {cfg.tokenizer!r} cannot be loaded: {e}") from None
+    return rows_filter, files
+
+
+def fresh_verdicts(todo: list, mode: str, pool: WorkerPool, report: Report) -> None:
+    """Run the named verifier on the rows that need a fresh verdict (all that name one for
+    "rerun", those without a stored verdict for "auto") and write it into each record."""
+    named = [(i, verifier_name(r)) for i, (_, r) in enumerate(todo)
+             if mode == "rerun" or not has_verdict(r)]
+    named = [(i, n) for i, n in named if n]
+    verdicts = verify_records(pool, [todo[i][1] for i, _ in named]) if named else []
+    for (i, name), v in zip(named, verdicts):
+        rec = todo[i][1]
+        rec["verifier"] = {**(rec.get("verifier") or {}), "name": name,
+                           "passed": v.passed, "evidence": v.evidence}
+    report.verify["rerun"] += len(named)
+
+
+def filter_rows(todo: list, cfg, rows_filter: str, lists: RowLists) -> tuple[list, dict]:
+    """The verdict and row-filter policy: rows to compile [(row, record)] and each one's reviewer
+    decision {row: status}; every other row is listed as withheld with its reason."""
+    report = lists.report
+    ready, review = [], {}
+    for row, rec in todo:
+        ver = rec.get("verifier")
+        if not has_verdict(rec):
+            report.verify["unverified"] += 1
+            if cfg.unverified == "withhold":
+                lists.add("withheld", row, rec["id"], "unverified", _UNVERIFIED[cfg.verify])
+                continue
+        else:
+            report.add_verdict(ver.get("passed"))
+            if ver.get("passed") is None and cfg.undecided == "withhold":
+                lists.add("withheld", row, rec["id"], "verifier_undecided",
+                          f"verifier {ver.get('name', '?')} could not decide: "
+                          f"{ver.get('evidence', '')}"[:300])
+                continue
+        review[row] = review_status(rec)
+        if rows_filter == "verifier_positive":
+            # not resolved at all: a drop or a broken selector must not withhold it
+            rec = {k: v for k, v in rec.items() if k != "annotation"}
+        elif review[row] == "none" and verifier_positive(
+                rec, undecided=cfg.undecided, unverified=cfg.unverified):
+            lists.add("withheld", row, rec["id"], "not_annotated", _NOT_ANNOTATED)
+            continue
+        ready.append((row, rec))
+    return ready, review
+
+
+def compile_rows(ready: list, compiler: Compiler, workers: int):
+    """(row, CompiledExample) for each ready row, in order; on grain worker processes when
+    `workers > 0`."""
+    import grain
+
+    ds = grain.MapDataset.source(ready).map(compiler).to_iter_dataset()
+    if workers > 0 and len(ready) > 1:
+        mark_absl_parsed()
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    return ds
+
+
+def curate_chunk(chunk, cfg, rows_filter: str, pool: WorkerPool, compiler: Compiler,
+                 lists: RowLists, shards: ShardWriter) -> None:
+    """Read -> verify -> filter -> compile -> write for one chunk of input rows."""
+    todo = []
+    for row in chunk:
+        if row.record is None:
+            lists.add("invalid", row.row, row.id, "invalid_record", row.reason)
+        else:
+            todo.append((row.row, row.record))
+    if cfg.verify != "stored":
+        fresh_verdicts(todo, cfg.verify, pool, lists.report)
+    ready, review = filter_rows(todo, cfg, rows_filter, lists)
+    for row, ex in compile_rows(ready, compiler, cfg.workers):
+        if ex.status == "kept":
+            shards.write(encode_example(ex))
+            lists.report.add("kept", example=ex, review=review[row])
+        else:
+            lists.add(ex.status, row, ex.id or None, ex.reason, ex.detail)
+
+
+def curate(cfg, output: str | None = None) -> dict:
+    """Run the pipeline for an ml-collections config (see configs/curate.py) into `output`
+    (default config.output); returns the report."""
+    from tqdm import tqdm
+
+    out_dir = output or cfg.output
+    rows_filter, files = check_config(cfg, out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    _clear_outputs(out_dir)
+    config = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+    report = Report({**config, "output": out_dir})
     compiler = Compiler(cfg.tokenizer, cfg.template, cfg.max_length or None, cfg.mask_mode)
-    shards = _ShardWriter(cfg.output, cfg.examples_per_shard, report)
+    shards = ShardWriter(out_dir, cfg.examples_per_shard, report.shards)
     t0 = time.perf_counter()
-    lists = {k: open(os.path.join(cfg.output, f"{k}.jsonl"), "w", encoding="utf-8")
-             for k in ("invalid", "withheld")}
-
-    def bucket(status, row, rid, code, detail):
-        report.add(status, code)
-        lists[status].write(json.dumps({"row": row, "id": rid, "reason": code, "detail": detail},
-                                       ensure_ascii=False) + "\n")
-
     bar = tqdm(total=_count_lines(files), unit="row", desc="curate", disable=not cfg.progress,
                file=sys.stderr)
-    pool = WorkerPool(cfg.verify_workers if cfg.verify != "stored" else 0)  # spawns on first use
+    pool = WorkerPool(cfg.verify_workers if cfg.verify != "stored" else 0)
     try:
-        with pool:
+        with pool, RowLists(out_dir, report) as lists:
             for chunk in chunked(iter_records(files), cfg.chunk_rows):
-                todo = []
-                for row in chunk:
-                    if row.record is None:
-                        bucket("invalid", row.row, row.id, "invalid_record", row.reason)
-                    else:
-                        todo.append((row.row, row.record))
-                if cfg.verify != "stored":
-                    named = [(i, verifier_name(r)) for i, (_, r) in enumerate(todo)
-                             if cfg.verify == "rerun" or not has_verdict(r)]
-                    named = [(i, n) for i, n in named if n]
-                    verdicts = verify_records(pool, [todo[i][1] for i, _ in named]) if named else []
-                    for (i, name), v in zip(named, verdicts):
-                        rec = todo[i][1]
-                        rec["verifier"] = {**(rec.get("verifier") or {}), "name": name,
-                                           "passed": v.passed, "evidence": v.evidence}
-                    report.verify["rerun"] += len(named)
-                ready, review = [], {}
-                for row, rec in todo:
-                    ver = rec.get("verifier")
-                    if not has_verdict(rec):
-                        report.verify["unverified"] += 1
-                        if cfg.unverified == "withhold":
-                            bucket("withheld", row, rec["id"], "unverified", _UNVERIFIED[cfg.verify])
-                            continue
-                    else:
-                        report.add_verdict(ver.get("passed"))
-                        if ver.get("passed") is None and cfg.undecided == "withhold":
-                            bucket("withheld", row, rec["id"], "verifier_undecided",
-                                   f"verifier {ver.get('name', '?')} could not decide: "
-                                   f"{ver.get('evidence', '')}"[:300])
-                            continue
-                    review[row] = review_status(rec)
-                    if rows_filter == "verifier_positive":
-                        # not resolved at all: a drop or a broken selector must not withhold it
-                        rec = {k: v for k, v in rec.items() if k != "annotation"}
-                    elif review[row] == "none" and verifier_positive(
-                            rec, undecided=cfg.undecided, unverified=cfg.unverified):
-                        bucket("withheld", row, rec["id"], "not_annotated", _NOT_ANNOTATED)
-                        continue
-                    ready.append((row, rec))
-                ds = grain.MapDataset.source(ready).map(compiler).to_iter_dataset()
-                if cfg.workers > 0 and len(ready) > 1:
-                    _absl_defaults()
-                    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.workers))
-                for row, ex in ds:
-                    if ex.status == "kept":
-                        shards.write(encode_example(ex))
-                        report.add("kept", example=ex, review=review[row])
-                    else:
-                        bucket(ex.status, row, ex.id or None, ex.reason, ex.detail)
+                curate_chunk(chunk, cfg, rows_filter, pool, compiler, lists, shards)
                 bar.update(len(chunk))
                 bar.set_postfix_str(f"kept {report.buckets['kept']}")
     finally:
         bar.close()
         shards.close()
-        for f in lists.values():
-            f.close()
     if report.input_rows == 0:
         print(f"rossjax curate: warning: {cfg.input} holds no rows; the output is empty",
               file=sys.stderr)
-    out = report.write(cfg.output, time.perf_counter() - t0)
-    print(f"rossjax curate: {report.summary()} -> {cfg.output}", file=sys.stderr)
+    out = report.write(out_dir, time.perf_counter() - t0)
+    print(f"rossjax curate: {report.summary()} -> {out_dir}", file=sys.stderr)
     return out
 
 
-def repo_config(name: str) -> str:
-    """Absolute path of configs/<name> in this checkout, so a command's default config is found
-    from any working directory."""
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.path.join(here, "configs", name)
-
-
-def main(argv=None) -> int:
-    from rossjax.cli import parse_config
-
-    cfg, _, rest = parse_config(list(argv or []), default_config=repo_config("curate.py"))
-    if rest:
-        raise ValueError(f"rossjax curate takes no positional arguments, got {' '.join(rest)}")
-    curate(cfg)
-    return 0
+def run(cfg, workdir: str | None = None) -> dict:
+    """`rossjax curate`: the pipeline into `workdir` (default config.output)."""
+    return curate(cfg, workdir)

@@ -29,7 +29,6 @@ import hashlib
 import json
 import math
 import os
-import sys
 
 import numpy as np
 
@@ -270,15 +269,17 @@ def to_rollouts(kept: list, *, seed: int = 0, react_prob: float = 0.5, artifact_
     return out
 
 
-def run(cfg) -> Scored:
-    """Read cfg.input (.jsonl[.gz]), score, write cfg.output/{retrogen.jsonl, discarded.jsonl,
-    report.json}. Every input line ends kept or discarded with a reason (a line that is not JSON
-    is discarded as `invalid_json`), and report.json's counts add up to the input rows."""
+def run(cfg, workdir: str | None = None) -> Scored:
+    """Read cfg.input (.jsonl[.gz]), score, write `workdir` (default cfg.output)/{retrogen.jsonl,
+    discarded.jsonl, report.json}. Every input line ends kept or discarded with a reason (a line
+    that is not JSON is discarded as `invalid_json`), and report.json's counts add up to the input
+    rows."""
     from collections import Counter
 
     from rossjax.curate.schema import iter_json_lines
 
-    if not cfg.input or not cfg.output:
+    out_dir = workdir or cfg.output
+    if not cfg.input or not out_dir:
         raise ValueError("retrogen needs --config.input (trajectories .jsonl) and "
                          "--config.output (a directory).")
     if not os.path.exists(cfg.input):
@@ -301,36 +302,18 @@ def run(cfg) -> Scored:
     rows = to_rollouts(res.kept, seed=cfg.seed, react_prob=cfg.react_prob,
                        artifact_only=cfg.artifact_only, system=cfg.system or None,
                        evidence_in_prompt=cfg.evidence_in_prompt)
-    os.makedirs(cfg.output, exist_ok=True)
-    with open(os.path.join(cfg.output, "retrogen.jsonl"), "w") as f:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "retrogen.jsonl"), "w") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    with open(os.path.join(cfg.output, "discarded.jsonl"), "w") as f:
+    with open(os.path.join(out_dir, "discarded.jsonl"), "w") as f:
         f.writelines(json.dumps(d, ensure_ascii=False) + "\n" for d in res.discarded)
     n_in = len(records) + len(unreadable)
     if len(rows) + len(res.discarded) != n_in:  # the accounting promise; never write a lie
         raise AssertionError(f"{len(rows)} kept + {len(res.discarded)} discarded != {n_in} rows")
     forms = [r["verifier"]["evidence"].rsplit(" ", 1)[-1] for r in rows]
-    with open(os.path.join(cfg.output, "report.json"), "w") as f:
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump({"input": cfg.input, "rows": n_in, "kept": len(rows),
                    "discarded": dict(sorted(Counter(d["reason"] for d in res.discarded).items())),
                    "forms": {x: forms.count(x) for x in FORMS}, "artifact_only": cfg.artifact_only,
                    "domains": res.report}, f, indent=2)
     return res
-
-
-def main(argv=None) -> int:
-    from rossjax.cli import parse_config
-    from rossjax.curate.pipeline import repo_config
-
-    cfg, _, _ = parse_config(list(argv or []), default_config=repo_config("retrogen.py"))
-    res = run(cfg)
-    print(format_report(res.report))
-    gone = {}
-    for d in res.discarded:
-        gone[d["reason"]] = gone.get(d["reason"], 0) + 1
-    if not res.kept and not res.discarded:
-        print(f"warning: {cfg.input} holds no rows", file=sys.stderr)
-    print(f"kept {len(res.kept)}, discarded {len(res.discarded)} "
-          f"({', '.join(f'{k} {n}' for k, n in sorted(gone.items())) or 'none'}) "
-          f"-> {os.path.join(cfg.output, 'retrogen.jsonl')}")
-    return 0

@@ -75,7 +75,7 @@ def stream_pool(path: str, meta: PoolMeta, only_passed: bool = False):
 def stream_compiled_pool(path: str, tokenizer: str, meta: PoolMeta):
     """Yield the decoded assistant turns of each row of a curated output dir, recording it in
     `meta` as a pseudo-record (id, task.id / task.domain from the provenance)."""
-    from rossjax.curate.pipeline import read_compiled
+    from rossjax.curate.compiled import read_compiled
     from rossjax.tokenizers import load_tokenizer
 
     if not tokenizer:

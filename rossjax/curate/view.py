@@ -2,17 +2,15 @@
 
 Supervised tokens, eligible-but-excluded tokens and context are drawn differently, in an HTML
 page (written to DIR/inspect/ID.html, or --out) and in the terminal. DIR is a curated output dir
-(read with `rossjax.curate.pipeline.read_compiled`); a rollout file (.jsonl[.gz] / .parquet) works
+(read with `rossjax.curate.compiled.read_compiled`); a rollout file (.jsonl[.gz] / .parquet) works
 too and is compiled on the fly with --tokenizer/--template/--mask_mode.
 """
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -112,7 +110,7 @@ def render_html(example, tokenizer) -> str:
 
 def find_example(path: str, example_id: str, tokenizer, template: str, mask_mode: str):
     if os.path.isdir(path):
-        from rossjax.curate.pipeline import read_compiled
+        from rossjax.curate.compiled import read_compiled
 
         for ex in read_compiled(path):
             if ex["id"] == example_id:
@@ -140,28 +138,19 @@ def _default_tokenizer(path: str) -> str:
     return "qwen"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="rossjax inspect", description=__doc__.splitlines()[0])
-    ap.add_argument("path", help="curated output dir, or a rollout .jsonl/.parquet file")
-    ap.add_argument("--id", required=True, help="example id")
-    ap.add_argument("--out", help="HTML file to write (default DIR/inspect/ID.html)")
-    ap.add_argument("--tokenizer", help="tokenizer spec (default: the dir's, else qwen)")
-    ap.add_argument("--template", default="chatml")
-    ap.add_argument("--mask_mode", default="annotated")
-    ap.add_argument("--no-color", action="store_true")
-    args = ap.parse_args(argv)
+def write_inspection(path: str, example_id: str, *, tokenizer: str | None = None,
+                     template: str = "chatml", mask_mode: str = "annotated",
+                     out: str | None = None):
+    """Find `example_id` in `path` (a curated dir or a rollout file), write its HTML view to `out`
+    (default DIR/inspect/ID.html). Returns (example, tokenizer, html path)."""
     from rossjax.tokenizers import load_tokenizer
 
-    tok = load_tokenizer(args.tokenizer or _default_tokenizer(args.path))
-    ex = find_example(args.path, args.id, tok, args.template, args.mask_mode)
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in args.id)
-    out = args.out or os.path.join(args.path if os.path.isdir(args.path)
-                                   else os.path.dirname(os.path.abspath(args.path)),
-                                   "inspect", f"{safe}.html")
+    tok = load_tokenizer(tokenizer or _default_tokenizer(path))
+    ex = find_example(path, example_id, tok, template, mask_mode)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in example_id)
+    out = out or os.path.join(path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path)),
+                              "inspect", f"{safe}.html")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.write(render_html(ex, tok))
-    color = not args.no_color and sys.stdout.isatty()
-    print(render_terminal(ex, tok, color=color))
-    print(f"wrote {out}")
-    return 0
+    return ex, tok, out

@@ -249,7 +249,7 @@ def read_rows(path: str, tokenizer: str = "", use_turns: bool = False):
     if not os.path.exists(path):
         raise ValueError(f"{path}: the extraction input does not exist.")
     if os.path.isdir(path):
-        from rossjax.curate.pipeline import read_compiled
+        from rossjax.curate.compiled import read_compiled
         rows = [{"id": r["id"], "input_ids": np.asarray(r["input_ids"]).tolist(),
                  "turn_spans": r.get("turn_spans")} for r in read_compiled(path)]
     else:
