@@ -38,6 +38,12 @@ def write_json(path: str, obj) -> None:
 LISTS = ("invalid", "withheld")
 
 
+def list_line(row: int, rid, code: str, detail: str) -> str:
+    """One line of withheld.jsonl / invalid.jsonl (also written by the Beam runner)."""
+    return json.dumps({"row": row, "id": rid, "reason": code, "detail": detail},
+                      ensure_ascii=False) + "\n"
+
+
 class RowLists:
     """DIR/invalid.jsonl and DIR/withheld.jsonl, opened for writing (truncated); `add` counts the
     row in `report` and lists it with its reason. Use as a context manager (closes the files)."""
@@ -49,8 +55,7 @@ class RowLists:
 
     def add(self, status: str, row: int, rid, code: str, detail: str):
         self.report.add(status, code)
-        self._files[status].write(json.dumps({"row": row, "id": rid, "reason": code,
-                                              "detail": detail}, ensure_ascii=False) + "\n")
+        self._files[status].write(list_line(row, rid, code, detail))
 
     def close(self):
         for f in self._files.values():
@@ -93,6 +98,17 @@ class Report:
             self.tokens["kept_eligible"] += int(example.n_eligible)
             self.tokens["kept_supervised"] += int(example.n_supervised)
             self.tokens["kept_excluded_eligible"] += int(example.n_excluded_eligible)
+
+    def merge(self, other: "Report") -> "Report":
+        """Add the counts of `other` (a report over other rows) into this one (Beam combines the
+        reports of its bundles this way); config and shards stay this report's."""
+        self.input_rows += other.input_rows
+        for mine, theirs in ((self.buckets, other.buckets), (self.tokens, other.tokens),
+                             (self.verify, other.verify),
+                             (self.kept_by_review, other.kept_by_review),
+                             *((self.reasons[k], other.reasons[k]) for k in self.reasons)):
+            mine.update(theirs)
+        return self
 
     def add_verdict(self, passed):
         self.verify[{True: "passed", False: "failed", None: "undecided"}[passed]] += 1
