@@ -21,6 +21,11 @@ import numpy as np
 _MAGIC = b"RJX1"
 _ARRAYS = (("input_ids", "int32"), ("loss_mask", "uint8"), ("eligible_mask", "uint8"))
 SHARD_GLOB = "compiled-*.array_record"
+SHARD_OPTIONS = "group_size:1"  # ArrayRecord writer options: random access for grain
+
+
+def shard_name(index: int) -> str:
+    return f"compiled-{index:05d}.array_record"
 
 
 def encode_example(ex) -> bytes:
@@ -91,8 +96,8 @@ class ShardWriter:
         from array_record.python.array_record_module import ArrayRecordWriter
 
         if self.writer is None:
-            path = os.path.join(self.out_dir, f"compiled-{self.index:05d}.array_record")
-            self.writer = ArrayRecordWriter(path, "group_size:1")  # random access for grain
+            path = os.path.join(self.out_dir, shard_name(self.index))
+            self.writer = ArrayRecordWriter(path, SHARD_OPTIONS)
             self.shards.append({"path": os.path.basename(path), "examples": 0})
         self.writer.write(blob)
         self.count += 1
