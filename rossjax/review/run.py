@@ -135,7 +135,7 @@ def run(cfg, workdir: str) -> dict:
     from tqdm import tqdm
 
     from rossjax.curate.masks import compile_rollout
-    from rossjax.curate.ledger import write_json
+    from rossjax.curate.ledger import list_line, write_json
     from rossjax.curate.schema import chunked, expand_inputs, iter_records, verifier_positive
     from rossjax.templates import render_chat
     from rossjax.tokenizers import load_tokenizer
@@ -172,8 +172,7 @@ def run(cfg, workdir: str) -> dict:
     def bucket(status, row, rid, code, detail):
         buckets[status] += 1
         reasons[status][code] += 1
-        lists[status].write(json.dumps({"row": row, "id": rid, "reason": code, "detail": detail},
-                                       ensure_ascii=False) + "\n")
+        lists[status].write(list_line(row, rid, code, detail))
 
     def keep(record, how, status):
         buckets["kept"] += 1
