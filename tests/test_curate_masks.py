@@ -6,8 +6,8 @@ import random
 import numpy as np
 import pytest
 
-from rossjax.templates import render_chat
 from rossjax.curate.masks import compile_rollout
+from rossjax.templates import render_chat
 from rossjax.tokenizers import load_tokenizer
 
 QWEN = load_tokenizer("qwen")

@@ -18,6 +18,8 @@ from typing import Iterator
 
 import numpy as np
 
+from rossjax.errors import InputError
+
 _MAGIC = b"RJX1"
 _ARRAYS = (("input_ids", "int32"), ("loss_mask", "uint8"), ("eligible_mask", "uint8"))
 SHARD_GLOB = "compiled-*.array_record"
@@ -34,7 +36,7 @@ def encode_example(ex) -> bytes:
     arrays = [np.ascontiguousarray(get(name), dtype=dt) for name, dt in _ARRAYS]
     n = len(arrays[0])
     if any(len(a) != n for a in arrays):
-        raise ValueError(f"example {get('id')!r}: input_ids and masks differ in length")
+        raise InputError(f"example {get('id')!r}: input_ids and masks differ in length")
     header = json.dumps({"id": get("id"), "provenance": get("provenance") or {},
                          "turn_spans": [[int(s), int(e)] for s, e in (get("turn_spans") or [])],
                          "n": n, "arrays": [list(a) for a in _ARRAYS]},
@@ -44,7 +46,7 @@ def encode_example(ex) -> bytes:
 
 def decode_example(blob: bytes) -> dict:
     if blob[:4] != _MAGIC:
-        raise ValueError("not a rossjax compiled example (bad magic bytes)")
+        raise InputError("not a rossjax compiled example (bad magic bytes)")
     (hlen,) = struct.unpack_from("<I", blob, 4)
     header = json.loads(blob[8:8 + hlen])
     out = {"id": header["id"], "provenance": header["provenance"],

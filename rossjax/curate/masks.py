@@ -28,6 +28,7 @@ import numpy as np
 
 from rossjax.curate.schema import validate_record
 from rossjax.curate.selectors import SelectorError, exclude_intervals, keep_intervals
+from rossjax.errors import InputError
 from rossjax.templates import Rendered, TemplateError, render_chat
 from rossjax.tokenizers import byte_to_char_offsets
 
@@ -122,7 +123,7 @@ def compile_rollout(record, tokenizer, template: str = "chatml", max_length: int
                     mask_mode: str = "annotated") -> CompiledExample:
     """Compile one rollout record (see module doc). Never raises on bad data: it buckets it."""
     if mask_mode not in MASK_MODES:
-        raise ValueError(f"mask_mode {mask_mode!r} is not one of {', '.join(MASK_MODES)}")
+        raise InputError(f"mask_mode {mask_mode!r} is not one of {', '.join(MASK_MODES)}")
     rid = record.get("id") if isinstance(record, dict) and isinstance(record.get("id"), str) else ""
     err = validate_record(record)
     if err:

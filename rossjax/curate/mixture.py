@@ -23,6 +23,8 @@ import os
 
 import numpy as np
 
+from rossjax.errors import ConfigError, InputError
+
 
 @dataclasses.dataclass
 class Mixture:
@@ -71,25 +73,25 @@ def plan_mixture(sources: dict, shares: dict, budget_tokens: int, *, max_length:
     """sources: name -> sequence of token counts (one per row); shares: name -> weight (any
     positive numbers, normalized: 40/20/20/20 works). Returns the rows drawn per source."""
     if not sources:
-        raise ValueError("a mixture needs at least one source.")
+        raise InputError("a mixture needs at least one source.")
     if set(shares) != set(sources):
-        raise ValueError(f"shares name {sorted(shares)} but the sources are {sorted(sources)}.")
+        raise InputError(f"shares name {sorted(shares)} but the sources are {sorted(sources)}.")
     for name, w in shares.items():
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
-            raise ValueError(f"share of source {name!r} must be a finite non-negative number, got {w!r}.")
+            raise InputError(f"share of source {name!r} must be a finite non-negative number, got {w!r}.")
     total_w = float(sum(shares.values()))
     if total_w <= 0:
-        raise ValueError("the shares must not all be zero.")
+        raise InputError("the shares must not all be zero.")
     if isinstance(budget_tokens, bool) or int(budget_tokens) != budget_tokens or budget_tokens <= 0:
-        raise ValueError(f"budget_tokens must be a positive integer, got {budget_tokens!r}.")
+        raise InputError(f"budget_tokens must be a positive integer, got {budget_tokens!r}.")
     if max_length is not None and max_length <= 0:
-        raise ValueError(f"max_length must be positive, got {max_length!r}.")
+        raise InputError(f"max_length must be positive, got {max_length!r}.")
     budget_tokens = int(budget_tokens)
     plans, short = {}, []
     for name in sources:
         n_tok = np.asarray(sources[name], dtype=np.int64).reshape(-1)
         if (n_tok < 0).any():
-            raise ValueError(f"source {name!r} row {int(np.flatnonzero(n_tok < 0)[0])} has a negative token count.")
+            raise InputError(f"source {name!r} row {int(np.flatnonzero(n_tok < 0)[0])} has a negative token count.")
         ok = n_tok > 0
         too_long = np.zeros_like(ok) if max_length is None else n_tok > max_length
         ok &= ~too_long
@@ -102,7 +104,7 @@ def plan_mixture(sources: dict, shares: dict, budget_tokens: int, *, max_length:
                          f"{max_length if max_length else 'any'} tokens, short of its "
                          f"{100 * share:.1f}% share ({target:,} tokens) of the {budget_tokens:,}-token budget")
     if short:
-        raise ValueError("; ".join(short) + ".")
+        raise InputError("; ".join(short) + ".")
     selected, per = {}, {}
     for name, (n_tok, ok, share, target, n_long, n_empty) in plans.items():
         rng = np.random.Generator(np.random.PCG64(_source_seed(seed, name)))
@@ -169,15 +171,15 @@ def read_lengths(path: str, progress: bool = False) -> tuple[list[str], np.ndarr
 def run(cfg, workdir: str | None = None) -> Mixture:
     out_dir = workdir or cfg.output
     if not out_dir:
-        raise ValueError("mix needs --config.output (a directory).")
+        raise ConfigError("mix needs --config.output (a directory).")
     names = sorted(cfg.sources.keys())
     if not names:
-        raise ValueError("config.sources is empty; give each source a path and a share.")
+        raise ConfigError("config.sources is empty; give each source a path and a share.")
     ids, lens, shares = {}, {}, {}
     for name in names:
         src = cfg.sources[name]
         if not src.path:
-            raise ValueError(f"config.sources.{name}.path is empty.")
+            raise ConfigError(f"config.sources.{name}.path is empty.")
         ids[name], lens[name] = read_lengths(src.path, progress=cfg.progress)
         shares[name] = float(src.share)
     mix = plan_mixture(lens, shares, cfg.budget_tokens, max_length=cfg.max_length or None,

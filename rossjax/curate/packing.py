@@ -26,6 +26,7 @@ import numpy as np
 
 from rossjax.curate.compiled import compiled_paths, decode_example
 from rossjax.curate.grain_flags import mark_absl_parsed
+from rossjax.errors import InputError
 
 STRATEGIES = ("first_fit", "best_fit")
 TRUNCATE = ("none", "left")
@@ -111,18 +112,18 @@ def make_loader(paths_or_dirs, seq_len: int, batch_size: int, *, seed: int = 0,
     import grain.experimental as gex
 
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+        raise InputError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     if truncate not in TRUNCATE:
-        raise ValueError(f"truncate {truncate!r} is not one of {', '.join(TRUNCATE)}")
+        raise InputError(f"truncate {truncate!r} is not one of {', '.join(TRUNCATE)}")
     if not 0 <= shard_index < shard_count:
-        raise ValueError(f"shard_index {shard_index} is not in [0, shard_count={shard_count})")
+        raise InputError(f"shard_index {shard_index} is not in [0, shard_count={shard_count})")
     if seq_len <= 0 or batch_size <= 0:
-        raise ValueError(f"seq_len ({seq_len}) and batch_size ({batch_size}) must be positive")
+        raise InputError(f"seq_len ({seq_len}) and batch_size ({batch_size}) must be positive")
     if isinstance(paths_or_dirs, str):
         paths_or_dirs = [paths_or_dirs]
     paths = [p for d in paths_or_dirs for p in compiled_paths(d)]
     if not paths:
-        raise ValueError(f"no compiled shards under {', '.join(map(str, paths_or_dirs))}")
+        raise InputError(f"no compiled shards under {', '.join(map(str, paths_or_dirs))}")
 
     stats: dict = {}
     ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths))

@@ -32,6 +32,8 @@ import os
 
 import numpy as np
 
+from rossjax.errors import ConfigError, InputError
+
 SIGNALS = ("rubric", "quality", "grounding", "consistency")
 DEFAULT_WEIGHTS = {k: 0.25 for k in SIGNALS}
 FORMS = ("json", "react")
@@ -110,12 +112,12 @@ def gate(record) -> tuple[str, str] | None:
 def _check_weights(weights) -> dict:
     w = dict(DEFAULT_WEIGHTS if weights is None else weights)
     if set(w) != set(SIGNALS):
-        raise ValueError(f"weights must name exactly {SIGNALS}, got {sorted(w)}.")
+        raise InputError(f"weights must name exactly {SIGNALS}, got {sorted(w)}.")
     for k, v in w.items():
         if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"weights.{k} must be a finite non-negative number, got {v!r}.")
+            raise InputError(f"weights.{k} must be a finite non-negative number, got {v!r}.")
     if sum(w.values()) <= 0:
-        raise ValueError("weights must not all be zero.")
+        raise InputError("weights must not all be zero.")
     return w
 
 
@@ -129,12 +131,12 @@ def score_traces(records, weights=None, *, threshold: float = 0.5, quantile: flo
     """
     w = _check_weights(weights)
     if not math.isfinite(threshold):
-        raise ValueError(f"threshold must be finite, got {threshold!r}.")
+        raise InputError(f"threshold must be finite, got {threshold!r}.")
     if quantile is not None and not (isinstance(quantile, (int, float)) and 0 <= quantile <= 1):
-        raise ValueError(f"quantile must be a number in [0, 1], got {quantile!r}.")
+        raise InputError(f"quantile must be a number in [0, 1], got {quantile!r}.")
     for d, t in (domain_thresholds or {}).items():
         if not isinstance(t, (int, float)) or not math.isfinite(t):
-            raise ValueError(f"domain_thresholds.{d} must be a finite number, got {t!r}.")
+            raise InputError(f"domain_thresholds.{d} must be a finite number, got {t!r}.")
     by_domain: dict[str, list] = {}
     failed: dict[str, dict] = {}
     discarded = []
@@ -201,7 +203,7 @@ def serialize(record: dict, form: str = "json", *, artifact_only: bool = False,
     """Chat messages for one gated trajectory: user task, assistant turns with notes and tool
     calls, user turns with the observations, and a final assistant turn with the draft."""
     if form not in FORMS:
-        raise ValueError(f"serialization form must be one of {FORMS}, got {form!r}.")
+        raise InputError(f"serialization form must be one of {FORMS}, got {form!r}.")
     msgs = [{"role": "system", "content": system}] if system else []
     prompt = record["task"].strip()
     ev = record.get("evidence") or []
@@ -249,7 +251,7 @@ def to_rollouts(kept: list, *, seed: int = 0, react_prob: float = 0.5, artifact_
                 system: str | None = None, evidence_in_prompt: bool = False) -> list[dict]:
     """Rollout records (DESIGN.md) for the kept trajectories, ready for `rossjax curate`."""
     if not 0 <= react_prob <= 1:
-        raise ValueError(f"react_prob must be in [0, 1], got {react_prob!r}.")
+        raise InputError(f"react_prob must be in [0, 1], got {react_prob!r}.")
     out = []
     for k in kept:
         rec = k["record"]
@@ -280,7 +282,7 @@ def run(cfg, workdir: str | None = None) -> Scored:
 
     out_dir = workdir or cfg.output
     if not cfg.input or not out_dir:
-        raise ValueError("retrogen needs --config.input (trajectories .jsonl) and "
+        raise ConfigError("retrogen needs --config.input (trajectories .jsonl) and "
                          "--config.output (a directory).")
     if not os.path.exists(cfg.input):
         raise FileNotFoundError(f"{cfg.input}: no such trajectory file (config.input)")

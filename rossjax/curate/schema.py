@@ -16,10 +16,16 @@ import os
 import zlib
 from typing import Iterator, NamedTuple
 
+from rossjax.errors import InputError
+
 ROLES = ("system", "user", "assistant", "tool")
 STATUSES = ("accept", "revise", "drop")
 # Which rendered part of a message a selector's `line`/`quote` refer to (default: content).
 SELECTOR_PARTS = ("content", "reasoning", "tool_calls")
+
+
+class SchemaError(InputError):
+    """A rollout file that cannot be read at all (not a row: a bad row is bucketed, never raised)."""
 
 
 class Row(NamedTuple):
@@ -204,7 +210,7 @@ def verifier_positive(record: dict, *, undecided: str = "withhold",
     verdict, so a row reviewed on its reward alone would later be withheld by curate."""
     for name, policy in (("undecided", undecided), ("unverified", unverified)):
         if policy not in ("withhold", "keep"):
-            raise ValueError(f"{name} policy {policy!r} must be 'withhold' or 'keep'")
+            raise InputError(f"{name} policy {policy!r} must be 'withhold' or 'keep'")
     ver = record.get("verifier")
     if not isinstance(ver, dict) or "passed" not in ver:
         return unverified == "keep"
@@ -220,7 +226,7 @@ def _parquet_rows(path: str) -> Iterator[object]:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:  # not Parquet at all: nothing can be read
-        raise ValueError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
+        raise SchemaError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
     for batch in pf.iter_batches(batch_size=1024):
         for rec in batch.to_pylist():
             # Parquet has no "absent": drop nulls so optional fields read like JSON's missing keys.
@@ -330,7 +336,7 @@ def _file_records(path: str) -> Iterator[Row]:
             yield Row(k, None, f"{name} row {k}: {err}", _id_of(rec)) if err else Row(k, rec, None)
         return
     if not path.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
-        raise ValueError(f"{path}: rollout files must be .jsonl, .jsonl.gz or .parquet")
+        raise SchemaError(f"{path}: rollout files must be .jsonl, .jsonl.gz or .parquet")
     for row in iter_json_lines(path):
         if row.record is None:
             yield row

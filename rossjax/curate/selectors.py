@@ -7,10 +7,11 @@ code; the compiler withholds the rollout with it (nothing is skipped silently).
 
 from __future__ import annotations
 
+from rossjax.errors import InputError
 from rossjax.templates import Rendered
 
 
-class SelectorError(ValueError):
+class SelectorError(InputError):
     def __init__(self, code: str, detail: str):
         super().__init__(detail)
         self.code = code

@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from rossjax.errors import ConfigError, InputError
 from rossjax.routes.fingerprint import fingerprint_many, trace_text
 from rossjax.routes.selection import METHODS, cluster_pool, default_clusters, select
 
@@ -79,7 +80,7 @@ def stream_compiled_pool(path: str, tokenizer: str, meta: PoolMeta):
     from rossjax.tokenizers import load_tokenizer
 
     if not tokenizer:
-        raise ValueError(f"{path} is a curated dir: set --config.tokenizer to decode its token ids.")
+        raise ConfigError(f"{path} is a curated dir: set --config.tokenizer to decode its token ids.")
     tok = load_tokenizer(tokenizer)
     for k, ex in enumerate(read_compiled(path), start=1):
         ids = np.asarray(ex["input_ids"])
@@ -161,17 +162,17 @@ def run(cfg, workdir: str | None = None) -> dict:
     report (also written to report.json there)."""
     out_dir = workdir or cfg.output
     if not cfg.input or not out_dir:
-        raise ValueError("select needs --config.input (records) and --config.output (a directory).")
+        raise ConfigError("select needs --config.input (records) and --config.output (a directory).")
     compare = [m for m in str(cfg.compare).split(",") if m]
     for m in [cfg.method] + compare:
         if m not in METHODS:
-            raise ValueError(f"config.method/compare: unknown selection method {m!r}; choose from {METHODS}.")
+            raise ConfigError(f"config.method/compare: unknown selection method {m!r}; choose from {METHODS}.")
     curated = os.path.isdir(cfg.input)
     if not curated:
         from rossjax.curate.schema import expand_inputs
 
         if len(files := expand_inputs(cfg.input)) > 1:
-            raise ValueError(f"config.input {cfg.input} names {len(files)} files; select copies rows "
+            raise ConfigError(f"config.input {cfg.input} names {len(files)} files; select copies rows "
                              f"out_dir of one rollout file, so concatenate them first.")
     # One streaming pass: traces go straight to the fingerprinter; only light per-row metadata
     # stays. A second pass over the input copies the chosen rows.
@@ -182,9 +183,9 @@ def run(cfg, workdir: str | None = None) -> dict:
                                    progress=cfg.progress)
     rows, skipped = np.asarray(meta.rows, np.int64), meta.skipped
     if not len(meta):
-        raise ValueError(f"{cfg.input}: no usable records to select from ({skipped or 'file is empty'}).")
+        raise InputError(f"{cfg.input}: no usable records to select from ({skipped or 'file is empty'}).")
     if cfg.budget > len(meta):
-        raise ValueError(f"config.budget {cfg.budget} is larger than the {len(meta)} usable records "
+        raise ConfigError(f"config.budget {cfg.budget} is larger than the {len(meta)} usable records "
                          f"in {cfg.input}.")
     groups = None
     if cfg.group_by:

@@ -14,6 +14,8 @@ import os
 
 import numpy as np
 
+from rossjax.errors import InputError
+
 SUPERVISED, EXCLUDED, CONTEXT = "supervised", "excluded", "context"
 _ANSI = {SUPERVISED: "\x1b[1;32m", EXCLUDED: "\x1b[9;31m", CONTEXT: "\x1b[2m"}
 _RESET = "\x1b[0m"
@@ -27,7 +29,7 @@ def token_classes(example) -> list[str]:
     loss = np.asarray(_get(example, "loss_mask"), bool)
     elig = np.asarray(_get(example, "eligible_mask"), bool)
     if loss.shape != elig.shape:
-        raise ValueError(f"example {_get(example, 'id')}: loss_mask and eligible_mask differ in length")
+        raise InputError(f"example {_get(example, 'id')}: loss_mask and eligible_mask differ in length")
     return [SUPERVISED if lo else EXCLUDED if el else CONTEXT for lo, el in zip(loss, elig)]
 
 
@@ -115,7 +117,7 @@ def find_example(path: str, example_id: str, tokenizer, template: str, mask_mode
         for ex in read_compiled(path):
             if ex["id"] == example_id:
                 return ex
-        raise ValueError(f"{path}: no compiled example with id {example_id!r} "
+        raise InputError(f"{path}: no compiled example with id {example_id!r} "
                          "(withheld and invalid rows are listed in withheld.jsonl / invalid.jsonl)")
     from rossjax.curate.masks import compile_rollout
     from rossjax.curate.schema import iter_records
@@ -123,7 +125,7 @@ def find_example(path: str, example_id: str, tokenizer, template: str, mask_mode
     for row in iter_records(path):
         if row.record is not None and row.record["id"] == example_id:
             return compile_rollout(row.record, tokenizer, template=template, mask_mode=mask_mode)
-    raise ValueError(f"{path}: no valid record with id {example_id!r}")
+    raise InputError(f"{path}: no valid record with id {example_id!r}")
 
 
 def _default_tokenizer(path: str) -> str:

@@ -27,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from rossjax.errors import InputError
 from rossjax.routes.step_vocab import STEP_VOCAB
 
 N_BIGRAM_BUCKETS = 128
@@ -125,7 +126,7 @@ def _bucket(key: str, n: int) -> int:
 @functools.lru_cache(maxsize=None)
 def get_vocab(domain: str) -> StepVocab:
     if domain not in STEP_VOCAB:
-        raise ValueError(f"unknown fingerprint domain {domain!r}; known: {sorted(STEP_VOCAB)}.")
+        raise InputError(f"unknown fingerprint domain {domain!r}; known: {sorted(STEP_VOCAB)}.")
     return StepVocab(domain, STEP_VOCAB[domain])
 
 
@@ -187,7 +188,7 @@ def _validate(texts, offset: int = 0) -> None:
     for i, t in enumerate(texts, start=offset):
         steps = [t] if isinstance(t, str) else list(t)
         if not any(isinstance(s, str) and s.strip() for s in steps):
-            raise ValueError(f"texts[{i}] is empty or only whitespace; a route needs at least one step.")
+            raise InputError(f"texts[{i}] is empty or only whitespace; a route needs at least one step.")
 
 
 def _features(routes: list[tuple[list[int], list[int]]], vocab: StepVocab) -> np.ndarray:
@@ -268,9 +269,9 @@ def fingerprint(texts, domain: str = "math", dim: int = 64, seed: int = 0, *,
     Raises ValueError for an empty or whitespace-only trace, an unknown domain, or dim < 1.
     """
     if isinstance(texts, str):
-        raise ValueError("fingerprint expects a list of traces, got a single string.")
+        raise InputError("fingerprint expects a list of traces, got a single string.")
     if int(dim) < 1:
-        raise ValueError(f"fingerprint dim must be >= 1, got {dim}.")
+        raise InputError(f"fingerprint dim must be >= 1, got {dim}.")
     vocab = get_vocab(domain)
     texts = list(texts)
     _validate(texts)

@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from rossjax.errors import InputError
+
 METHODS = ("diverse", "similar", "random", "topology")
 _CHUNK = 65536
 
@@ -41,10 +43,10 @@ def default_clusters(n: int, budget: int) -> int:
 def _check_pool(fingerprints) -> np.ndarray:
     x = np.asarray(fingerprints, dtype=np.float32)
     if x.ndim != 2:
-        raise ValueError(f"fingerprints must be a 2-D array [rows, dim], got shape {x.shape}.")
+        raise InputError(f"fingerprints must be a 2-D array [rows, dim], got shape {x.shape}.")
     bad = ~np.isfinite(x).all(axis=1)
     if bad.any():
-        raise ValueError(f"fingerprints row {int(np.flatnonzero(bad)[0])} has a non-finite value.")
+        raise InputError(f"fingerprints row {int(np.flatnonzero(bad)[0])} has a non-finite value.")
     return np.ascontiguousarray(x)
 
 
@@ -96,9 +98,9 @@ def cluster_pool(fingerprints, clusters: int, seed: int = 0, *, batch_size: int 
     x = _check_pool(fingerprints)
     n = len(x)
     if int(clusters) < 1:
-        raise ValueError(f"clusters must be >= 1, got {clusters}.")
+        raise InputError(f"clusters must be >= 1, got {clusters}.")
     if n == 0:
-        raise ValueError("cannot cluster an empty pool.")
+        raise InputError("cannot cluster an empty pool.")
     k = min(int(clusters), n)  # documented: more clusters than rows is clamped to the pool size
     rng = np.random.Generator(np.random.PCG64(seed))
     sample = x if n <= 20_000 else x[np.sort(rng.choice(n, 20_000, replace=False))]
@@ -263,24 +265,24 @@ def select(fingerprints, budget: int, method: str = "diverse", clusters: int | N
     x = _check_pool(fingerprints)
     n = len(x)
     if method not in METHODS:
-        raise ValueError(f"unknown selection method {method!r}; choose one of {METHODS}.")
+        raise InputError(f"unknown selection method {method!r}; choose one of {METHODS}.")
     if isinstance(budget, bool) or int(budget) != budget or budget < 0:
-        raise ValueError(f"budget must be a non-negative integer, got {budget!r}.")
+        raise InputError(f"budget must be a non-negative integer, got {budget!r}.")
     budget = int(budget)
     if budget > n:
-        raise ValueError(f"budget {budget} is larger than the pool of {n} rows.")
+        raise InputError(f"budget {budget} is larger than the pool of {n} rows.")
     if clusters is not None and int(clusters) < 1:
-        raise ValueError(f"clusters must be >= 1, got {clusters}.")
+        raise InputError(f"clusters must be >= 1, got {clusters}.")
     if groups is not None:
         groups = np.asarray(groups)
         if len(groups) != n:
-            raise ValueError(f"groups has {len(groups)} entries for a pool of {n} rows.")
+            raise InputError(f"groups has {len(groups)} entries for a pool of {n} rows.")
         if int(per_group) < 1:
-            raise ValueError(f"per_group must be >= 1, got {per_group}.")
+            raise InputError(f"per_group must be >= 1, got {per_group}.")
         groups = np.unique(groups, return_inverse=True)[1].reshape(-1).astype(np.int64)
         cap = int(np.minimum(np.bincount(groups), per_group).sum())
         if budget > cap:
-            raise ValueError(f"budget {budget} exceeds the {cap} rows allowed by per_group="
+            raise InputError(f"budget {budget} exceeds the {cap} rows allowed by per_group="
                              f"{per_group} over {int(groups.max()) + 1} groups.")
     if budget == 0:
         return np.zeros(0, np.int64)
@@ -289,7 +291,7 @@ def select(fingerprints, budget: int, method: str = "diverse", clusters: int | N
         out = _take_in_order(rng.permutation(n), budget, groups, per_group)
     elif method == "topology":
         if routes is None or len(routes) != n:
-            raise ValueError("method 'topology' needs routes: one route signature per row, from "
+            raise InputError("method 'topology' needs routes: one route signature per row, from "
                              "fingerprint(..., return_routes=True).")
         perm = rng.permutation(n)
         _, first = np.unique(np.asarray(routes)[perm], return_index=True)
@@ -301,7 +303,7 @@ def select(fingerprints, budget: int, method: str = "diverse", clusters: int | N
             k = default_clusters(n, budget) if clusters is None else int(clusters)
             clustering = cluster_pool(x, k, seed)
         elif len(clustering.labels) != n:
-            raise ValueError("clustering was computed for a different pool size.")
+            raise InputError("clustering was computed for a different pool size.")
         fn = _diverse if method == "diverse" else _similar
         out = fn(x, budget, clustering, groups, per_group)
     return np.sort(np.asarray(out, np.int64))

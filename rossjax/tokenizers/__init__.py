@@ -20,6 +20,7 @@ import functools
 import json
 import os
 
+from rossjax.errors import InputError
 from rossjax.tokenizers.base import Tokenizer, byte_to_char_offsets
 from rossjax.tokenizers.hf import HFTokenizer
 from rossjax.tokenizers.sentencepiece import SentencePieceTokenizer
@@ -95,7 +96,7 @@ def _load_path(path, pattern, special_tokens, eos, pad) -> Tokenizer:
                 if cand == "tokenizer.json":
                     return HFTokenizer(path, eos=eos, pad=pad)
                 return _load_path(os.path.join(path, cand), pattern, special_tokens, eos, pad)
-        raise ValueError(f"{path}: folder has no tokenizer.json, tekken.json or tokenizer.model")
+        raise InputError(f"{path}: folder has no tokenizer.json, tekken.json or tokenizer.model")
     base = os.path.basename(path)
     if base.endswith(".json"):
         with open(path, encoding="utf-8") as f:
@@ -107,7 +108,7 @@ def _load_path(path, pattern, special_tokens, eos, pad) -> Tokenizer:
         return SentencePieceTokenizer(path, eos=eos, pad=pad)
     # Anything else is a tiktoken ranks file: it needs its split pattern and special tokens.
     if pattern is None:
-        raise ValueError(f"{path}: a tiktoken ranks file needs pattern= (its split regex)")
+        raise InputError(f"{path}: a tiktoken ranks file needs pattern= (its split regex)")
     ranks = read_tiktoken_ranks(path)
     if isinstance(special_tokens, (list, tuple)):  # names only: ids follow the ranks
         special_tokens = {s: len(ranks) + i for i, s in enumerate(special_tokens)}

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from rossjax.errors import InputError
 from rossjax.tokenizers.base import Tokenizer
 
 # Qwen2/2.5/3 special tokens, in id order from 151643 (the Qwen3 layout; 2.5 is its prefix).
@@ -51,7 +52,7 @@ def read_tiktoken_ranks(path: str) -> dict[bytes, int]:
                 continue
             parts = line.split()
             if len(parts) != 2:
-                raise ValueError(f"{path} row {k}: expected 'base64-token rank'")
+                raise InputError(f"{path} row {k}: expected 'base64-token rank'")
             ranks[base64.b64decode(parts[0])] = int(parts[1])
     return ranks
 

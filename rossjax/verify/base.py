@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from rossjax.errors import InputError
 from rossjax.verify.verdict import Verdict, Verifier
 
 # name -> "module:function" (loaded on first use, so `import rossjax.verify` does not
@@ -34,7 +35,7 @@ def get(name: str) -> Verifier:
         _REGISTRY[name] = make_verifier(name[len(_GYM_PREFIX):])
     entry = _REGISTRY.get(name)
     if entry is None:
-        raise ValueError(f"verifier {name!r} is not registered; known: {', '.join(names())}, gym:<dataset>")
+        raise InputError(f"verifier {name!r} is not registered; known: {', '.join(names())}, gym:<dataset>")
     if isinstance(entry, str):
         module, func = entry.split(":")
         entry = getattr(importlib.import_module(module), func)

@@ -8,6 +8,7 @@ last `\\boxed{}`. Passed means a full score (>= 1.0); partial credit is reported
 
 from __future__ import annotations
 
+from rossjax.errors import InputError
 from rossjax.verify.answers import extract_boxed, extract_tag, last_assistant_content
 from rossjax.verify.verdict import Verdict, Verifier
 
@@ -18,7 +19,7 @@ def make_verifier(dataset: str) -> Verifier:
     try:
         score = reasoning_gym.get_score_answer_fn(dataset)
     except ValueError:
-        raise ValueError(f"verifier 'gym:{dataset}': reasoning-gym has no dataset {dataset!r}") from None
+        raise InputError(f"verifier 'gym:{dataset}': reasoning-gym has no dataset {dataset!r}") from None
 
     def verify(record: dict) -> Verdict:
         task = record.get("task") or {}

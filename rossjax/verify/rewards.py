@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from rossjax.errors import InputError
 from rossjax.verify.answers import _FENCE
 from rossjax.verify.base import verifier_name, verify_one
 from rossjax.verify.induction import task_valid
@@ -56,7 +57,7 @@ def score(kind: str, record: dict) -> tuple[float, dict | None]:
         v = task_valid(task)
         return float(bool(v.passed)), {"name": "induction_task_valid", "passed": bool(v.passed),
                                        "evidence": v.evidence[:300]}
-    raise ValueError(f"reward kind {kind!r} is not one of {', '.join(CPU_REWARDS)}.")
+    raise InputError(f"reward kind {kind!r} is not one of {', '.join(CPU_REWARDS)}.")
 
 
 def score_batch(kinds: tuple, records: list[dict]) -> list[dict]:
