@@ -60,7 +60,7 @@ def most_masked_example(curated: str) -> dict:
 
 
 def losses(workdir: str) -> list[float]:
-    from rossjax.train.metrics import read_metrics
+    from rossjax.monitor import read_metrics
 
     return [r["loss"] for r in read_metrics(workdir)]
 
@@ -72,7 +72,7 @@ def loss_plot(workdir: str) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rossjax.train.metrics import read_metrics
+    from rossjax.monitor import read_metrics
 
     rows = read_metrics(workdir)
     if not rows:
