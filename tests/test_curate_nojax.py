@@ -1,4 +1,5 @@
-"""rossjax.curate and every submodule import, and compile a rollout, with jax/flax unimportable."""
+"""The CPU half (rossjax.curate, verify, routes, tokenizers, templates, review, plus errors and
+monitor) and every submodule import, and compile a rollout, with jax/flax unimportable."""
 
 import os
 import pkgutil
@@ -33,13 +34,23 @@ print("ok", len(names))
 """
 
 
+PACKAGES = ("curate", "verify", "routes", "tokenizers", "templates", "review")
+
+
 def test_curate_imports_without_jax():
-    root = os.path.dirname(rossjax.curate.__file__)
-    mods = ["rossjax.curate"] + [
-        m.name for m in pkgutil.walk_packages([root], prefix="rossjax.curate.")
-        # *_boot modules are child-process entry scripts (they run on import), not library code.
-        if not m.name.endswith(("_boot", "__main__"))]
-    assert "rossjax.curate.masks" in mods and "rossjax.curate.view" in mods
+    base = os.path.dirname(os.path.dirname(rossjax.curate.__file__))
+    mods = ["rossjax.errors", "rossjax.monitor"]
+    for pkg in PACKAGES:
+        mods.append(f"rossjax.{pkg}")
+        mods += [m.name for m in pkgutil.walk_packages([os.path.join(base, pkg)],
+                                                       prefix=f"rossjax.{pkg}.")
+                 # *_boot modules are child-process entry scripts (they run on import), not
+                 # library code.
+                 if not m.name.endswith(("_boot", "__main__"))]
+    for m in ("rossjax.curate.masks", "rossjax.curate.view", "rossjax.verify.pool",
+              "rossjax.verify.rewards", "rossjax.routes.fingerprint", "rossjax.tokenizers.hf",
+              "rossjax.templates.jinja", "rossjax.review"):
+        assert m in mods, m
     out = subprocess.run([sys.executable, "-c", SCRIPT, *mods], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
