@@ -36,8 +36,8 @@ COMMANDS = {
 # command line or config; see rossjax.errors) or a path the user named that cannot be opened.
 # Anything else is a bug in rossjax or the environment and keeps its traceback.
 # TRANSITION (issue 11): ValueError is still caught while the library's input checks are being
-# converted to InputError subclasses; drop it once `grep -rn "raise ValueError" rossjax` lists
-# only genuine bugs.
+# converted to InputError subclasses (models, probes and train configs still raise ValueError);
+# drop it once the ValueErrors left in rossjax/ are genuine bugs.
 USER_ERRORS = (InputError, FileNotFoundError, PermissionError, ValueError)
 
 
