@@ -9,13 +9,14 @@ import subprocess
 import sys
 
 import pytest
+from review_server import Reviewer, as_json
 
 from rossjax.curate.schema import iter_records, verifier_positive
-from rossjax.review import answers, client as client_mod, prompts, render
+from rossjax.review import answers, prompts, render
+from rossjax.review import client as client_mod
 from rossjax.review.run import run
 from rossjax.templates import render_chat
 from rossjax.tokenizers import load_tokenizer
-from review_server import Reviewer, as_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "data", "rollouts", "sample.jsonl")

@@ -5,11 +5,11 @@ withheld, omissions recorded without a mask effect."""
 import copy
 
 import numpy as np
+from review_server import as_json
+from test_review import _run, reviewed, withheld
 
 from rossjax.curate.masks import compile_rollout
 from rossjax.tokenizers import load_tokenizer
-from review_server import as_json
-from test_review import _run, reviewed, withheld
 
 AGENT = {
     "id": "fib", "task": {"id": "code-fib", "domain": "code", "prompt": "Write fib(n)."},

@@ -11,12 +11,12 @@ import time
 
 import numpy as np
 import pytest
-
-from rossjax.review.run import read_transcript, run
 from review_server import Reviewer, as_json, stage_of
-from test_review import (CLEAN, REPO, SPANS, WHOLE, AUDIT_ERR, config, math_row, reviewed,
-                         write)
-from test_review_agentic import AGENT, LOC_OMIT, LOC_RM, discovery, judge, ERR_RM, OMIT
+from test_review import AUDIT_ERR, CLEAN, REPO, SPANS, WHOLE, config, math_row, reviewed, write
+from test_review_agentic import AGENT, ERR_RM, LOC_OMIT, LOC_RM, OMIT, discovery, judge
+
+from rossjax.review.run import run
+from rossjax.review.transcripts import format_transcript, read_transcript
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -65,7 +65,7 @@ def test_resume_after_kill_asks_nothing_twice(tmp_path):
     assert rep["stages"]["proposal"]["cache_hits"] == 3 and rep["stages"]["audit"]["cache_hits"] == 2
 
 
-def test_transcript_per_row_holds_every_request_and_answer(tmp_path):
+def test_transcript_per_row_holds_every_request_and_answer(tmp_path, capsys):
     inp = write(tmp_path / "in.jsonl", [math_row("fix"), math_row("ok")])
     with Reviewer({"fix": [WHOLE, AUDIT_ERR, "not json", SPANS, CLEAN]}, default=_staged) as srv:
         run(config(inp, srv.url), str(tmp_path / "out"))
@@ -78,6 +78,18 @@ def test_transcript_per_row_holds_every_request_and_answer(tmp_path):
     assert [e["messages"] for e in t["entries"]] == [b["messages"] for b in bodies]
     assert all(e["usage"]["prompt_tokens"] > 0 for e in t["entries"])
     assert read_transcript(str(tmp_path / "out"), "nope") is None
+    # `rossjax inspect` on the reviewed rollouts shows the transcript next to the mask
+    from rossjax.cli import inspect as inspect_cli
+
+    rep = json.load(open(tmp_path / "out" / "report.json"))
+    shard = str(tmp_path / "out" / rep["outputs"][0]["path"])
+    assert inspect_cli.main([shard, "--id", "fix", "--no-color",
+                             "--out", str(tmp_path / "fix.html")]) == 0
+    shown = capsys.readouterr().out
+    assert "review transcript of fix (row 1, single_turn): kept" in shown
+    assert "-- 3. repair" in shown and "failed check reviewer_unparseable" in shown
+    assert shown.index("review transcript") > shown.index("fix")  # after the mask
+    assert format_transcript(t).splitlines()[0] == "review transcript of fix (row 1, single_turn): kept"
 
 
 def _every_shape(tmp_path):
@@ -168,8 +180,8 @@ def test_sample_review_then_curate_end_to_end(tmp_path, capsys):
     """The shipped sample, annotations stripped -> `rossjax review` (CLI) -> `rossjax curate`:
     accounting adds up, and the masks curate compiles from the reviewed rows equal those of
     the shipped annotations the scripted reviewer reproduced."""
-    from rossjax.cli import review as review_cli
     from rossjax.cli import curate as curate_cli
+    from rossjax.cli import review as review_cli
     from rossjax.curate import read_compiled
     from rossjax.curate.masks import compile_rollout
     from rossjax.curate.schema import iter_records

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -18,10 +19,23 @@ def main(argv=None) -> int:
     ap.add_argument("--template", default="chatml")
     ap.add_argument("--mask_mode", default="annotated")
     ap.add_argument("--no-color", action="store_true")
+    ap.add_argument("--review", help="rossjax review WORKDIR whose transcripts.jsonl holds this "
+                                     "row's reviewer requests and answers (default: the rollout "
+                                     "file's directory when it has one)")
     args = ap.parse_args(argv)
     ex, tok, out = write_inspection(args.path, args.id, tokenizer=args.tokenizer,
                                     template=args.template, mask_mode=args.mask_mode, out=args.out)
     color = not args.no_color and sys.stdout.isatty()
     print(render_terminal(ex, tok, color=color))
+    review_dir = args.review or (os.path.dirname(os.path.abspath(args.path))
+                                 if os.path.isfile(args.path) else None)
+    if review_dir:
+        from rossjax.review.transcripts import format_transcript, read_transcript
+
+        t = read_transcript(review_dir, args.id)
+        if t is not None:
+            print(format_transcript(t))
+        elif args.review:
+            print(f"no review transcript of {args.id} in {review_dir}")
     print(f"wrote {out}")
     return 0

@@ -21,7 +21,8 @@ _EXPORTS = {
     "review_mode": "rossjax.review.render",
     "extract_json": "rossjax.review.answers",
     "run": "rossjax.review.run",
-    "read_transcript": "rossjax.review.run",
+    "read_transcript": "rossjax.review.transcripts",
+    "format_transcript": "rossjax.review.transcripts",
 }
 
 __all__ = sorted(_EXPORTS)

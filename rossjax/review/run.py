@@ -40,10 +40,10 @@ from rossjax.review.prompts import PROMPT_VERSION, response_format
 from rossjax.review.render import MODES, review_mode
 from rossjax.review.single_turn import review_single_turn
 from rossjax.review.steps import Row, RowWithheld
+from rossjax.review.transcripts import TRANSCRIPTS
 
 ROW_FILTERS = ("verifier_positive", "all")
 SHARD_PREFIX = "reviewed-"
-TRANSCRIPTS = "transcripts.jsonl"
 STAGES = ("proposal", "audit", "repair", "discovery", "localization")
 
 
@@ -134,8 +134,8 @@ def run(cfg, workdir: str) -> dict:
     returns the report (also written to WORKDIR/report.json)."""
     from tqdm import tqdm
 
-    from rossjax.curate.masks import compile_rollout
     from rossjax.curate.ledger import list_line, write_json
+    from rossjax.curate.masks import compile_rollout
     from rossjax.curate.schema import chunked, expand_inputs, iter_records, verifier_positive
     from rossjax.templates import render_chat
     from rossjax.tokenizers import load_tokenizer
@@ -298,17 +298,3 @@ def run(cfg, workdir: str) -> dict:
     }
     write_json(os.path.join(workdir, "report.json"), report)
     return report
-
-
-def read_transcript(workdir: str, rid: str) -> dict | None:
-    """The transcript line of rollout `rid` in a review WORKDIR (None when it was not asked)."""
-    path = os.path.join(workdir, TRANSCRIPTS)
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if f'"id": {json.dumps(rid, ensure_ascii=False)}' in line:
-                obj = json.loads(line)
-                if obj.get("id") == rid:
-                    return obj
-    return None
