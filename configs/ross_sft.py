@@ -29,7 +29,7 @@ On this CPU the paper recipe is infeasible; use `:runlocal` or a preset-sized mo
 import ml_collections
 
 from rossjax.train import optim
-from rossjax.train.loop import distributed_config
+from rossjax.sharding import distributed_config
 from rossjax.train.sft import RECIPES
 
 

@@ -20,11 +20,12 @@ WORKER = textwrap.dedent("""
     import json, sys
     import jax, ml_collections, numpy as np, optax
     from rossjax import models, sharding
-    from rossjax.train import data as data_lib, loop, sft
+    from rossjax.models import shardings as model_shardings
+    from rossjax.train import data as data_lib, sft, state as state_lib
 
     port, pid, nproc, data_file, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
     if nproc > 1:
-        loop.setup_distributed(ml_collections.ConfigDict(dict(
+        sharding.initialize_distributed(ml_collections.ConfigDict(dict(
             enabled=True, coordinator=f"127.0.0.1:{port}", num_processes=nproc, process_id=pid,
             cpu_collectives="gloo")))
     assert jax.process_count() == nproc and jax.device_count() == 8, (jax.process_count(), jax.device_count())
@@ -32,11 +33,11 @@ WORKER = textwrap.dedent("""
     mine = {k: v[pid::nproc] for k, v in rows_all.items()}        # this host's shard only
     cfg = models.get_preset("tiny_qwen2")
     mesh = sharding.make_mesh(data=-1, fsdp=1, tensor=1)
-    p_shard = sharding.param_shardings(cfg, mesh)
-    params = sharding.init_params_sharded(cfg, jax.random.PRNGKey(0), mesh)
+    p_shard = model_shardings.param_shardings(cfg, mesh)
+    params = model_shardings.init_params_sharded(cfg, jax.random.PRNGKey(0), mesh)
     opt = optax.sgd(0.5)  # linear in the gradient: order-of-summation noise stays tiny
-    sh = sft.state_shardings(p_shard, opt, jax.eval_shape(lambda: params), mesh)
-    state = sft.init_state(params, opt, sh)
+    sh = state_lib.state_shardings(p_shard, opt, jax.eval_shape(lambda: params), mesh)
+    state = state_lib.init_state(params, opt, sh)
     g_rows, seq = rows_all["input_ids"].shape[0] // 2, rows_all["input_ids"].shape[1]
     bs = sharding.batch_sharding(mesh, 2, shape=(g_rows, seq))
     step = sft.make_train_step(cfg, opt, lambda s: 1e-2, mesh=mesh, shardings=sh, batch_sharding=bs,

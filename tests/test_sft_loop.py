@@ -12,10 +12,11 @@ import optax
 import pytest
 
 from rossjax import cli, models
+from rossjax.models import loading
+from rossjax.monitor import read_metrics
 from rossjax.train import checkpoint as ckpt_lib
 from rossjax.train import export as export_lib
 from rossjax.train import loop
-from rossjax.train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "ross_sft.py")
@@ -84,14 +85,14 @@ def test_runlocal_trains_evaluates_and_exports(tmp_path):
     # export --format orbax, then use it as config.model.path: the same params come back.
     ob_dir = tmp_path / "orbax"
     assert _cli(["export", f"--checkpoint={work}", "--format=orbax", str(ob_dir)]) == 0
-    from rossjax.cli import parse_config
     from rossjax import sharding
+    from rossjax.cli import parse_config
 
     c, _, _ = parse_config([f"--config={CONFIG}:runlocal", f"--config.model.path={ob_dir}"])
-    mcfg, source = loop.abstract_model(c)
+    mcfg, source = loading.abstract_model(c.model)
     assert source == "orbax" and mcfg.vocab_size == cfg.vocab_size
-    mesh = sharding.make_mesh(data=-1, fsdp=1)
-    back = loop.load_params(c, mcfg, source, mesh, None, sharding.param_shardings(mcfg, mesh))
+    part = sharding.Partitioner(sharding.make_mesh(data=-1, fsdp=1))
+    back = loading.load_params(c.model, mcfg, source, part)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
         np.testing.assert_array_equal(np.asarray(a), b)
 

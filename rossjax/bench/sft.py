@@ -66,7 +66,9 @@ def _child(part: str, args) -> dict:
         return _loss_only(args)
 
     from rossjax import models, sharding
+    from rossjax.models import shardings as model_shardings
     from rossjax.train import metrics, optim, sft
+    from rossjax.train import state as state_lib
 
     if part == "throughput":
         cfg = models.get_preset("qwen2_30m", remat_policy=args.remat)
@@ -77,10 +79,10 @@ def _child(part: str, args) -> dict:
     mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
     ocfg = optim.default_config()
     opt, sched = optim.make_optimizer(ocfg, 1000)
-    p_shard = sharding.param_shardings(cfg, mesh)
-    params = sharding.init_params_sharded(cfg, jax.random.PRNGKey(0), mesh)
-    sh = sft.state_shardings(p_shard, opt, jax.eval_shape(lambda: params), mesh)
-    state = sft.init_state(params, opt, sh)
+    p_shard = model_shardings.param_shardings(cfg, mesh)
+    params = model_shardings.init_params_sharded(cfg, jax.random.PRNGKey(0), mesh)
+    sh = state_lib.state_shardings(p_shard, opt, jax.eval_shape(lambda: params), mesh)
+    state = state_lib.init_state(params, opt, sh)
     bs = sharding.batch_sharding(mesh, 2, shape=(rows, seq))
     step = sft.make_train_step(cfg, opt, sched, mesh=mesh, shardings=sh, batch_sharding=bs,
                                micro_batches=micro, chunk_size=chunk)

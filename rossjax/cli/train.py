@@ -1,9 +1,24 @@
-"""`rossjax train`."""
+"""`rossjax train --config=configs/ross_sft.py --config.model.path=... --workdir=...`."""
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+
 
 def main(argv=None) -> int:
-    from rossjax.train.sft import main as _main  # TODO(arch): body moves here; library exposes run(cfg, workdir)
+    import jax
 
-    return _main(argv)
+    from rossjax.cli.flags import command_config
+    from rossjax.train import loop
+
+    cfg, workdir, _ = command_config(list(argv or []), "train",
+                                     "configs/ross_sft.py (or another SFT config)")
+    t0 = time.time()
+    out = loop.run(cfg, workdir)
+    if jax.process_index() == 0:
+        print(f"rossjax train: step {out['step']}, loss {out.get('loss', float('nan')):.4f}, "
+              f"{time.time() - t0:.0f} s; checkpoints in {os.path.join(workdir, 'checkpoints')}.",
+              file=sys.stdout)
+    return 0

@@ -14,8 +14,8 @@ def default_config():
     """Every field a GRPO config has (configs/grpo_verifier.py and configs/propel_azr.py start here)."""
     import ml_collections as mlc
 
+    from rossjax.sharding import distributed_config
     from rossjax.train import optim as optim_lib
-    from rossjax.train.loop import distributed_config
 
     c = mlc.ConfigDict()
     c.workdir = ""

@@ -1,97 +1,35 @@
 """The `rossjax train` loop: config -> mesh, model, data, optimizer, checkpoints, metrics.
 
+`run(cfg, workdir)` is the command (rossjax/cli/train.py parses the flags): a `Trainer` sets up
+(plan_data, the model via rossjax.models.loading, state, compiled steps) and `fit()`s.
+
 Resume is automatic: if `WORKDIR/checkpoints` holds a step, params, optimizer state, step, RNG
 and the data iterator state are restored from it and the run continues bit-for-bit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
-import time
 
 import jax
-import numpy as np
 
-from rossjax import models, sharding
+from rossjax import sharding
+from rossjax.errors import ConfigError, InputError
+from rossjax.models import loading
+from rossjax.models import shardings as model_shardings
+from rossjax.monitor import MetricsWriter, Progress
 from rossjax.train import checkpoint as ckpt_lib
 from rossjax.train import data as data_lib
 from rossjax.train import metrics as metrics_lib
 from rossjax.train import optim, sft
+from rossjax.train import state as state_lib
 
 
 class Diverged(ValueError):
     """Too many non-finite steps in a row (printed as one sentence by the CLI)."""
-
-
-def distributed_config():
-    """The `config.distributed` section (train and grpo configs share it)."""
-    import ml_collections
-
-    return ml_collections.ConfigDict(dict(
-        enabled=False,       # call jax.distributed.initialize (TPU pods detect the rest)
-        coordinator="",      # host:port; "" = auto-detect (TPU, SLURM)
-        num_processes=-1,
-        process_id=-1,
-        cpu_collectives="",  # "gloo" for multi-process CPU runs
-    ))
-
-
-def setup_distributed(dcfg):
-    if not dcfg.enabled:
-        return
-    if dcfg.cpu_collectives:
-        jax.config.update("jax_cpu_collectives_implementation", dcfg.cpu_collectives)
-    kw = {}
-    if dcfg.coordinator:
-        kw["coordinator_address"] = dcfg.coordinator
-    if dcfg.num_processes > 0:
-        kw["num_processes"] = int(dcfg.num_processes)
-    if dcfg.process_id >= 0:
-        kw["process_id"] = int(dcfg.process_id)
-    jax.distributed.initialize(**kw)
-
-
-def _compute_overrides(cfg, model_cfg):
-    return model_cfg.replace(dtype=cfg.model.dtype, remat_policy=cfg.model.remat_policy)
-
-
-def abstract_model(cfg):
-    """ModelConfig and where its params come from: ("hf" | "orbax" | "scratch", path)."""
-    m = cfg.model
-    if m.path:
-        if not os.path.exists(m.path):
-            raise FileNotFoundError(f"config.model.path {m.path} does not exist.")
-        if os.path.exists(os.path.join(m.path, "config.json")):
-            from rossjax.models.hf import read_hf_config
-
-            mc = read_hf_config(m.path).replace(param_dtype=m.param_dtype)
-            return _compute_overrides(cfg, mc), "hf"
-        if os.path.exists(os.path.join(m.path, "model_config.json")):
-            mc = ckpt_lib.read_model_config(m.path).replace(param_dtype=m.param_dtype)
-            return _compute_overrides(cfg, mc), "orbax"
-        raise ValueError(f"config.model.path {m.path} holds neither config.json (a Hugging Face "
-                         f"folder) nor model_config.json (a `rossjax export --format orbax` folder).")
-    if not m.preset:
-        raise ValueError("config.model.path and config.model.preset are both empty; give a model "
-                         "folder or a preset name.")
-    over = {"param_dtype": m.param_dtype}
-    if m.vocab_size > 0:
-        over["vocab_size"] = int(m.vocab_size)
-    return _compute_overrides(cfg, models.get_preset(m.preset, **over)), "scratch"
-
-
-def load_params(cfg, model_cfg, source, mesh, rules, p_shardings):
-    if source == "hf":
-        _, params = models.load_hf(cfg.model.path, dtype=cfg.model.param_dtype, mesh=mesh, rules=rules)
-        return params
-    if source == "orbax":
-        abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                jax.eval_shape(lambda: models.init_params(model_cfg, jax.random.key(0))),
-                                p_shardings)
-        return ckpt_lib.restore_params(cfg.model.path, abstract)
-    return sharding.init_params_sharded(model_cfg, jax.random.PRNGKey(cfg.train.seed), mesh, rules)
 
 
 def check_recipe(cfg, paths) -> list[str]:
@@ -102,7 +40,7 @@ def check_recipe(cfg, paths) -> list[str]:
     checked (a report that does not record `rows`), which the loop prints.
     """
     if cfg.recipe not in sft.RECIPES:
-        raise ValueError(f"config.recipe {cfg.recipe!r} is not one of {', '.join(sft.RECIPES)}.")
+        raise ConfigError(f"config.recipe {cfg.recipe!r} is not one of {', '.join(sft.RECIPES)}.")
     want = sft.RECIPES[cfg.recipe]
     notes = []
     for p in paths:
@@ -115,7 +53,7 @@ def check_recipe(cfg, paths) -> list[str]:
         for field in ("mask_mode", "rows"):
             got = rep.get(field) or (rep.get("config") or {}).get(field)
             if got and got != want[field]:
-                raise ValueError(f"{report}: field {field!r} is {got!r} but recipe {cfg.recipe!r} "
+                raise InputError(f"{report}: field {field!r} is {got!r} but recipe {cfg.recipe!r} "
                                  f"trains on {field} {want[field]!r} (curate with "
                                  f"--config.{field}={want[field]}).")
             if not got:
@@ -139,128 +77,183 @@ def evaluate(eval_step, params, cfg, paths, rows, batch_shard, global_rows) -> d
     return {"loss": total / max(count, 1.0), "supervised_tokens": count}
 
 
-def run(cfg, workdir: str) -> dict:
-    setup_distributed(cfg.distributed)
+@dataclasses.dataclass
+class DataPlan:
+    """What one pass over the training data gives: steps, token counts, this host's rows."""
+    train_paths: list
+    eval_paths: list
+    rows: int           # rows per host per step
+    global_rows: int
+    total: int          # steps this run trains
+    n_sup: int
+    n_tok: int
+
+
+def plan_data(cfg) -> DataPlan:
+    """Check the batch split, read the data once: how many steps, is anything supervised."""
     nproc = jax.process_count()
     g_rows, micro = int(cfg.train.global_batch), int(cfg.train.micro_batches)
     if g_rows % nproc or g_rows % micro:
-        raise ValueError(f"config.train.global_batch {g_rows} must be divisible by the process count "
-                         f"({nproc}) and by config.train.micro_batches ({micro}).")
+        raise ConfigError(f"config.train.global_batch {g_rows} must be divisible by the process "
+                          f"count ({nproc}) and by config.train.micro_batches ({micro}).")
     rows = g_rows // nproc
-    rules = sharding.normalize_rules(cfg.sharding_rules or None)
-    mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-    model_cfg, source = abstract_model(cfg)
     train_paths = data_lib.split_paths(cfg.data.train, "data.train")
     eval_paths = data_lib.split_paths(cfg.data.eval, "data.eval") if cfg.data.eval else []
     for note in check_recipe(cfg, train_paths):
         if jax.process_index() == 0:
             print(f"rossjax train: note: {note}", file=sys.stderr)
-
-    # One pass over this host's shard: how many steps the epochs make, and is anything supervised.
-    open_train = lambda: data_lib.open_loader(train_paths, cfg.data, rows_per_host=rows,
-                                              num_epochs=cfg.train.epochs, shuffle=cfg.data.shuffle,
-                                              seed=cfg.train.seed)
-    n_batches, n_sup, n_tok = data_lib.scan(open_train())
+    n_batches, n_sup, n_tok = data_lib.scan(open_train(cfg, train_paths, rows))
     n_batches = int(data_lib.agree([n_batches], "min")[0])
     n_sup, n_tok = (int(x) for x in data_lib.agree([n_sup, n_tok], "sum"))
     if n_sup == 0:
-        raise ValueError(f"config.data.train {','.join(train_paths)} has no supervised tokens (every "
+        raise InputError(f"config.data.train {','.join(train_paths)} has no supervised tokens (every "
                          f"loss_mask is 0 in {n_batches} batches), so there is nothing to train on.")
     total = n_batches if cfg.train.num_steps <= 0 else min(n_batches, int(cfg.train.num_steps))
     if total == 0:
-        raise ValueError(f"config.data.train {','.join(train_paths)} gives no batch of {rows} rows.")
-
-    optimizer, schedule = optim.make_optimizer(cfg.optim, total)
-    p_shard = sharding.param_shardings(model_cfg, mesh, rules)
-    abstract_params = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        jax.eval_shape(lambda: models.init_params(model_cfg, jax.random.key(0))), p_shard)
-    shardings = sft.state_shardings(p_shard, optimizer, abstract_params, mesh)
-    batch_shard = sharding.batch_sharding(mesh, 2, rules, shape=(g_rows, cfg.data.seq_len))
-
-    ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                 save_every=cfg.checkpoint.save_every, keep=cfg.checkpoint.keep,
-                                 async_save=cfg.checkpoint.async_save)
-    it = iter(open_train())
-    start = ckpt.latest_step()
-    if start is not None:
-        state, data_state = ckpt.restore(start, sft.abstract_state(shardings, optimizer, abstract_params))
-        if data_state is not None:
-            it.set_state(data_state)
-    else:
-        start = 0
-        params = load_params(cfg, model_cfg, source, mesh, rules, p_shard)
-        state = sft.init_state(params, optimizer, shardings, seed=cfg.train.seed)
-    if jax.process_index() == 0:
-        os.makedirs(workdir, exist_ok=True)
-        ckpt_lib.write_model_config(workdir, model_cfg)
-
-    step_fn = sft.make_train_step(model_cfg, optimizer, schedule, mesh=mesh, shardings=shardings,
-                                  batch_sharding=batch_shard, micro_batches=micro,
-                                  chunk_size=cfg.train.loss_chunk, rules=rules)
-    eval_step = (sft.make_eval_step(model_cfg, mesh=mesh, params_shardings=p_shard,
-                                    batch_sharding=batch_shard, chunk_size=cfg.train.loss_chunk)
-                 if eval_paths else None)
-    writer = metrics_lib.MetricsWriter(workdir)
-    # Simulated CPU devices share one machine's cores: the yardstick is one matmul, not n.
-    peak = metrics_lib.measure_matmul_flops(512) * (
-        1 if jax.default_backend() == "cpu" else jax.device_count())
-    thr = metrics_lib.Throughput(metrics_lib.train_flops_per_token(model_cfg, cfg.data.seq_len), peak)
-    if jax.process_index() == 0:
-        print(f"rossjax train: {model_cfg.model_type} {model_cfg.num_params() / 1e6:.1f}M params "
-              f"({source}), {total} steps of {g_rows} x {cfg.data.seq_len} tokens, {n_sup} "
-              f"supervised of {n_tok} tokens per run, mesh {dict(mesh.shape)}, from step {start}.",
-              file=sys.stderr)
-    bar = metrics_lib.Progress(total, initial=start, desc=f"train {cfg.recipe}")
-
-    last, stopped, m = None, False, {}
-    with ckpt_lib.PreemptionGuard() as guard:
-        for step in range(start, total):
-            raw = next(it)
-            batch = data_lib.to_global(data_lib.local_batch(raw, rows, cfg.data.seq_len), batch_shard, g_rows)
-            state, metrics = step_fn(state, batch)
-            m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            done = step + 1
-            thr.add(m["tokens"], m["supervised_tokens"])
-            if m["bad_steps"] >= cfg.train.max_bad_steps:
-                raise Diverged(f"stopped at step {done}: {int(m['bad_steps'])} steps in a row "
-                                         f"had a non-finite loss or gradient.")
-            if done % cfg.train.log_every == 0 or done == total:
-                m.update(thr.rates())
-                writer.write(done, m)
-            bar.update(1, loss=m["loss"], gnorm=m["grad_norm"], lr=m["lr"])
-            ckpt.save(done, state, it.get_state() if hasattr(it, "get_state") else None)
-            if cfg.train.debug_kill_at_step == done:
-                ckpt.wait()  # the SIGKILL below simulates losing the host right after a save
-                os.kill(os.getpid(), 9)
-            if eval_step is not None and cfg.train.eval_every > 0 and done % cfg.train.eval_every == 0 \
-                    and done != total:
-                writer.write(done, evaluate(eval_step, state["params"], cfg, eval_paths, rows,
-                                            batch_shard, g_rows), prefix="eval")
-            if ckpt_lib.any_process(guard.requested):
-                ckpt.save(done, state, it.get_state() if hasattr(it, "get_state") else None, force=True)
-                bar.write(f"rossjax train: SIGTERM at step {done}; checkpoint saved, exiting.")
-                stopped = True
-                break
-            last = done
-    if not stopped and last is not None:
-        ckpt.save(last, state, it.get_state() if hasattr(it, "get_state") else None, force=True)
-        if eval_step is not None:
-            m_eval = evaluate(eval_step, state["params"], cfg, eval_paths, rows, batch_shard, g_rows)
-            writer.write(last, m_eval, prefix="eval")
-    ckpt.close()
-    bar.close()
-    writer.close()
-    return {"step": last if last is not None else start, "stopped": stopped, **m}
+        raise InputError(f"config.data.train {','.join(train_paths)} gives no batch of {rows} rows.")
+    return DataPlan(train_paths, eval_paths, rows, g_rows, total, n_sup, n_tok)
 
 
-def main(argv) -> int:
-    from rossjax.cli import command_config
+def open_train(cfg, paths, rows):
+    return data_lib.open_loader(paths, cfg.data, rows_per_host=rows, num_epochs=cfg.train.epochs,
+                                shuffle=cfg.data.shuffle, seed=cfg.train.seed)
 
-    cfg, workdir, _ = command_config(argv, "train", "configs/ross_sft.py (or another SFT config)")
-    t0 = time.time()
-    out = run(cfg, workdir)
-    if jax.process_index() == 0:
-        print(f"rossjax train: step {out['step']}, loss {out.get('loss', float('nan')):.4f}, "
-              f"{time.time() - t0:.0f} s; checkpoints in {os.path.join(workdir, 'checkpoints')}.")
-    return 0
+
+class Trainer:
+    """One SFT run: set-up (`__init__`), then `fit()` runs the steps and `close()` ends it."""
+
+    def __init__(self, cfg, workdir: str):
+        sharding.initialize_distributed(cfg.distributed)
+        self.cfg, self.workdir = cfg, workdir
+        self.plan = plan_data(cfg)
+        self.part = sharding.partitioner_from_config(cfg)
+        self.model_cfg, self.source = loading.abstract_model(cfg.model)
+        self.optimizer, self.schedule = optim.make_optimizer(cfg.optim, self.plan.total)
+        self.p_shard = model_shardings.param_shardings(self.model_cfg, self.part)
+        self.abstract_params = model_shardings.sharded_abstract_params(self.model_cfg, self.p_shard)
+        self.shardings = state_lib.state_shardings(self.p_shard, self.optimizer,
+                                                   self.abstract_params, self.part)
+        self.batch_shard = self.part.rows(2, (self.plan.global_rows, cfg.data.seq_len),
+                                          name="the training batch (config.train.global_batch)")
+        self.ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                          save_every=cfg.checkpoint.save_every,
+                                          keep=cfg.checkpoint.keep,
+                                          async_save=cfg.checkpoint.async_save)
+        self.it = iter(open_train(cfg, self.plan.train_paths, self.plan.rows))
+        self.start, self.state = self.restore_or_init()
+        if jax.process_index() == 0:
+            os.makedirs(workdir, exist_ok=True)
+            ckpt_lib.write_model_config(workdir, self.model_cfg)
+        self.step_fn, self.eval_step = self.compile_steps()
+        self.writer = MetricsWriter(workdir)
+        # Simulated CPU devices share one machine's cores: the yardstick is one matmul, not n.
+        peak = metrics_lib.measure_matmul_flops(512) * (
+            1 if jax.default_backend() == "cpu" else jax.device_count())
+        self.thr = metrics_lib.Throughput(
+            metrics_lib.train_flops_per_token(self.model_cfg, cfg.data.seq_len), peak)
+        self.announce()
+        self.bar = Progress(self.plan.total, initial=self.start, desc=f"train {cfg.recipe}")
+
+    def restore_or_init(self):
+        """(first step, state): the latest checkpoint (with the data iterator's state), or a
+        fresh state from the configured model."""
+        start = self.ckpt.latest_step()
+        if start is not None:
+            state, data_state = self.ckpt.restore(start, state_lib.abstract_state(
+                self.shardings, self.optimizer, self.abstract_params))
+            if data_state is not None:
+                self.it.set_state(data_state)
+            return start, state
+        params = loading.load_params(self.cfg.model, self.model_cfg, self.source, self.part,
+                                     seed=self.cfg.train.seed)
+        return 0, state_lib.init_state(params, self.optimizer, self.shardings, seed=self.cfg.train.seed)
+
+    def compile_steps(self):
+        cfg = self.cfg
+        step_fn = sft.make_train_step(self.model_cfg, self.optimizer, self.schedule, mesh=self.part,
+                                      shardings=self.shardings, batch_sharding=self.batch_shard,
+                                      micro_batches=int(cfg.train.micro_batches),
+                                      chunk_size=cfg.train.loss_chunk)
+        eval_step = (sft.make_eval_step(self.model_cfg, mesh=self.part, params_shardings=self.p_shard,
+                                        batch_sharding=self.batch_shard,
+                                        chunk_size=cfg.train.loss_chunk)
+                     if self.plan.eval_paths else None)
+        return step_fn, eval_step
+
+    def announce(self):
+        if jax.process_index() == 0:
+            p, mc = self.plan, self.model_cfg
+            print(f"rossjax train: {mc.model_type} {mc.num_params() / 1e6:.1f}M params "
+                  f"({self.source}), {p.total} steps of {p.global_rows} x {self.cfg.data.seq_len} "
+                  f"tokens, {p.n_sup} supervised of {p.n_tok} tokens per run, mesh "
+                  f"{dict(self.part.mesh.shape)}, from step {self.start}.", file=sys.stderr)
+
+    def data_state(self):
+        return self.it.get_state() if hasattr(self.it, "get_state") else None
+
+    def evaluate(self) -> dict:
+        p = self.plan
+        return evaluate(self.eval_step, self.state["params"], self.cfg, p.eval_paths, p.rows,
+                        self.batch_shard, p.global_rows)
+
+    def train_step(self, step: int) -> dict:
+        """One optimizer step on the next batch; returns its metrics as floats."""
+        cfg, p = self.cfg, self.plan
+        local = data_lib.local_batch(next(self.it), p.rows, cfg.data.seq_len)
+        batch = data_lib.to_global(local, self.batch_shard, p.global_rows)
+        self.state, metrics = self.step_fn(self.state, batch)
+        m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        self.thr.add(m["tokens"], m["supervised_tokens"])
+        if m["bad_steps"] >= cfg.train.max_bad_steps:
+            raise Diverged(f"stopped at step {step + 1}: {int(m['bad_steps'])} steps in a row "
+                           f"had a non-finite loss or gradient.")
+        return m
+
+    def after_step(self, done: int, m: dict):
+        """Log, checkpoint, evaluate (and the resume tests' simulated host loss)."""
+        cfg, total = self.cfg, self.plan.total
+        if done % cfg.train.log_every == 0 or done == total:
+            m.update(self.thr.rates())
+            self.writer.write(done, m)
+        self.bar.update(1, loss=m["loss"], gnorm=m["grad_norm"], lr=m["lr"])
+        self.ckpt.save(done, self.state, self.data_state())
+        if cfg.train.debug_kill_at_step == done:
+            self.ckpt.wait()  # the SIGKILL below simulates losing the host right after a save
+            os.kill(os.getpid(), 9)
+        if (self.eval_step is not None and cfg.train.eval_every > 0
+                and done % cfg.train.eval_every == 0 and done != total):
+            self.writer.write(done, self.evaluate(), prefix="eval")
+
+    def fit(self) -> dict:
+        """Train to the end (or to a SIGTERM: checkpoint and stop). Returns the last metrics."""
+        last, stopped, m = None, False, {}
+        with ckpt_lib.PreemptionGuard() as guard:
+            for step in range(self.start, self.plan.total):
+                m = self.train_step(step)
+                done = step + 1
+                self.after_step(done, m)
+                if ckpt_lib.any_process(guard.requested):
+                    self.ckpt.save(done, self.state, self.data_state(), force=True)
+                    self.bar.write(f"rossjax train: SIGTERM at step {done}; checkpoint saved, exiting.")
+                    stopped = True
+                    break
+                last = done
+        if not stopped and last is not None:
+            self.ckpt.save(last, self.state, self.data_state(), force=True)
+            if self.eval_step is not None:
+                self.writer.write(last, self.evaluate(), prefix="eval")
+        return {"step": last if last is not None else self.start, "stopped": stopped, **m}
+
+    def close(self):
+        self.ckpt.close()
+        self.bar.close()
+        self.writer.close()
+
+
+def run(cfg, workdir: str) -> dict:
+    """`rossjax train`: returns {"step", "stopped", **the last step's metrics}."""
+    trainer = Trainer(cfg, workdir)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
