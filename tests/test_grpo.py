@@ -8,10 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from rossjax import sharding
+from rossjax.models import shardings as model_shardings
+from rossjax.monitor import read_metrics
 from rossjax.train import grpo
 from rossjax.train.history import read_history
-from rossjax.train.metrics import read_metrics
 
 
 def tiny_config(steps=2, contexts=4, group=4, new=8):
@@ -49,7 +49,7 @@ def test_equal_rewards_leave_params_unchanged(tmp_path):
     c.optim.weight_decay = 0.0
     out = grpo.run(c, str(tmp_path))
     # the run started from the seed's init: rebuild it and compare
-    p0 = sharding.init_params_sharded(out["run"].model_cfg, jax.random.PRNGKey(c.train.seed),
+    p0 = model_shardings.init_params_sharded(out["run"].model_cfg, jax.random.PRNGKey(c.train.seed),
                                       out["run"].mesh)
     p1 = out["state"]["params"]
     for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)):

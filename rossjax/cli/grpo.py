@@ -1,9 +1,21 @@
-"""`rossjax grpo`."""
+"""`rossjax grpo --config=configs/grpo_verifier.py --workdir=DIR`."""
 
 from __future__ import annotations
 
+import time
+
 
 def main(argv=None) -> int:
-    from rossjax.train.grpo import main as _main  # TODO(arch): body moves here; library exposes run(cfg, workdir)
+    from rossjax.cli.flags import command_config
+    from rossjax.train import grpo
 
-    return _main(argv)
+    cfg, workdir, _ = command_config(list(argv or []), "grpo",
+                                     "configs/grpo_verifier.py (or another GRPO config)")
+    t0 = time.time()
+    out = grpo.run(cfg, workdir)
+    print(f"rossjax grpo: done in {time.time() - t0:.0f} s, reward "
+          f"{out['metrics'].get('reward_mean', float('nan')):.3f}; history {out['history']} "
+          f"(relearn: rossjax curate --config.input={out['history']} "
+          f"--config.rows=verifier_positive --config.mask_mode=eligible "
+          f"--config.tokenizer={out['tokenizer']}).")
+    return 0

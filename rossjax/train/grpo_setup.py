@@ -1,0 +1,198 @@
+"""What a GRPO run holds (grpo.py runs the loop): tokenizer, partitioner, model (base, LoRA
+adapters, frozen reference), optimizer and state shardings, the compiled step functions, and the
+reward machinery (CPU workers, probe reward). Also how a batch is sampled and scored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rossjax import sample, sharding
+from rossjax.errors import ConfigError
+from rossjax.models import loading, lora
+from rossjax.models import shardings as model_shardings
+from rossjax.probes import reward as reward_lib
+from rossjax.tokenizers import load_tokenizer
+from rossjax.tokenizers.ascii import write_ascii_tokenizer
+from rossjax.train import grpo_step, optim, rollout
+from rossjax.train import state as state_lib
+from rossjax.train.grpo_config import check_config
+from rossjax.verify import rewards
+from rossjax.verify.pool import WorkerPool
+
+
+def _setup_tokenizer(cfg, workdir):
+    if cfg.tokenizer == "ascii":
+        # Process 0 writes the run's copy; other processes build theirs privately (no write race).
+        folder = (os.path.join(workdir, "tokenizer") if jax.process_index() == 0
+                  else tempfile.mkdtemp(prefix="rossjax-tokenizer-"))
+        path = write_ascii_tokenizer(folder)
+        return load_tokenizer(path), path
+    return load_tokenizer(cfg.tokenizer), cfg.tokenizer
+
+
+def _render_fn(cfg, tok):
+    """What the probe reads for a candidate (must match how its training rows were rendered)."""
+    if cfg.reward.probe.render == "record":
+        return lambda rec: (rec["token_ids"], None)
+    if cfg.reward.probe.render != "task":
+        raise ConfigError(f"config.reward.probe.render {cfg.reward.probe.render!r} is not task or record.")
+
+    def render(rec):
+        msgs = [{"role": "user", "content": rec["messages"][-1]["content"] or " "}]
+        return tok.encode(rollout.render_prompt(msgs, cfg.template, tok)), None
+    return render
+
+
+_STEP_FNS: dict = {}
+
+
+class Run:
+    """Holds the model, step functions and reward machinery of one run."""
+
+    def __init__(self, cfg, workdir, cpu_scorer=None):
+        check_config(cfg)
+        self.cfg, self.workdir = cfg, workdir
+        self.tok, self.tok_spec = _setup_tokenizer(cfg, workdir)
+        if self.tok.eos_id is None:
+            raise ConfigError(f"config.tokenizer {cfg.tokenizer!r} has no end-of-turn token (eos).")
+        if cfg.tokenizer == "ascii" and not cfg.model.path and cfg.model.vocab_size <= 0:
+            cfg.model.vocab_size = self.tok.vocab_size
+        self.part = sharding.partitioner_from_config(cfg)
+        self.mesh = self.part.mesh
+        trainable = self._setup_model()
+        self._setup_updates(trainable)
+        self._setup_rewards(cpu_scorer)
+
+    def _setup_model(self):
+        """Model, the frozen base (LoRA) or reference copy; returns the trainable params."""
+        cfg, g = self.cfg, self.cfg.grpo
+        self.model_cfg, self.base_source = loading.abstract_model(cfg.model)
+        if self.tok.vocab_size > self.model_cfg.vocab_size:
+            raise ConfigError(f"config.tokenizer has {self.tok.vocab_size} tokens but the model "
+                              f"only {self.model_cfg.vocab_size}.")
+        self.p_shard = model_shardings.param_shardings(self.model_cfg, self.part)
+        base = loading.load_params(cfg.model, self.model_cfg, self.base_source, self.part,
+                                   seed=cfg.train.seed)
+        self.lora_alpha = float(cfg.lora.alpha) if cfg.lora.enabled else None
+        if cfg.lora.enabled:
+            ad = lora.init_lora(self.model_cfg, jax.random.PRNGKey(cfg.train.seed + 1), cfg.lora.rank,
+                                cfg.lora.targets)
+            self.t_shard = lora.shardings(self.model_cfg, ad, self.part)
+            self.base, self.base_shard = base, self.p_shard
+            self.ref = base  # adapters off
+            return jax.device_put(ad, self.t_shard)
+        self.t_shard = self.p_shard
+        self.base, self.base_shard = {}, None
+        # A frozen copy: the trainable params are donated and updated in place.
+        self.ref = (jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.p_shard)(base)
+                    if g.beta > 0 or self._uses_probe() else None)
+        return base
+
+    def _setup_updates(self, trainable):
+        """Minibatch plan, optimizer, state shardings and the (cached) compiled step functions."""
+        cfg, g = self.cfg, self.cfg.grpo
+        rows = g.contexts * g.group_size
+        self.minibatch = g.minibatch if g.minibatch > 0 else rows
+        if rows % self.minibatch:
+            raise ConfigError(f"config.grpo.minibatch {self.minibatch} does not divide the "
+                              f"{rows} rows of a step (contexts x group_size).")
+        if self.minibatch % g.micro_batches:
+            raise ConfigError(f"config.grpo.micro_batches {g.micro_batches} does not divide the "
+                              f"minibatch of {self.minibatch} rows.")
+        self.updates_per_step = g.num_iterations * (rows // self.minibatch)
+        self.optimizer, schedule = optim.make_optimizer(cfg.optim, g.steps * self.updates_per_step)
+        self.abstract_t = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                       trainable, self.t_shard)
+        self.s_shard = state_lib.state_shardings(self.t_shard, self.optimizer, self.abstract_t,
+                                                 self.part)
+        self._trainable0 = trainable
+        # Compiled steps are reused by later runs in this process with the same settings (a
+        # resumed run, tests): jit caches per function object, and StepFns builds new ones.
+        g_key = json.dumps({k: v for k, v in g.to_dict().items() if k != "stop_after"},
+                           sort_keys=True, default=str)
+        key = (self.model_cfg, cfg.optim.to_json(), g_key, cfg.lora.to_json(), self.lora_alpha,
+               g.steps, self.part)
+        if key not in _STEP_FNS:
+            _STEP_FNS.clear()  # hold one: compiled programs of other models are not kept alive
+            _STEP_FNS[key] = grpo_step.StepFns(
+                self.model_cfg, self.optimizer, schedule, partitioner=self.part,
+                param_shardings=self.p_shard, state_shardings=self.s_shard,
+                base_shardings=self.base_shard or {}, lora_alpha=self.lora_alpha, loss_cfg=g,
+                chunk=g.loss_chunk, max_new=g.max_new_tokens)
+        self.fns = _STEP_FNS[key]
+
+    def _setup_rewards(self, cpu_scorer):
+        """CPU reward kinds on the worker pool, and the probe reward (a second forward)."""
+        cfg = self.cfg
+        self.cpu_kinds = tuple(f for f in cfg.reward.functions if f in rewards.CPU_REWARDS)
+        if self._uses_probe() and cfg.reward.probe.gate != "probe_only":
+            self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.probe.validity,)))
+        self.workers = WorkerPool(cfg.reward.workers, cpu_scorer or rewards.score_batch)
+        self.probe_reward = None
+        if self._uses_probe():
+            p = cfg.reward.probe
+            render = _render_fn(cfg, self.tok)
+            paths = [x for x in [p.path, *p.ensemble.split(",")] if x]
+            scorers = [reward_lib.bootstrap_validity_probe(self.model_cfg, self.ref, render,
+                                                           seed=cfg.train.seed)
+                       if x == "bootstrap" else reward_lib.ProbeScorer.load(x) for x in paths]
+            aux = reward_lib.ProbeScorer.load(p.auxiliary) if p.auxiliary else None
+            self.probe_reward = reward_lib.ProbeReward(self.model_cfg, self.ref, scorers, render,
+                                                       auxiliary=aux)
+
+    def _uses_probe(self):
+        return "probe" in self.cfg.reward.functions
+
+    def policy(self, state):
+        if self.lora_alpha is None:
+            return state["params"]  # used before the update donates it
+        return self.fns.merge(state["params"], self.base)
+
+    def sample(self, params, tasks, step):
+        g, tok = self.cfg.grpo, self.tok
+        msgs = [rollout.prompt_messages(t, self.cfg.system) for t in tasks]
+        prompts = [tok.encode(rollout.render_prompt(m, self.cfg.template, tok)) for m in msgs]
+        t0 = time.perf_counter()
+        gen = sample.generate(self.model_cfg, params, prompts, g.max_new_tokens,
+                              temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
+                              stop_ids=(tok.eos_id,), num_samples=g.group_size,
+                              seed=self.cfg.train.seed * 100_003 + step, partitioner=self.part)
+        records = []
+        for r in range(len(gen.lengths)):
+            i, j, n = r // g.group_size, r % g.group_size, int(gen.lengths[r])
+            comp = gen.tokens[r, :n].tolist()
+            stopped = gen.finish_reason[r] == "stop"
+            content = tok.decode(comp[:-1] if stopped else comp)
+            # A truncated answer still ends its turn in the record, so curate renders it exactly.
+            ids = prompts[i] + comp + ([] if stopped else [tok.eos_id])
+            records.append(rollout.make_record(
+                tasks[i], msgs[i], content, ids, gen.logprobs[r, :n].tolist(),
+                run=self.cfg.run_name, step=step, sample=j, finish_reason=gen.finish_reason[r],
+                n_prompt_tokens=len(prompts[i])))
+        s = grpo_step.round_up(max(map(len, prompts)) + g.max_new_tokens, 16)
+        batch = grpo_step.completion_batch(prompts, gen, g.group_size, s)
+        return {"tasks": tasks, "records": records, "batch": batch, "gen": gen,
+                "sample_s": time.perf_counter() - t0}
+
+    def rewards(self, records, cpu) -> tuple[np.ndarray, dict]:
+        c = self.cfg.reward
+        per = {}
+        for kind in self.cpu_kinds:
+            per[kind] = np.asarray([x[kind][0] for x in cpu], np.float64)
+        if self.probe_reward is not None:
+            valid = per.get(c.probe.validity)
+            pr = self.probe_reward(records, valid)
+            per["probe_score"] = pr["probe"]
+            per["probe"] = reward_lib.gate(c.probe.gate, pr["probe_reward"], valid,
+                                           c.probe.invalid_reward)
+        used = {f: per[f] for f in c.functions}
+        total = reward_lib.combine(used, dict(zip(c.functions, c.weights)))
+        return total, per
