@@ -14,7 +14,7 @@ import pytest
 
 from rossjax.models import get_preset, init_params
 from rossjax.probes import extract, heads, metrics, write_store
-from rossjax.probes.sweep import load_probe
+from rossjax.probes.heads import load_probe
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ def _texts(n, seed=0):
 
 
 def test_probe_reward_reads_frozen_reference(tmp_path):
-    from rossjax.probes.sweep import save_probe
+    from rossjax.probes.heads import save_probe
 
     cfg = models.get_preset("tiny_qwen2", dtype="float32")
     ref = models.init_params(cfg, jax.random.PRNGKey(0))

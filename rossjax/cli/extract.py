@@ -1,9 +1,15 @@
-"""`rossjax extract`."""
+"""`rossjax extract --config=configs/extract.py --config.model=... --config.input=... --config.output=...`."""
 
 from __future__ import annotations
 
 
 def main(argv=None) -> int:
-    from rossjax.probes.activations import main as _main  # TODO(arch): body moves here; library exposes run(cfg, workdir)
+    from rossjax.cli.flags import command_config
+    from rossjax.probes import activations
 
-    return _main(argv)
+    c, _, flags = command_config(list(argv or []), "extract", "configs/extract.py",
+                                 needs_workdir=False)
+    man = activations.run(c, flags.workdir or "")
+    print(f"rossjax extract: {man['n']} rows x layers {man['layers']} x d {man['d_model']} "
+          f"({man['pooling']} pooling) on mesh {man['mesh']} -> {man['output']}")
+    return 0

@@ -1,9 +1,19 @@
-"""`rossjax probe-sweep`."""
+"""`rossjax probe-sweep --config=configs/probe_sweep.py --config.labels=... --config.output=...`."""
 
 from __future__ import annotations
 
 
 def main(argv=None) -> int:
-    from rossjax.probes.sweep import main as _main  # TODO(arch): body moves here; library exposes run(cfg, workdir)
+    from rossjax.cli.flags import command_config
+    from rossjax.probes import sweep
 
-    return _main(argv)
+    c, _, flags = command_config(list(argv or []), "probe-sweep", "configs/probe_sweep.py",
+                                 needs_workdir=False)
+    res = sweep.run(c, flags.workdir or "")
+    sel = res["selected"]
+    s = sel["summary"]
+    print(f"rossjax probe-sweep: {len(res['cells'])} cells -> {res['output']}")
+    print(f"  selected {sel['head']} layer {sel['layer']} {sel['pooling']} ({sel['balance']}): "
+          f"val bacc {s['val_balanced_accuracy']:.3f}, val ECE {s['val_ece']:.3f}, "
+          f"test bacc {s['test_balanced_accuracy']:.3f}, RVP {s['rvp']:.4f} [{sel['selection_note']}]")
+    return 0

@@ -1,7 +1,7 @@
 """Activations of a frozen reference model, pooled per row (the store is in store.py).
 
     acts = extract(cfg, params, token_lists, layers=(4, 8), pooling="mean")   # [n, 2, d] float32
-    acts = extract(cfg, params, token_lists, (4, 8), mesh=make_mesh(data=-1))  # batch over devices
+    acts = extract(cfg, params, token_lists, (4, 8), partitioner=Partitioner(make_mesh(data=-1)))
     rossjax extract --config=configs/extract.py --config.output=runs/acts
 
 Pooling. Without turn spans a row is pooled over all its tokens (`mean`, `last`, `max`). With
@@ -13,8 +13,8 @@ n_layers = after the final norm.
 Rows are sorted by length and run in length-bucketed batches (few compiled shapes, little padding);
 right padding carries segment id 0, so it never leaks into real tokens.
 
-With a mesh, each forward batch is split over the mesh's batch axes (data x fsdp by default) and
-params follow `rossjax.sharding.param_shardings` (heads/MLP over tensor); batches are padded with
+With a partitioner, each forward batch is split over the mesh's batch axes (data x fsdp by default)
+and params follow `rossjax.models.shardings.param_shardings` (heads/MLP over tensor); batches are padded with
 dummy rows to a multiple of the batch-axis size. Single process only: every host would need its
 own rows and its own part of the store, which this does not do yet.
 """
@@ -31,33 +31,35 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rossjax.errors import ConfigError, InputError
+
 POOLINGS = ("mean", "last", "max")
 _BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 def check_inputs(cfg, token_lists, layers, pooling, turn_pooling, turn_spans):
     if pooling not in POOLINGS or turn_pooling not in POOLINGS:
-        raise ValueError(f"extract: pooling {pooling!r}/{turn_pooling!r} is not one of {POOLINGS}.")
+        raise InputError(f"extract: pooling {pooling!r}/{turn_pooling!r} is not one of {POOLINGS}.")
     layers = tuple(int(x) for x in layers)
     if not layers:
-        raise ValueError("extract: field 'layers' is empty.")
+        raise InputError("extract: field 'layers' is empty.")
     for x in layers:
         if not 0 <= x <= cfg.n_layers:
-            raise ValueError(f"extract: field 'layers' asks for layer {x}, but the model has "
+            raise InputError(f"extract: field 'layers' asks for layer {x}, but the model has "
                              f"{cfg.n_layers} layers (valid: 0 = embeddings .. {cfg.n_layers}).")
     if turn_spans is not None and len(turn_spans) != len(token_lists):
-        raise ValueError(f"extract: field 'turn_spans' has {len(turn_spans)} rows for "
+        raise InputError(f"extract: field 'turn_spans' has {len(turn_spans)} rows for "
                          f"{len(token_lists)} token lists.")
     for i, toks in enumerate(token_lists):
         if len(toks) == 0:
-            raise ValueError(f"extract: row {i} has an empty text (no tokens).")
+            raise InputError(f"extract: row {i} has an empty text (no tokens).")
         if turn_spans is not None:
             spans = turn_spans[i]
             if len(spans) == 0:
-                raise ValueError(f"extract: row {i} field 'turn_spans' is empty (no assistant turn).")
+                raise InputError(f"extract: row {i} field 'turn_spans' is empty (no assistant turn).")
             for s, e in spans:
                 if not 0 <= s < e <= len(toks):
-                    raise ValueError(f"extract: row {i} field 'turn_spans' holds ({s}, {e}), outside "
+                    raise InputError(f"extract: row {i} field 'turn_spans' holds ({s}, {e}), outside "
                                      f"the row's {len(toks)} tokens or empty.")
     return layers
 
@@ -93,8 +95,7 @@ class _PoolSpec:
     layers: tuple
     pooling: str
     turn_pooling: str
-    mesh: object = None   # jax.sharding.Mesh or None (one device)
-    rules: tuple = ()
+    partitioner: object = None   # rossjax.sharding.Partitioner or None (one device)
 
 
 def _pool_tokens(h, mask, last_idx, how: str):
@@ -122,10 +123,11 @@ def _pool_turns(v, valid, how: str):
 def _shardings(spec: _PoolSpec):
     """(params, [b, s], [b, T, s], [b, T], [b, L, d]) shardings on the mesh; the batch dim over
     the batch axes, everything else replicated."""
-    from rossjax import sharding
+    from rossjax.models import shardings as model_shardings
 
-    rows = lambda nd: sharding.batch_sharding(spec.mesh, nd, spec.rules)
-    return sharding.param_shardings(spec.cfg, spec.mesh, spec.rules), rows(2), rows(3), rows(2), rows(3)
+    part = spec.partitioner
+    return (model_shardings.param_shardings(spec.cfg, part), part.rows(2), part.rows(3),
+            part.rows(2), part.rows(3))
 
 
 @functools.lru_cache(maxsize=16)
@@ -140,38 +142,31 @@ def _make_batch_fn(spec: _PoolSpec):
                                  spec.turn_pooling) for l in spec.layers]
         return jnp.stack(per_layer, axis=1)   # [b, len(layers), d]
 
-    if spec.mesh is None:
+    if spec.partitioner is None:
         return jax.jit(run)
     p, r2, r3, t2, out = _shardings(spec)
     return jax.jit(run, in_shardings=(p, r2, r2, r3, t2, t2), out_shardings=out)
 
 
-def _batch_axis_size(mesh, rules) -> int:
-    from rossjax import sharding
-
-    axes = sharding.batch_sharding(mesh, 2, rules).spec[0]
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
-    return int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
-
-
 def iter_extract(cfg, params, token_lists, layers, pooling="mean", turn_spans=None, *,
-                 turn_pooling="mean", batch_tokens=8192, skip=None, mesh=None, rules=None,
-                 with_padding=False):
+                 turn_pooling="mean", batch_tokens=8192, skip=None, partitioner=None, mesh=None,
+                 rules=None, with_padding=False):
     """Yield (row indices, activations [k, len(layers), d]) batch by batch, skipping rows where
     `skip[row]` is true. The streaming core of `extract` and of the resumable store writer.
 
-    `mesh` (rossjax.sharding.make_mesh): run each batch sharded, rows over the batch axes, params
-    placed by `rossjax.sharding.param_shardings` (a no-op for params already on the mesh). With
-    `with_padding` the tuples carry a third item, the padded token count of the batch."""
+    `partitioner` (rossjax.sharding.Partitioner; or a `mesh` + `rules`): run each batch sharded,
+    rows over the batch axes, params placed by `rossjax.models.shardings.param_shardings` (a
+    no-op for params already on the mesh). With `with_padding` the tuples carry a third item,
+    the padded token count of the batch."""
     from rossjax import sharding
 
     layers = check_inputs(cfg, token_lists, layers, pooling, turn_pooling, turn_spans)
-    rules = sharding.normalize_rules(rules) if mesh is not None else ()
-    spec = _PoolSpec(cfg, layers, pooling, turn_pooling, mesh, rules)
+    part = partitioner if partitioner is not None else sharding.as_partitioner(mesh, rules)
+    spec = _PoolSpec(cfg, layers, pooling, turn_pooling, part)
     run = _make_batch_fn(spec)
     shards = 1
-    if mesh is not None:
-        shards = _batch_axis_size(mesh, rules)
+    if part is not None:
+        shards = part.batch_size_multiple()
         params = jax.device_put(params, _shardings(spec)[0])
     todo = [i for i in range(len(token_lists)) if skip is None or not skip[i]]
     lengths = [len(token_lists[i]) for i in todo]
@@ -197,49 +192,19 @@ def iter_extract(cfg, params, token_lists, layers, pooling="mean", turn_spans=No
 
 
 def extract(cfg, params, token_lists, layers, pooling="mean", turn_spans=None, *,
-            turn_pooling="mean", batch_tokens=8192, mesh=None, rules=None) -> np.ndarray:
+            turn_pooling="mean", batch_tokens=8192, partitioner=None, mesh=None,
+            rules=None) -> np.ndarray:
     """Pooled activations [n, len(layers), d_model] (float32) for every row, in input order."""
     n = len(token_lists)
     out = np.zeros((n, len(tuple(layers)), cfg.d_model), np.float32)
     for rows, acts in iter_extract(cfg, params, token_lists, layers, pooling, turn_spans,
-                                   turn_pooling=turn_pooling, batch_tokens=batch_tokens, mesh=mesh,
-                                   rules=rules):
+                                   turn_pooling=turn_pooling, batch_tokens=batch_tokens,
+                                   partitioner=partitioner, mesh=mesh, rules=rules):
         out[rows] = acts
     return out
 
 
-# ----------------------------------------------------------------------------- CLI
-
-def load_model(spec: str, seed: int = 0, dtype: str = "float32", mesh=None, rules=None):
-    """"preset:NAME" (random init, for smoke runs and tests) or a Hugging Face model folder; with a
-    mesh the params land sharded (a HF folder is read tensor by tensor onto it)."""
-    from rossjax import models, sharding
-
-    if spec.startswith("preset:"):
-        cfg = models.get_preset(spec.split(":", 1)[1], dtype=dtype, param_dtype=dtype)
-        if mesh is not None:
-            return cfg, sharding.init_params_sharded(cfg, jax.random.PRNGKey(seed), mesh, rules)
-        return cfg, models.init_params(cfg, jax.random.PRNGKey(seed))
-    if not os.path.isdir(spec):
-        raise ValueError(f"configs/extract.py: field 'model' is {spec!r}, which is neither "
-                         "preset:NAME nor an existing Hugging Face model folder.")
-    return models.load_hf(spec, dtype=dtype, mesh=mesh, rules=rules)
-
-
-def mesh_from_config(m):
-    """A (data, fsdp, tensor) mesh from config sizes; without a -1 it takes the first
-    data*fsdp*tensor devices, so `data=1, fsdp=1, tensor=1` is one device."""
-    from rossjax import sharding
-
-    sizes = (int(m.data), int(m.fsdp), int(m.tensor))
-    devices = jax.devices()
-    if -1 not in sizes:
-        if int(np.prod(sizes)) > len(devices):
-            raise ValueError(f"config.mesh asks for {int(np.prod(sizes))} devices (data x fsdp x "
-                             f"tensor = {' x '.join(map(str, sizes))}) but there are {len(devices)}.")
-        devices = devices[:int(np.prod(sizes))]
-    return sharding.make_mesh(*sizes, devices=devices)
-
+# ----------------------------------------------------------------------------- the command
 
 def read_rows(path: str, tokenizer: str = "", use_turns: bool = False):
     """(ids, token_lists, turn_spans or None) from a curated directory or a JSONL(.gz) file whose
@@ -247,7 +212,7 @@ def read_rows(path: str, tokenizer: str = "", use_turns: bool = False):
     import gzip
 
     if not os.path.exists(path):
-        raise ValueError(f"{path}: the extraction input does not exist.")
+        raise InputError(f"{path}: the extraction input does not exist.")
     if os.path.isdir(path):
         from rossjax.curate.compiled import read_compiled
         rows = [{"id": r["id"], "input_ids": np.asarray(r["input_ids"]).tolist(),
@@ -260,53 +225,52 @@ def read_rows(path: str, tokenizer: str = "", use_turns: bool = False):
                     try:
                         rows.append(json.loads(line))
                     except json.JSONDecodeError as e:
-                        raise ValueError(f"{path} row {n}: not valid JSON ({e.msg}).") from None
+                        raise InputError(f"{path} row {n}: not valid JSON ({e.msg}).") from None
     tok = None
     ids, lists, spans = [], [], []
     for n, r in enumerate(rows, start=1):
         if "id" not in r:
-            raise ValueError(f"{path} row {n}: field 'id' is missing.")
+            raise InputError(f"{path} row {n}: field 'id' is missing.")
         if "input_ids" in r:
             toks = list(r["input_ids"])
         elif "text" in r:
             if not tokenizer:
-                raise ValueError(f"{path} row {n}: field 'text' needs --config.tokenizer to be set.")
+                raise InputError(f"{path} row {n}: field 'text' needs --config.tokenizer to be set.")
             if tok is None:
                 from rossjax.tokenizers import load_tokenizer
                 tok = load_tokenizer(tokenizer)
             toks = tok.encode(r["text"])
         else:
-            raise ValueError(f"{path} row {n}: needs field 'input_ids' or 'text'.")
+            raise InputError(f"{path} row {n}: needs field 'input_ids' or 'text'.")
         if not toks:
-            raise ValueError(f"{path} row {n}: field '{'input_ids' if 'input_ids' in r else 'text'}' "
+            raise InputError(f"{path} row {n}: field '{'input_ids' if 'input_ids' in r else 'text'}' "
                              "is empty.")
         if use_turns and not r.get("turn_spans"):
-            raise ValueError(f"{path} row {n}: field 'turn_spans' is missing or empty.")
+            raise InputError(f"{path} row {n}: field 'turn_spans' is missing or empty.")
         ids.append(str(r["id"]))
         lists.append(toks)
         spans.append([tuple(s) for s in r["turn_spans"]] if use_turns else None)
     if not ids:
-        raise ValueError(f"{path}: the extraction input has no rows.")
+        raise InputError(f"{path}: the extraction input has no rows.")
     return ids, lists, (spans if use_turns else None)
 
 
-def main(argv=None) -> int:
-    from rossjax.cli import command_config
-
+def run(c, workdir: str = "") -> dict:
+    """`rossjax extract` (configs/extract.py): rows -> model -> the activation store. Returns
+    the store's manifest plus "output" and "mesh"."""
     from rossjax import sharding
+    from rossjax.models import loading
     from rossjax.probes.store import write_store
 
-    c, _, flags = command_config(argv or [], "extract", "configs/extract.py", needs_workdir=False)
-    out = c.output or (os.path.join(flags.workdir, "activations") if flags.workdir else "")
+    out = c.output or (os.path.join(workdir, "activations") if workdir else "")
     if not c.input or not out:
-        raise ValueError("configs/extract.py: fields 'input' and 'output' must be set.")
-    mesh = mesh_from_config(c.mesh)
-    rules = sharding.normalize_rules(c.sharding_rules or None)
+        raise ConfigError("configs/extract.py: fields 'input' and 'output' must be set.")
+    part = sharding.partitioner_from_config(c)
     ids, lists, spans = read_rows(c.input, c.tokenizer, c.use_turns)
-    cfg, params = load_model(c.model, c.seed, c.dtype, mesh, rules)
+    section = loading.section_from_spec(c.model, c.dtype,
+                                        where="configs/extract.py: field 'model'")
+    cfg, params = loading.load_model(section, part, seed=c.seed, field="config.model")
     man = write_store(out, cfg, params, ids, lists, tuple(c.layers), c.pooling, spans,
                       turn_pooling=c.turn_pooling, batch_tokens=c.batch_tokens, model_name=c.model,
-                      mesh=mesh, rules=rules)
-    print(f"rossjax extract: {man['n']} rows x layers {man['layers']} x d {man['d_model']} "
-          f"({man['pooling']} pooling) on mesh {dict(mesh.shape)} -> {out}")
-    return 0
+                      partitioner=part)
+    return {**man, "output": out, "mesh": dict(part.mesh.shape)}

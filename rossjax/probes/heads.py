@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
 from collections.abc import Sequence
 
 import flax.linen as nn
@@ -239,3 +241,30 @@ def group_kfold(groups: Sequence, k: int = 5, fold: int = 0, seed: int = 0):
     val = np.flatnonzero(f_of_row == (fold + 1) % k)
     train = np.flatnonzero((f_of_row != fold % k) & (f_of_row != (fold + 1) % k))
     return train, val, test
+
+
+# ----------------------------------------------------------------------------- files
+
+def save_probe(path: str, probe: Probe, manifest: dict):
+    """Orbax checkpoint of {params, mean, std} at `path`, manifest JSON at `path`.json."""
+    import orbax.checkpoint as ocp
+
+    path = os.path.abspath(path)
+    tree = {"params": probe.params, "mean": np.asarray(probe.mean), "std": np.asarray(probe.std)}
+    ocp.PyTreeCheckpointer().save(path, tree, force=True)
+    with open(path + ".json", "w") as f:
+        json.dump(manifest, f, indent=1, default=float)
+
+
+def load_probe(path: str) -> tuple[Probe, dict]:
+    """The probe saved by `save_probe` / the sweep, and its manifest (layer, pooling, ...)."""
+    import orbax.checkpoint as ocp
+
+    path = os.path.abspath(path)
+    if not os.path.exists(path + ".json"):
+        raise ValueError(f"{path}.json: the probe manifest is missing.")
+    manifest = json.load(open(path + ".json"))
+    tree = ocp.PyTreeCheckpointer().restore(path)
+    probe = Probe(manifest["head"], tree["params"], np.asarray(tree["mean"]),
+                        np.asarray(tree["std"]), manifest["temperature"], manifest["dropout"])
+    return probe, manifest

@@ -90,7 +90,7 @@ class ProbeScorer:
 
     @classmethod
     def load(cls, path: str):
-        from rossjax.probes.sweep import load_probe
+        from rossjax.probes.heads import load_probe
 
         return cls(*load_probe(path))
 
@@ -169,9 +169,9 @@ def bootstrap_validity_probe(model_cfg, ref_params, render, *, n: int = 64, laye
     the tiny random model: the labels are real (the induction verifier's `task_valid`), but they
     are validity, not the solver-utility band a PROPEL probe predicts.
     """
-    from rossjax.verify.induction import task_valid
     from rossjax.probes import heads
     from rossjax.probes.activations import extract
+    from rossjax.verify.induction import task_valid
 
     pairs = _synthetic_induction_tasks(n, seed)
     y = np.asarray([int(bool(task_valid(t).passed)) for _, t in pairs], np.int32)

@@ -21,6 +21,7 @@ import numpy as np
 
 from rossjax.probes import activations
 
+
 def _store_paths(d):
     return {k: os.path.join(d, v) for k, v in (("array", "activations.zarr"), ("ids", "ids.json"),
                                                    ("done", "done.bits"), ("manifest", "manifest.json"))}
@@ -50,17 +51,17 @@ def _ts_spec(path, shape=None):
 
 def write_store(out_dir, cfg, params, ids, token_lists, layers, pooling="mean", turn_spans=None, *,
                 turn_pooling="mean", batch_tokens=8192, model_name="", progress=True, mesh=None,
-                rules=None) -> dict:
+                rules=None, partitioner=None) -> dict:
     """Extract into `out_dir`, resuming a run that was killed with the same settings.
 
     Returns the manifest. Settings that differ from an unfinished store's manifest are an error
-    (its finished rows would not be comparable with the new ones). `mesh`/`rules`: see
-    `activations.iter_extract` (the batch runs over the mesh's data axes).
+    (its finished rows would not be comparable with the new ones). `partitioner` (or `mesh` +
+    `rules`): see `activations.iter_extract` (the batch runs over the mesh's data axes).
     """
     import tensorstore as ts
     from tqdm import tqdm
 
-    from rossjax.train.metrics import MetricsWriter
+    from rossjax.monitor import MetricsWriter
 
     ids = [str(i) for i in ids]
     if len(set(ids)) != len(ids):
@@ -113,7 +114,8 @@ def write_store(out_dir, cfg, params, ids, token_lists, layers, pooling="mean", 
     try:
         for rows, acts, padded in activations.iter_extract(
                 cfg, params, token_lists, layers, pooling, turn_spans, turn_pooling=turn_pooling,
-                batch_tokens=batch_tokens, skip=done, mesh=mesh, rules=rules, with_padding=True):
+                batch_tokens=batch_tokens, skip=done, partitioner=partitioner, mesh=mesh, rules=rules,
+                with_padding=True):
             try:
                 arr.oindex[rows] = acts  # noqa: the write completes (or raises) before `done` moves
                 done[rows] = True

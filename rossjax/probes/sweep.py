@@ -20,13 +20,17 @@ TensorBoard events (tb/) + metrics.jsonl: every cell's epoch curve and one point
 from __future__ import annotations
 
 import csv
-import json
 import os
 from collections.abc import Callable
 
 import numpy as np
 
-from rossjax.probes import heads, labels as labels_mod, metrics, reward as reward_lib
+from rossjax.errors import ConfigError
+from rossjax.monitor import MetricsWriter
+from rossjax.probes import heads, metrics
+from rossjax.probes import labels as labels_mod
+from rossjax.probes import reward as reward_lib
+from rossjax.probes.heads import save_probe
 from rossjax.probes.store import open_store
 
 FIELDS = ("layer", "pooling", "head", "balance", "seed", "epochs", "temperature", "val_balanced_accuracy",
@@ -54,7 +58,6 @@ def _split(c, n, groups):
 def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool = True) -> dict:
     from tqdm import tqdm
 
-    from rossjax.train.metrics import MetricsWriter
 
     if not c.stores or not all(c.stores):
         raise ValueError("configs/probe_sweep.py: field 'stores' is empty; give the directories "
@@ -217,44 +220,9 @@ def _heatmap(path, rows, head):
     plt.close(fig)
 
 
-def save_probe(path: str, probe: heads.Probe, manifest: dict):
-    """Orbax checkpoint of {params, mean, std} at `path`, manifest JSON at `path`.json."""
-    import orbax.checkpoint as ocp
-
-    path = os.path.abspath(path)
-    tree = {"params": probe.params, "mean": np.asarray(probe.mean), "std": np.asarray(probe.std)}
-    ocp.PyTreeCheckpointer().save(path, tree, force=True)
-    with open(path + ".json", "w") as f:
-        json.dump(manifest, f, indent=1, default=float)
-
-
-def load_probe(path: str) -> tuple[heads.Probe, dict]:
-    """The probe saved by `save_probe` / the sweep, and its manifest (layer, pooling, ...)."""
-    import orbax.checkpoint as ocp
-
-    path = os.path.abspath(path)
-    if not os.path.exists(path + ".json"):
-        raise ValueError(f"{path}.json: the probe manifest is missing.")
-    manifest = json.load(open(path + ".json"))
-    tree = ocp.PyTreeCheckpointer().restore(path)
-    probe = heads.Probe(manifest["head"], tree["params"], np.asarray(tree["mean"]),
-                        np.asarray(tree["std"]), manifest["temperature"], manifest["dropout"])
-    return probe, manifest
-
-
-def main(argv=None) -> int:
-    from rossjax.cli import command_config
-
-    c, _, flags = command_config(argv or [], "probe-sweep", "configs/probe_sweep.py",
-                                 needs_workdir=False)
-    out = c.output or (os.path.join(flags.workdir, "probe_sweep") if flags.workdir else "")
+def run(c, workdir: str = "") -> dict:
+    """`rossjax probe-sweep` (configs/probe_sweep.py): returns run_sweep's result plus "output"."""
+    out = c.output or (os.path.join(workdir, "probe_sweep") if workdir else "")
     if not out or not c.labels:
-        raise ValueError("configs/probe_sweep.py: fields 'labels' and 'output' must be set.")
-    res = run_sweep(c, out)
-    sel = res["selected"]
-    s = sel["summary"]
-    print(f"rossjax probe-sweep: {len(res['cells'])} cells -> {out}")
-    print(f"  selected {sel['head']} layer {sel['layer']} {sel['pooling']} ({sel['balance']}): "
-          f"val bacc {s['val_balanced_accuracy']:.3f}, val ECE {s['val_ece']:.3f}, "
-          f"test bacc {s['test_balanced_accuracy']:.3f}, RVP {s['rvp']:.4f} [{sel['selection_note']}]")
-    return 0
+        raise ConfigError("configs/probe_sweep.py: fields 'labels' and 'output' must be set.")
+    return {**run_sweep(c, out), "output": out}
