@@ -15,24 +15,26 @@ is what GRPO groups need. Rows of sample j of prompt i sit at i * num_samples + 
 A stop token is kept in the output and counted in `lengths`; after it a row emits padding (0)
 with log-prob 0, and the loop exits early once every row has stopped.
 
-Sampling with a mesh puts rows over the batch axes and heads over `tensor` (the param and cache
-shardings come from rossjax.sharding's logical rules); results equal the single-device run.
+Sampling with a partitioner (rossjax.sharding.Partitioner: mesh + rules; or a bare mesh) puts rows
+over the batch axes and heads over `tensor` (param and cache shardings from
+rossjax.models.shardings); results equal the single-device run. Params already in that layout (as
+a trainer holds them) are used as they are, not placed again on every call.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from rossjax import models, sharding
 from rossjax.models import ModelConfig
+from rossjax.models import shardings as model_shardings
 
 # Prompt lengths round up to one of these (then to multiples of 512) so a stream of
 # different-length prompts compiles a handful of programs, not one per length.
@@ -94,7 +96,7 @@ class _Spec:
     num_samples: int
     greedy: bool
     n_stop: int
-    mesh: object = None
+    partitioner: object = None    # rossjax.sharding.Partitioner or None (one device)
 
 
 class Sampler:
@@ -102,24 +104,25 @@ class Sampler:
 
     def __init__(self, spec: _Spec):
         self.spec = spec
-        cfg, mesh = spec.cfg, spec.mesh
-        if mesh is None:
+        cfg, part = spec.cfg, spec.partitioner
+        if part is None:
             self._fn = jax.jit(self._run)
             return
-        rows = NamedSharding(mesh, sharding.logical_to_mesh_spec(P("batch", None), None,
-                                                                 (spec.batch, 1), mesh))
-        self._param_shardings = sharding.param_shardings(cfg, mesh)
+        rows = part.rows(2, (spec.batch, 1), name="prompts")
+        self._param_shardings = model_shardings.param_shardings(cfg, part)
+        self._param_leaves = jax.tree.leaves(self._param_shardings)
         n_out = spec.batch * spec.num_samples
-        self._cache_spec = sharding.cache_shardings(cfg, mesh, n_out, spec.prompt_len + spec.max_new)
-        repl = NamedSharding(mesh, P())
-        out2 = NamedSharding(mesh, sharding.logical_to_mesh_spec(P("batch", None), None, (n_out, 1), mesh))
-        out1 = NamedSharding(mesh, P(out2.spec[0]))
+        self._cache_spec = model_shardings.cache_shardings(cfg, part, n_out,
+                                                           spec.prompt_len + spec.max_new)
+        repl = part.replicated()
+        out2 = part.rows(2, (n_out, 1), name="samples")
+        out1 = part.sharding(P("batch"), (n_out,), name="samples")
         self._in_shardings = (self._param_shardings, rows, rows, rows, repl, repl)
         self._fn = jax.jit(self._run, in_shardings=self._in_shardings,
                            out_shardings=(out2, out2, out1, out1))
 
     def _constrain(self, cache):
-        if self.spec.mesh is None:
+        if self.spec.partitioner is None:
             return cache
         return jax.lax.with_sharding_constraint(cache, self._cache_spec)
 
@@ -130,7 +133,7 @@ class Sampler:
         b, plen = tokens.shape
         # Without a mesh the cache is per layer (decode reads and writes it in place); with one
         # it stays stacked so the logical sharding rules apply to it as a whole.
-        per_layer = s.mesh is None
+        per_layer = s.partitioner is None
         cache = models.init_cache(cfg, b, plen + n_new, per_layer=per_layer)
         logits, cache = models.forward_cached(cfg, params, tokens, positions, cache, 0, valid,
                                               logits_to_keep=1)
@@ -178,8 +181,9 @@ class Sampler:
         return out_tok, out_lp, lengths, done
 
     def __call__(self, params, tokens, positions, valid, rng, knobs):
-        if self.spec.mesh is not None:
-            params = jax.device_put(params, self._param_shardings)
+        if self.spec.partitioner is not None:
+            if not self._placed(params):  # e.g. params of another layout; a trainer's are placed
+                params = jax.device_put(params, self._param_shardings)
             # Host values become global arrays (every process holds the same prompts), so the
             # same call runs on one host or on many.
             rows, repl = self._in_shardings[1], self._in_shardings[4]
@@ -194,26 +198,27 @@ class Sampler:
         return self._fn(params, tokens, positions, valid, rng, knobs)
 
 
+    def _placed(self, params) -> bool:
+        leaves = jax.tree.leaves(params)
+        return len(leaves) == len(self._param_leaves) and all(
+            isinstance(x, jax.Array) and x.sharding == s for x, s in zip(leaves, self._param_leaves))
+
+
 @functools.lru_cache(maxsize=32)
 def get_sampler(spec: _Spec) -> Sampler:
     return Sampler(spec)
 
 
-def _batch_multiple(mesh) -> int:
-    if mesh is None:
-        return 1
-    spec = sharding.logical_to_mesh_spec(P("batch"), None, None, mesh)
-    axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],) if spec[0] else ()
-    return math.prod(mesh.shape[a] for a in axes)
-
-
 def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, stop_ids=(),
-             num_samples: int = 1, seed: int = 0, mesh=None) -> GenerationResult:
+             num_samples: int = 1, seed: int = 0, partitioner=None,
+             mesh=None) -> GenerationResult:
     """Sample `num_samples` continuations of each prompt (lists of token ids, any lengths).
 
-    temperature 0 is greedy. Same seed and inputs give the same samples.
+    temperature 0 is greedy. Same seed and inputs give the same samples. `partitioner` (or a bare
+    `mesh`, with the default rules) runs the sampler sharded; None runs on one device.
     """
+    part = sharding.as_partitioner(partitioner if partitioner is not None else mesh)
     prompts = [list(map(int, p)) for p in prompts]
     if not prompts:
         raise ValueError("generate: field 'prompts' is empty.")
@@ -230,7 +235,7 @@ def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], max_new
     n = len(prompts)
     # Pad the batch so each prompt's copies split evenly over the batch shards; dummy rows
     # (one token) are dropped at the end.
-    mult = _batch_multiple(mesh)
+    mult = 1 if part is None else part.batch_size_multiple()
     b = -(-n // mult) * mult
     plen = bucket_length(max(len(p) for p in prompts))
     tokens = np.zeros((b, plen), np.int32)
@@ -243,7 +248,7 @@ def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], max_new
         valid[i, plen - len(p):] = True
     stop = np.asarray([int(t) for t in stop_ids] or [-1], np.int32)
     spec = _Spec(cfg, b, plen, int(max_new_tokens), int(num_samples), temperature == 0.0,
-                 len(stop), mesh)
+                 len(stop), part)
     knobs = (np.float32(max(temperature, 1e-6)), np.int32(top_k), np.float32(top_p), stop)
     out_tok, out_lp, lengths, stopped = get_sampler(spec)(
         params, tokens, positions, valid, jax.random.PRNGKey(seed), knobs)

@@ -1,9 +1,16 @@
-"""`rossjax eval-generator`."""
+"""`rossjax eval-generator --config=configs/eval_generator.py --workdir=DIR`."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 
 def main(argv=None) -> int:
-    from rossjax.train.eval_generator import main as _main  # TODO(arch): body moves here; library exposes run(cfg, workdir)
+    from rossjax.cli.flags import command_config
+    from rossjax.train import eval_generator
 
-    return _main(argv)
+    c, workdir, _ = command_config(list(argv or []), "eval-generator", "configs/eval_generator.py")
+    out = eval_generator.run(c, workdir)
+    print(json.dumps({k: v for k, v in out.items() if k != "solve_counts"}), file=sys.stderr)
+    return 0

@@ -27,9 +27,10 @@ import json
 import math
 import os
 import re
-import sys
 
 import numpy as np
+
+from rossjax.errors import ConfigError
 
 _TOPICS = (("string", r"str\(|\.join|\.split|\.upper|\.lower|\[::-1\]|'"),
            ("sorting", r"sorted\(|\.sort\("), ("list", r"\[|append|len\("),
@@ -103,14 +104,17 @@ def utility_rate(solved, valid_tasks, k: int, lo: float, hi: float) -> float:
 
 # ----------------------------------------------------------------------------- running
 
-def _model(spec_path, spec_preset, tok, seed):
-    import jax
+def _model(section, tok, seed, field):
+    """(ModelConfig, params) of a `generator` / `solver` section (path, or preset sized to the
+    tokenizer), float32 on one device."""
+    from rossjax.models import loading
 
-    from rossjax import models
-    if spec_path:
-        return models.load_hf(spec_path, dtype="float32")
-    cfg = models.get_preset(spec_preset, dtype="float32", vocab_size=tok.vocab_size)
-    return cfg, models.init_params(cfg, jax.random.PRNGKey(seed))
+    m = {"path": section.path, "preset": section.preset, "dtype": "float32"}
+    if section.path:
+        m["param_dtype"] = "float32"
+    else:
+        m["vocab_size"] = tok.vocab_size
+    return loading.load_model(m, seed=seed, field=field)
 
 
 def _sample(mc, params, tok, prompts_msgs, n, c, seed):
@@ -132,20 +136,20 @@ def solver_prompt(task: dict, outputs: list) -> str:
 def check_config(c):
     """One-sentence ValueErrors for an eval-generator config, before any model loads."""
     if c.mode not in ("generator", "policy"):
-        raise ValueError(f"config.mode {c.mode!r} is not generator or policy.")
+        raise ConfigError(f"config.mode {c.mode!r} is not generator or policy.")
     if c.solver.kind not in ("model", "oracle", "identity"):
-        raise ValueError(f"config.solver.kind {c.solver.kind!r} is not model, oracle or identity.")
+        raise ConfigError(f"config.solver.kind {c.solver.kind!r} is not model, oracle or identity.")
     for field in ("num_tasks", "k", "max_new_tokens"):
         if c[field] < 1:
-            raise ValueError(f"config.{field} is {c[field]}; it must be at least 1.")
+            raise ConfigError(f"config.{field} is {c[field]}; it must be at least 1.")
     if not 0 <= c.lo <= c.hi <= 1:
-        raise ValueError(f"config.lo {c.lo} and config.hi {c.hi} must satisfy 0 <= lo <= hi <= 1.")
+        raise ConfigError(f"config.lo {c.lo} and config.hi {c.hi} must satisfy 0 <= lo <= hi <= 1.")
     needed = [("generator", c.generator)] if c.mode == "generator" else []
     if c.solver.kind == "model" or c.mode == "policy":  # policy mode samples solver.path/preset
         needed.append(("solver", c.solver))
     for name, m in needed:
         if not (m.path or m.preset):
-            raise ValueError(f"config.{name}.path and config.{name}.preset are both empty; give a "
+            raise ConfigError(f"config.{name}.path and config.{name}.preset are both empty; give a "
                              f"model folder or a preset name.")
 
 
@@ -158,7 +162,7 @@ def evaluate_generator(c) -> dict:
 
     tok = load_tokenizer(write_ascii_tokenizer(os.path.join(c.workdir, "tokenizer"))
                          if c.tokenizer == "ascii" else c.tokenizer)
-    mc, params = _model(c.generator.path, c.generator.preset, tok, c.seed)
+    mc, params = _model(c.generator, tok, c.seed, "config.generator")
     msgs = [[{"role": "user", "content": rollout.INDUCTION_PROMPT}]]
     texts = _sample(mc, params, tok, msgs, c.num_tasks, c, c.seed)
     tasks = [parse_induction_task(t) for t in texts]
@@ -175,10 +179,10 @@ def evaluate_generator(c) -> dict:
         elif c.solver.kind == "identity":
             answers = ["```python\ndef f(*a):\n    return a[0]\n```"] * c.k
         elif c.solver.kind == "model":
-            sv = sv or _model(c.solver.path, c.solver.preset, tok, c.seed + 1)
+            sv = sv or _model(c.solver, tok, c.seed + 1, "config.solver")
             answers = _sample(*sv, tok, [[{"role": "user", "content": prompt}]], c.k, c, c.seed + i)
         else:
-            raise ValueError(f"config.solver.kind {c.solver.kind!r} is not model, oracle or identity.")
+            raise ConfigError(f"config.solver.kind {c.solver.kind!r} is not model, oracle or identity.")
         task = {**t, "hidden_outputs": outs}
         solved[i] = sum(bool(verify({"task": task, "messages": [
             {"role": "user", "content": prompt}, {"role": "assistant", "content": a}]}).passed)
@@ -199,7 +203,7 @@ def evaluate_policy(c) -> dict:
 
     tok = load_tokenizer(write_ascii_tokenizer(os.path.join(c.workdir, "tokenizer"))
                          if c.tokenizer == "ascii" else c.tokenizer)
-    mc, params = _model(c.solver.path, c.solver.preset, tok, c.seed)
+    mc, params = _model(c.solver, tok, c.seed, "config.solver")
     src = rollout.TaskSource(c.tasks, c.seed, field="config.tasks")
     tasks = src.next(c.num_tasks)
     msgs = [rollout.prompt_messages(t) for t in tasks]
@@ -217,15 +221,13 @@ def evaluate_policy(c) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    from rossjax.cli import command_config
-
-    c, workdir, _ = command_config(list(argv or []), "eval-generator", "configs/eval_generator.py")
+def run(c, workdir: str) -> dict:
+    """`rossjax eval-generator` (configs/eval_generator.py): evaluate, write
+    WORKDIR/eval_generator.json, return the results."""
     c.workdir = workdir
     check_config(c)
     os.makedirs(c.workdir, exist_ok=True)
     out = evaluate_generator(c) if c.mode == "generator" else evaluate_policy(c)
     with open(os.path.join(c.workdir, "eval_generator.json"), "w") as f:
         json.dump(out, f, indent=1)
-    print(json.dumps({k: v for k, v in out.items() if k != "solve_counts"}), file=sys.stderr)
-    return 0
+    return out

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from rossjax.errors import InputError
 from rossjax.train import checkpoint as ckpt_lib
 
 
@@ -31,7 +32,7 @@ def _locate(path: str, step: int | None):
         return os.path.join(path, "checkpoints"), path, step
     if os.path.exists(os.path.join(os.path.dirname(path), "model_config.json")):
         return path, os.path.dirname(path), step
-    raise ValueError(f"--checkpoint {path} is not a training workdir (no checkpoints/ folder and no "
+    raise InputError(f"--checkpoint {path} is not a training workdir (no checkpoints/ folder and no "
                      f"model_config.json beside it).")
 
 
@@ -40,10 +41,10 @@ def restore_params(ckpt_dir: str, step: int | None = None):
     mngr = ocp.CheckpointManager(ckpt_dir, item_handlers=ckpt_lib.item_handlers())
     steps = mngr.all_steps()
     if not steps:
-        raise ValueError(f"--checkpoint {ckpt_dir} holds no saved step.")
+        raise InputError(f"--checkpoint {ckpt_dir} holds no saved step.")
     step = max(steps) if step is None else int(step)
     if step not in steps:
-        raise ValueError(f"--checkpoint {ckpt_dir} has no step {step} (steps: {sorted(steps)}).")
+        raise InputError(f"--checkpoint {ckpt_dir} has no step {step} (steps: {sorted(steps)}).")
     meta = mngr.item_metadata(step)["state"]
     tree = getattr(meta, "tree", meta)
     dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -72,14 +73,14 @@ def merged_lora(model_cfg, adapters, manifest, where: str):
     elif src == "scratch":  # a random base is rebuilt from the run's seed
         base = models.init_params(model_cfg, jax.random.PRNGKey(manifest["seed"]))
     else:
-        raise ValueError(f"{where}: field 'base_source' {src!r} is not one of hf, orbax, scratch.")
+        raise InputError(f"{where}: field 'base_source' {src!r} is not one of hf, orbax, scratch.")
     merged = jax.jit(lambda b, a: lora.merge(b, a, manifest["alpha"]))(base, adapters)
     return jax.tree.map(np.asarray, merged)
 
 
 def export(checkpoint: str, out: str, fmt: str = "hf", step: int | None = None) -> int:
     if fmt not in ("hf", "orbax"):
-        raise ValueError(f"--format {fmt!r} is not one of hf, orbax.")
+        raise InputError(f"--format {fmt!r} is not one of hf, orbax.")
     ckpt_dir, cfg_dir, step = _locate(checkpoint, step)
     model_cfg = ckpt_lib.read_model_config(cfg_dir)
     step, params = restore_params(ckpt_dir, step)
@@ -87,7 +88,7 @@ def export(checkpoint: str, out: str, fmt: str = "hf", step: int | None = None) 
     if manifest is not None:
         params = merged_lora(model_cfg, params, manifest, os.path.join(cfg_dir, "lora.json"))
     elif "embed" not in params:
-        raise ValueError(f"--checkpoint {ckpt_dir} step {step} holds LoRA adapters only and "
+        raise InputError(f"--checkpoint {ckpt_dir} step {step} holds LoRA adapters only and "
                          f"{os.path.join(cfg_dir, 'lora.json')} (its base model) is missing.")
     if fmt == "hf":
         from rossjax.models import save_hf
@@ -97,21 +98,3 @@ def export(checkpoint: str, out: str, fmt: str = "hf", step: int | None = None) 
         ckpt_lib.save_params(out, params)
         ckpt_lib.write_model_config(out, model_cfg)
     return step
-
-
-def main(argv) -> int:
-    from absl import flags
-
-    from rossjax.cli import parse_config
-
-    def extra(fv):
-        flags.DEFINE_string("checkpoint", None, "Training workdir or checkpoint folder.", flag_values=fv)
-        flags.DEFINE_string("format", "hf", "hf | orbax", flag_values=fv)
-        flags.DEFINE_integer("step", None, "Step to export (default: the latest).", flag_values=fv)
-
-    _, fv, rest = parse_config(argv, extra_flags=extra)
-    if not fv.checkpoint or len(rest) != 1:
-        raise ValueError("usage: rossjax export --checkpoint DIR [--step N] --format hf|orbax OUT")
-    step = export(fv.checkpoint, rest[0], fv.format, fv.step)
-    print(f"rossjax export: step {step} of {fv.checkpoint} written to {rest[0]} ({fv.format}).")
-    return 0
