@@ -10,8 +10,6 @@ wording is asked afresh.
 
 from __future__ import annotations
 
-import json
-
 from rossjax.review.render import context, render_transcript
 
 PROMPT_VERSION = "ross-review-v2"
@@ -206,7 +204,3 @@ def response_format(stage: str, kind: str) -> dict | None:
         return {"type": "json_schema", "json_schema": {"name": f"ross_{stage}",
                                                        "schema": SCHEMAS[stage]}}
     raise ValueError(f"response_format {kind!r} is not one of none, json_object, json_schema")
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False)
