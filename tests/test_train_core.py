@@ -124,5 +124,5 @@ def test_partitioner_divisibility_names_tensor_and_axis():
     assert sh["layers"]["attn"]["k"]["kernel"].spec == P(None, "fsdp", None, None)
     assert sh["layers"]["attn"]["q"]["kernel"].spec == P(None, "fsdp", "tensor", None)
     assert any("attn/k/kernel" in str(w.message) and "'tensor'" in str(w.message) for w in caught)
-    with pytest.raises(ConfigError, match="mesh axis 'model\?'"):
+    with pytest.raises(ConfigError, match=r"mesh axis 'model\?'"):
         sharding.Partitioner(mesh, (("embed", "model?"),))
