@@ -5,11 +5,11 @@ from __future__ import annotations
 
 def main(argv=None) -> int:
     from rossjax.cli.flags import command_config
-    from rossjax.probes import activations
+    from rossjax.probes import store
 
     c, _, flags = command_config(list(argv or []), "extract", "configs/extract.py",
                                  needs_workdir=False)
-    man = activations.run(c, flags.workdir or "")
+    man = store.run(c, flags.workdir or "")
     print(f"rossjax extract: {man['n']} rows x layers {man['layers']} x d {man['d_model']} "
           f"({man['pooling']} pooling) on mesh {man['mesh']} -> {man['output']}")
     return 0

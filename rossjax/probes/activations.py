@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rossjax.errors import ConfigError, InputError
+from rossjax.errors import InputError
 
 POOLINGS = ("mean", "last", "max")
 _BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -204,7 +204,7 @@ def extract(cfg, params, token_lists, layers, pooling="mean", turn_spans=None, *
     return out
 
 
-# ----------------------------------------------------------------------------- the command
+# ----------------------------------------------------------------------------- input rows
 
 def read_rows(path: str, tokenizer: str = "", use_turns: bool = False):
     """(ids, token_lists, turn_spans or None) from a curated directory or a JSONL(.gz) file whose
@@ -253,24 +253,3 @@ def read_rows(path: str, tokenizer: str = "", use_turns: bool = False):
     if not ids:
         raise InputError(f"{path}: the extraction input has no rows.")
     return ids, lists, (spans if use_turns else None)
-
-
-def run(c, workdir: str = "") -> dict:
-    """`rossjax extract` (configs/extract.py): rows -> model -> the activation store. Returns
-    the store's manifest plus "output" and "mesh"."""
-    from rossjax import sharding
-    from rossjax.models import loading
-    from rossjax.probes.store import write_store
-
-    out = c.output or (os.path.join(workdir, "activations") if workdir else "")
-    if not c.input or not out:
-        raise ConfigError("configs/extract.py: fields 'input' and 'output' must be set.")
-    part = sharding.partitioner_from_config(c)
-    ids, lists, spans = read_rows(c.input, c.tokenizer, c.use_turns)
-    section = loading.section_from_spec(c.model, c.dtype,
-                                        where="configs/extract.py: field 'model'")
-    cfg, params = loading.load_model(section, part, seed=c.seed, field="config.model")
-    man = write_store(out, cfg, params, ids, lists, tuple(c.layers), c.pooling, spans,
-                      turn_pooling=c.turn_pooling, batch_tokens=c.batch_tokens, model_name=c.model,
-                      partitioner=part)
-    return {**man, "output": out, "mesh": dict(part.mesh.shape)}

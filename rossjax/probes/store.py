@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from rossjax.errors import ConfigError
 from rossjax.probes import activations
 
 
@@ -192,3 +193,23 @@ def open_store(path) -> ActivationStore:
     if _ids_digest(ids) != manifest["ids_sha256"] or len(ids) != manifest["n"]:
         raise ValueError(f"{paths['ids']}: field 'ids' does not match the manifest's ids digest.")
     return ActivationStore(path, ids, manifest, ts.open(_ts_spec(paths["array"]), open=True).result())
+
+
+def run(c, workdir: str = "") -> dict:
+    """`rossjax extract` (configs/extract.py): rows -> model -> the activation store. Returns
+    the store's manifest plus "output" and "mesh"."""
+    from rossjax import sharding
+    from rossjax.models import loading
+
+    out = c.output or (os.path.join(workdir, "activations") if workdir else "")
+    if not c.input or not out:
+        raise ConfigError("configs/extract.py: fields 'input' and 'output' must be set.")
+    part = sharding.partitioner_from_config(c)
+    ids, lists, spans = activations.read_rows(c.input, c.tokenizer, c.use_turns)
+    section = loading.section_from_spec(c.model, c.dtype,
+                                        where="configs/extract.py: field 'model'")
+    cfg, params = loading.load_model(section, part, seed=c.seed, field="config.model")
+    man = write_store(out, cfg, params, ids, lists, tuple(c.layers), c.pooling, spans,
+                      turn_pooling=c.turn_pooling, batch_tokens=c.batch_tokens, model_name=c.model,
+                      partitioner=part)
+    return {**man, "output": out, "mesh": dict(part.mesh.shape)}
