@@ -11,10 +11,24 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
+import os
+import threading
+import time
 from typing import Callable, Iterable
 
 from rossjax.verify.base import verify_one
 from rossjax.verify.verdict import Verdict
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A worker whose parent was killed (OOM, SIGKILL, a crashed Beam worker) would wait on its
+    queue forever: a daemon thread ends it once the parent is gone."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 class WorkerPool:
@@ -25,7 +39,8 @@ class WorkerPool:
 
     def __init__(self, workers: int = 2, fn: Callable | None = None):
         self.workers, self.fn = max(0, int(workers)), fn
-        self._ex = (cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+        self._ex = (cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
+                                           initializer=_exit_with_parent, initargs=(os.getpid(),))
                     if self.workers > 0 else None)
 
     def __enter__(self):
