@@ -4,7 +4,7 @@ compile token masks, write ArrayRecord shards and report.json (rossjax.curate.pi
 from __future__ import annotations
 
 from rossjax.cli.flags import parse_config, repo_config
-from rossjax.errors import UsageError
+from rossjax.errors import ConfigError, UsageError
 
 
 def main(argv=None) -> int:
@@ -13,5 +13,13 @@ def main(argv=None) -> int:
     cfg, fv, rest = parse_config(list(argv or []), default_config=repo_config("curate.py"))
     if rest:
         raise UsageError(f"rossjax curate takes no positional arguments, got {' '.join(rest)}")
-    run(cfg, fv.workdir)
+    runner = cfg.get("runner", "local")
+    if runner == "beam":  # the same stages on Apache Beam (the beam extra)
+        from rossjax.curate.beam import curate as run_on_beam
+
+        run_on_beam(cfg, fv.workdir)
+    elif runner == "local":
+        run(cfg, fv.workdir)
+    else:
+        raise ConfigError(f"config.runner {runner!r} must be 'local' or 'beam'")
     return 0

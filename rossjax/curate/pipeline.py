@@ -129,9 +129,9 @@ def has_verdict(record: dict) -> bool:
     return isinstance(ver, dict) and "passed" in ver
 
 
-def check_config(cfg, out_dir: str) -> tuple[str, list[str]]:
+def check_config(cfg, out_dir: str, list_inputs=expand_inputs) -> tuple[str, list[str]]:
     """Everything that can be checked before the output dir is touched (one sentence each):
-    returns the row filter and the input files."""
+    returns the row filter and the input files (`list_inputs(config.input)`)."""
     if cfg.verify not in VERIFY_MODES:
         raise ConfigError(f"config.verify {cfg.verify!r} must be one of {', '.join(VERIFY_MODES)}")
     for key in ("undecided", "unverified"):
@@ -140,7 +140,7 @@ def check_config(cfg, out_dir: str) -> tuple[str, list[str]]:
     rows_filter = check_rows(cfg)
     if not out_dir:
         raise ConfigError("config.output is empty; set --config.output=DIR")
-    files = expand_inputs(cfg.input)  # a missing file or an empty pattern fails here
+    files = list_inputs(cfg.input)  # a missing file or an empty pattern fails here
     try:  # fail here, not inside a worker after reading rows
         load_tokenizer(cfg.tokenizer)
     except (FileNotFoundError, ValueError) as e:
