@@ -44,7 +44,7 @@ def get_config():
     c = ml_collections.ConfigDict()
     # .jsonl[.gz] or .parquet; also a directory, a glob ("runs/*/history.jsonl") or a comma list
     c.input = os.path.join(_REPO, "data", "rollouts", "sample.jsonl")
-    c.output = "/tmp/rossjax-curated"
+    c.output = ""  # the curated dir; --workdir=DIR names it too (one of the two is needed)
     c.tokenizer = "qwen"  # load_tokenizer spec: qwen, qwen3, mistral-v3, tekken, a HF folder ...
     c.template = "chatml"  # chatml | llama3 | mistral | tokenizer (the tokenizer's jinja template)
     c.max_length = 32768  # longer rollouts are withheld as too_long; 0 = no limit

@@ -1,8 +1,17 @@
 """The shared command-line front: one sentence for every config mistake, never a traceback."""
 
+import ast
+import importlib
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 
 from rossjax import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CFG = "configs/ross_sft.py"
 
@@ -66,7 +75,7 @@ def _fake_command(monkeypatch, exc):
 ])
 def test_user_errors_are_one_line_exit_2(monkeypatch, capsys, exc, expected):
     _fake_command(monkeypatch, exc)
-    assert cli.main(["boom"]) == 2
+    assert cli.main(["boom", "--x"]) == 2
     assert capsys.readouterr().err.strip() == expected
 
 
@@ -74,13 +83,81 @@ def test_user_errors_are_one_line_exit_2(monkeypatch, capsys, exc, expected):
 def test_other_errors_keep_their_traceback(monkeypatch, exc):
     _fake_command(monkeypatch, exc)
     with pytest.raises(type(exc)):
-        cli.main(["boom"])
+        cli.main(["boom", "--x"])
 
 
-def test_bench_without_a_name_is_a_usage_line(capsys):
-    assert cli.main(["bench"]) == 2
+def test_bench_with_an_unknown_name_is_a_usage_line(capsys):
+    assert cli.main(["bench", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("rossjax bench: usage: rossjax bench {model|") and "\n" not in err
+
+
+# command -> a line its --help must print (a config field with its default, or a flag).
+HELP_SHOWS = {
+    "curate": "--config.mask_mode='annotated'", "inspect": "--template TEMPLATE",
+    "select": "--config.input=", "mix": "--config.output=''", "retrogen": "--config.input=",
+    "review": "--config.workdir=''", "train": "--config.model.path=''",
+    "export": "--dtype=", "extract": "--config.output=''", "probe-sweep": "--config.output=''",
+    "grpo": "--config.model.path=", "eval-generator": "--config.workdir=''",
+    "bench": "benchmarks:", "demo": "--steps=30",
+}
+BENCHES = ("model", "sft", "sample", "curate", "select", "grpo")
+
+
+def _rossjax(*argv, cwd=None, timeout=300):
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-m", "rossjax.cli", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_command_is_in_the_help_table():
+    assert set(HELP_SHOWS) == set(cli.COMMANDS)
+
+
+@pytest.mark.parametrize("argv", [[c, "--help"] for c in HELP_SHOWS]
+                         + [["bench", b, "--help"] for b in BENCHES])
+def test_help_prints_usage_config_docstring_and_fields(argv, tmp_path):
+    """The real CLI in a subprocess, from a folder that is not the checkout."""
+    r = _rossjax(*argv, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    assert "Unknown command line flag" not in out + r.stderr
+    if argv[0] == "bench" and len(argv) == 3:
+        mod = importlib.import_module(f"rossjax.bench.{argv[1]}")
+        assert mod.__doc__.strip().splitlines()[0] in out
+        assert f"usage: rossjax bench {argv[1]}" in out and "(default: " in out
+        return
+    assert HELP_SHOWS[argv[0]] in out, out[-3000:]
+    mod = importlib.import_module(f"rossjax.cli.{cli.COMMANDS[argv[0]]}")
+    assert mod.__doc__.strip().splitlines()[0].split(":")[0] in out  # the usage line
+    if "--config." in HELP_SHOWS[argv[0]]:  # the config file's docstring and its fields
+        assert "fields (override with --config.FIELD=VALUE)" in out
+        config = re.search(r"^config (\S+):", out, flags=re.M).group(1)
+        first = ast.get_docstring(ast.parse(open(config).read())).splitlines()[0]
+        assert first in out
+    assert list(tmp_path.iterdir()) == []  # --help writes nothing
+
+
+@pytest.mark.parametrize("command", [c for c in cli.COMMANDS if c not in cli.RUN_WITHOUT_ARGUMENTS])
+def test_a_command_without_arguments_prints_usage_and_exits_2(command, capsys, tmp_path,
+                                                              monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert cli.main([command]) == 2
+    err = capsys.readouterr().err
+    assert f"rossjax {command}" in err and f"`rossjax {command} --help`" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_curate_writes_under_workdir_and_needs_one(tmp_path):
+    sample = os.path.join(ROOT, "data", "rollouts", "sample.jsonl")
+    r = _rossjax("curate", f"--config.input={sample}", "--config.verify=stored", cwd=tmp_path)
+    assert r.returncode == 2 and "config.output is empty" in r.stderr
+    r = _rossjax("curate", f"--config.input={sample}", "--config.verify=stored",
+                 f"--workdir={tmp_path / 'w'}", "--config.progress=False", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "w" / "report.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
 
 
 def test_default_configs_ship_with_the_package():

@@ -3,6 +3,11 @@
 One file per command in this package: each parses its flags (flags.py) and calls the library's
 `run(cfg, workdir)`. Commands are imported lazily so `rossjax curate` never imports jax, and no
 library module imports this package.
+
+`rossjax <command> --help` prints the command's usage, its config file's docstring and every
+field with its default, exit 0. A command given no arguments at all prints its usage on stderr
+and exits 2 (nothing is written anywhere); only `rossjax demo` runs with no arguments. Outputs go
+under --workdir (a command's --config.output, where it has one, may name the folder instead).
 """
 
 from __future__ import annotations
@@ -10,7 +15,13 @@ from __future__ import annotations
 import importlib
 import sys
 
-from rossjax.cli.flags import command_config, parse_config, repo_config  # noqa: F401
+from rossjax.cli.flags import (  # noqa: F401
+    HELP_FLAGS,
+    HelpRequested,
+    command_config,
+    parse_config,
+    repo_config,
+)
 from rossjax.errors import InputError, UsageError  # noqa: F401
 
 # command -> module in rossjax.cli; each module has main(argv) taking the argv after the name.
@@ -40,6 +51,10 @@ COMMANDS = {
 # drop it once the ValueErrors left in rossjax/ are genuine bugs.
 USER_ERRORS = (InputError, FileNotFoundError, PermissionError, ValueError)
 
+# Commands that do something useful with no arguments; any other prints its usage instead of
+# running on a default input into a default folder.
+RUN_WITHOUT_ARGUMENTS = ("demo",)
+
 
 def _one_sentence(e: BaseException) -> str:
     if isinstance(e, OSError) and e.filename is not None:
@@ -59,8 +74,16 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     mod = importlib.import_module(f"rossjax.cli.{COMMANDS[name]}")
+    usage = (mod.__doc__ or f"rossjax {name}").strip()
+    if not rest and name not in RUN_WITHOUT_ARGUMENTS:
+        print(f"{usage}\n\n(`rossjax {name} --help` lists the config's fields and defaults)",
+              file=sys.stderr)
+        return 2
     try:
         return int(mod.main(rest) or 0)
+    except HelpRequested as h:
+        print(f"{usage}\n\n{h.text}")
+        return 0
     except USER_ERRORS as e:
         print(f"rossjax {name}: {_one_sentence(e)}", file=sys.stderr)
         return 2

@@ -3,18 +3,45 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.resources
 import os
+import re
 
 from rossjax.errors import UsageError
 
+HELP_FLAGS = ("-h", "--help", "--helpfull", "-help")
 
-def parse_config(argv, *, default_config: str | None = None, extra_flags=None):
+
+class HelpRequested(Exception):
+    """`--help` was given: the dispatcher prints the command's docstring and this text, exit 0."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+def parse_config(argv, *, default_config: str | None = None, extra_flags=None,
+                 help_config: str | None = None):
     """Parse `--config=FILE --config.a.b=v --workdir=DIR` (plus `extra_flags`) from argv.
 
     Returns (config, flags, positional_args). `extra_flags` is a callable(flag_values) that
     defines command-specific absl flags. An unknown `--config.x` names the field in the error.
+    With `--help` in argv it raises HelpRequested with the config file's docstring, its fields
+    and their defaults (the `--config` given, else `help_config`, else `default_config`) and the
+    command's flags.
     """
+    argv = list(argv)
+    if any(a in HELP_FLAGS for a in argv):
+        rest = [a for a in argv if a not in HELP_FLAGS]
+        given = any(a == "--config" or a.startswith("--config=") for a in rest)
+        cfg, fv, _ = _parse(rest, default_config if given else (help_config or default_config),
+                            extra_flags)
+        raise HelpRequested(help_text(cfg, fv))
+    return _parse(argv, default_config, extra_flags)
+
+
+def _parse(argv, default_config, extra_flags):
     from absl import flags
     from ml_collections import config_flags
 
@@ -46,6 +73,59 @@ def parse_config(argv, *, default_config: str | None = None, extra_flags=None):
     return cfg, fv, rest
 
 
+def _config_path(fv) -> str:
+    """The config file a parse loaded, without its `:variant`."""
+    return str(fv["config"].config_filename or "").split(":")[0]
+
+
+def _docstring(source: str) -> str:
+    """A file's docstring as written (its `\\` line continuations kept, as a reader copies it)."""
+    body = ast.parse(source).body if source else []
+    if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)):
+        return ""
+    raw = ast.get_source_segment(source, body[0].value) or ""
+    raw = raw.lstrip("rRuU")
+    quote = raw[:3] if raw[:3] in ('"""', "'''") else raw[:1]
+    return raw[len(quote):-len(quote)].strip()
+
+
+def _field_comments(source: str) -> dict[str, str]:
+    """`field -> its trailing comment` from a config file's `c.a.b = value  # comment` lines."""
+    out = {}
+    for m in re.finditer(r"^\s*\w+\.([\w.]+)\s*=[^#\n]*#\s*(.+)$", source, flags=re.M):
+        out.setdefault(m.group(1), m.group(2).strip())
+    return out
+
+
+def _flatten(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            yield from _flatten(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def help_text(cfg, fv) -> str:
+    """The config file's docstring, every field with its default (and the comment beside it in
+    the file), then the command's flags."""
+    parts = []
+    if cfg is not None:
+        path = _config_path(fv)
+        source = open(path, encoding="utf-8").read() if os.path.isfile(path) else ""
+        doc = _docstring(source)
+        parts.append(f"config {path}:\n\n{doc.strip()}" if doc else f"config {path}")
+        notes = _field_comments(source)
+        rows = [(f"--config.{k}={v!r}", notes.get(k, "")) for k, v in _flatten(cfg.to_dict())]
+        width = min(max(len(r[0]) for r in rows), 48) if rows else 0
+        parts.append("fields (override with --config.FIELD=VALUE):\n" + "\n".join(
+            f"  {flag:<{width}}  {note}".rstrip() for flag, note in rows))
+    names = [n for n in fv if n != "config"]
+    parts.append("flags:\n" + "\n".join(
+        f"  --{n}={fv[n].default!r}  {fv[n].help}" for n in sorted(names)))
+    return "\n\n".join(parts)
+
+
 def _flag_error(msg: str) -> str:
     """One sentence from absl's message; a config file that failed to load carries its traceback,
     whose last line is the config's own error."""
@@ -59,8 +139,12 @@ def _flag_error(msg: str) -> str:
 def command_config(argv, command: str, example: str, *, default_config: str | None = None,
                    needs_workdir: bool = True, extra_flags=None):
     """The start of every config-driven command: parse, insist on a config, refuse stray
-    arguments, resolve the workdir (--workdir, else config.workdir). Returns (cfg, workdir, flags)."""
-    cfg, fv, rest = parse_config(argv, default_config=default_config, extra_flags=extra_flags)
+    arguments, resolve the workdir (--workdir, else config.workdir). Returns (cfg, workdir, flags).
+    `example` starts with the shipped config whose fields --help lists ("configs/x.py ...")."""
+    shipped = example.split()[0]
+    help_config = repo_config(os.path.basename(shipped)) if shipped.startswith("configs/") else None
+    cfg, fv, rest = parse_config(argv, default_config=default_config, extra_flags=extra_flags,
+                                 help_config=help_config)
     if cfg is None:
         raise UsageError(f"rossjax {command} needs --config={example}.")
     if rest:

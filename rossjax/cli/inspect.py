@@ -11,10 +11,13 @@ import sys
 def main(argv=None) -> int:
     from rossjax.curate.view import render_terminal, write_inspection
 
-    ap = argparse.ArgumentParser(prog="rossjax inspect", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="rossjax inspect", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("path", help="curated output dir, or a rollout .jsonl/.parquet file")
     ap.add_argument("--id", required=True, help="example id")
-    ap.add_argument("--out", help="HTML file to write (default DIR/inspect/ID.html)")
+    ap.add_argument("--out", help="HTML file to write (default WORKDIR/ID.html, else "
+                                  "DIR/inspect/ID.html)")
+    ap.add_argument("--workdir", help="folder for the HTML view")
     ap.add_argument("--tokenizer", help="tokenizer spec (default: the dir's, else qwen)")
     ap.add_argument("--template", default="chatml")
     ap.add_argument("--mask_mode", default="annotated")
@@ -23,6 +26,8 @@ def main(argv=None) -> int:
                                      "row's reviewer requests and answers (default: the rollout "
                                      "file's directory when it has one)")
     args = ap.parse_args(argv)
+    if args.workdir and not args.out:
+        args.out = os.path.join(args.workdir, f"{args.id}.html")
     ex, tok, out = write_inspection(args.path, args.id, tokenizer=args.tokenizer,
                                     template=args.template, mask_mode=args.mask_mode, out=args.out)
     color = not args.no_color and sys.stdout.isatty()
