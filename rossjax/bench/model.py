@@ -11,7 +11,8 @@ see the same load on a shared machine) and reports
 rossjax's achieved FLOP/s as a fraction of it, counting 6 x (matmul params) x tokens plus
 attention scores and values (12 x b x s^2 x heads x head_dim x layers; the full square is
 computed, so causality is not halved).
-Takes ~1-3 minutes on a laptop-class CPU at the default size.
+Takes ~1-3 minutes on a laptop-class CPU at the default size. `--device` (bench/model_device.py)
+measures a ~0.5B model on an accelerator instead (e.g. `--device --batch 8 --seq 2048`).
 """
 
 from __future__ import annotations
@@ -121,7 +122,17 @@ def main(argv=None) -> int:
     ap.add_argument("--no_scan", action="store_true", help="unrolled layer loop instead of lax.scan")
     ap.add_argument("--skip_torch", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    ap.add_argument("--device", action="store_true",
+                    help="accelerator mode (model_device.py): ~0.5B Qwen2 shape, bf16, tokens/s and "
+                         "MFU vs the chip's peak; on CPU it says there is no accelerator")
+    ap.add_argument("--attention", default="auto", help="--device: attention_impl")
+    ap.add_argument("--peak_tflops", type=float, default=0.0,
+                    help="--device: peak bf16 TFLOP/s when the device kind is not in the table")
     args = ap.parse_args(argv)
+    if args.device:
+        from rossjax.bench import model_device
+
+        return model_device.run(args)
 
     import jax
 
