@@ -40,6 +40,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.plot = True
     c.workers = 0                # processes for fingerprinting (0: this process; 2 on 2 cores)
     c.progress = True            # tqdm bars on stderr
+    c.runner = "local"           # local | beam: fingerprints on Apache Beam (rossjax[beam])
+    c.beam_args = ("--runner=DirectRunner --direct_num_workers=2 "
+                   "--direct_running_mode=multi_processing")   # runner=beam: Beam's options
+    c.beam_retries = 1           # runner=beam: reruns of a failed pipeline
     if arg == "runlocal":
         c.input = os.path.join(_REPO, "data/select/sample.jsonl")
         c.output = "runs/select_local"

@@ -4,13 +4,20 @@ curated dir), select a subset, write it with report.json and a PNG (rossjax.cura
 from __future__ import annotations
 
 from rossjax.cli.flags import parse_config, repo_config
+from rossjax.errors import ConfigError
 
 
 def main(argv=None) -> int:
     from rossjax.curate.subset import run
 
     cfg, fv, _ = parse_config(list(argv or []), default_config=repo_config("select_routes.py"))
-    report = run(cfg, fv.workdir or cfg.output)
+    runner = cfg.get("runner", "local")
+    if runner not in ("local", "beam"):
+        raise ConfigError(f"config.runner {runner!r} must be 'local' or 'beam'")
+    fingerprinter = None
+    if runner == "beam":  # fingerprints on Apache Beam (the beam extra); selection stays here
+        from rossjax.curate.beam_select import fingerprinter
+    report = run(cfg, fv.workdir or cfg.output, fingerprinter=fingerprinter)
     r = report["rows"]
     skipped = ", ".join(f"{k} {n}" for k, n in sorted(r["skipped"].items())) or "none"
     print(f"selected {r['selected']} of {report['pool']['rows']} usable rows "

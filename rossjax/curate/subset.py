@@ -59,18 +59,24 @@ def stream_pool(path: str, meta: PoolMeta, only_passed: bool = False):
     from rossjax.curate.schema import iter_records
 
     for r in iter_records(path):
-        if r.record is None:
-            meta.skip("invalid")
-            continue
-        if only_passed and _field(r.record, "verifier.passed") is not True:
-            meta.skip("not_passed")
-            continue
-        t = trace_text(r.record)
-        if not (any(s.strip() for s in t) if isinstance(t, list) else t.strip()):
-            meta.skip("empty_trace")
+        t, skip = pool_trace(r.record, only_passed)
+        if skip:
+            meta.skip(skip)
             continue
         meta.add(r.row, r.record)
         yield t
+
+
+def pool_trace(record: dict | None, only_passed: bool = False):
+    """(route, None) for a usable record (None: an invalid row), else (None, skip reason)."""
+    if record is None:
+        return None, "invalid"
+    if only_passed and _field(record, "verifier.passed") is not True:
+        return None, "not_passed"
+    t = trace_text(record)
+    if not (any(s.strip() for s in t) if isinstance(t, list) else t.strip()):
+        return None, "empty_trace"
+    return t, None
 
 
 def stream_compiled_pool(path: str, tokenizer: str, meta: PoolMeta):
@@ -157,9 +163,10 @@ def plot_selection(fps: np.ndarray, chosen: dict, path: str, seed: int = 0) -> N
     plt.close(fig)
 
 
-def run(cfg, workdir: str | None = None) -> dict:
+def run(cfg, workdir: str | None = None, fingerprinter=None) -> dict:
     """Select `cfg.budget` rows of `cfg.input` into `workdir` (default `cfg.output`); returns the
-    report (also written to report.json there)."""
+    report (also written to report.json there). `fingerprinter(cfg, workdir) -> (fingerprints,
+    routes, PoolMeta)` replaces the local fingerprinting pass (the Beam runner's)."""
     out_dir = workdir or cfg.output
     if not cfg.input or not out_dir:
         raise ConfigError("select needs --config.input (records) and --config.output (a directory).")
@@ -176,11 +183,14 @@ def run(cfg, workdir: str | None = None) -> dict:
                              f"out_dir of one rollout file, so concatenate them first.")
     # One streaming pass: traces go straight to the fingerprinter; only light per-row metadata
     # stays. A second pass over the input copies the chosen rows.
-    meta = PoolMeta(cfg.group_by)
-    texts = (stream_compiled_pool(cfg.input, cfg.tokenizer, meta) if curated
-             else stream_pool(cfg.input, meta, cfg.only_passed))
-    fps, routes = fingerprint_many(texts, cfg.domain, cfg.dim, cfg.seed, workers=cfg.workers,
-                                   progress=cfg.progress)
+    if fingerprinter is not None:
+        fps, routes, meta = fingerprinter(cfg, out_dir)
+    else:
+        meta = PoolMeta(cfg.group_by)
+        texts = (stream_compiled_pool(cfg.input, cfg.tokenizer, meta) if curated
+                 else stream_pool(cfg.input, meta, cfg.only_passed))
+        fps, routes = fingerprint_many(texts, cfg.domain, cfg.dim, cfg.seed, workers=cfg.workers,
+                                       progress=cfg.progress)
     rows, skipped = np.asarray(meta.rows, np.int64), meta.skipped
     if not len(meta):
         raise InputError(f"{cfg.input}: no usable records to select from ({skipped or 'file is empty'}).")

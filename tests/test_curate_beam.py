@@ -1,0 +1,177 @@
+"""Curation and fingerprints on Apache Beam (DirectRunner, 2 worker processes) equal the local run.
+
+Needs the beam extra: `make test` runs this file a second time with .beam/ on PYTHONPATH (see the
+Makefile); without apache_beam it skips.
+"""
+
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("apache_beam", reason="the beam extra is not installed (make test adds it)")
+
+from rossjax.curate import beam as curate_beam  # noqa: E402
+from rossjax.curate import beam_select, pipeline, subset  # noqa: E402
+from rossjax.curate.compiled import compiled_paths, read_compiled  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(REPO, "data", "rollouts", "sample.jsonl")
+BEAM_ARGS = "--runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing"
+
+
+def _config(name, *args):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config(*args)
+
+
+def _cfg(input_path, output, **kw):
+    cfg = _config("curate")
+    cfg.input, cfg.output, cfg.progress, cfg.beam_args = str(input_path), str(output), False, BEAM_ARGS
+    cfg.update(kw)
+    return cfg
+
+
+def _lines(path):
+    with open(path, encoding="utf-8") as f:
+        return sorted(f, key=lambda line: json.loads(line)["row"])
+
+
+def assert_same_curation(local, beam):
+    """Same examples in the same shards and order, same lists (beam writes them in row order;
+    the local run in row order per stage within a chunk), same report but config and timing."""
+    assert [os.path.basename(p) for p in compiled_paths(local)] == \
+        [os.path.basename(p) for p in compiled_paths(beam)]
+    a, b = list(read_compiled(local)), list(read_compiled(beam))
+    assert [e["id"] for e in a] == [e["id"] for e in b]
+    for x, y in zip(a, b):
+        for k in ("input_ids", "loss_mask", "eligible_mask"):
+            np.testing.assert_array_equal(x[k], y[k], err_msg=f"{x['id']} {k}")
+        assert (x["provenance"], x["turn_spans"]) == (y["provenance"], y["turn_spans"])
+    for name in ("withheld.jsonl", "invalid.jsonl"):
+        assert _lines(os.path.join(local, name)) == _lines(os.path.join(beam, name)), name
+    ra, rb = (json.load(open(os.path.join(d, "report.json"))) for d in (local, beam))
+    for r in (ra, rb):
+        for k in ("config", "elapsed_s", "rows_per_s"):
+            r.pop(k)
+    assert ra == rb
+    assert not [n for n in os.listdir(beam) if n.startswith(".") or ".tmp" in n]
+    return ra
+
+
+def test_sample_equals_local(tmp_path):
+    local = pipeline.curate(_cfg(SAMPLE, tmp_path / "local"))
+    curate_beam.curate(_cfg(SAMPLE, tmp_path / "beam", runner="beam"))
+    report = assert_same_curation(tmp_path / "local", tmp_path / "beam")
+    assert report["buckets"] == local["buckets"] and report["buckets"]["kept"] > 0
+    assert report["verify"]["rerun"] > 0  # verifiers ran inside the Beam workers
+
+
+def test_files_glob_gz_and_rows_across_files(tmp_path):
+    """Two files through a glob (.jsonl then .jsonl.gz): rows count on across files, reasons
+    name each file, as in the local run; small shards so several are written."""
+    lines = open(SAMPLE, encoding="utf-8").read().splitlines(keepends=True)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text("".join(lines[:13]), encoding="utf-8")
+    with gzip.open(tmp_path / "in" / "b.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write("\n" + "".join(lines[13:]))  # a blank line: rows stay line numbers
+    kw = dict(verify="stored", unverified="keep", examples_per_shard=4)
+    pipeline.curate(_cfg(tmp_path / "in" / "*", tmp_path / "local", **kw))
+    curate_beam.curate(_cfg(tmp_path / "in" / "*", tmp_path / "beam", runner="beam", **kw))
+    report = assert_same_curation(tmp_path / "local", tmp_path / "beam")
+    assert len(report["shards"]) > 2
+    invalid = _lines(tmp_path / "beam" / "invalid.jsonl")
+    assert any("b.jsonl.gz row" in line for line in invalid)
+
+
+# Beam's job service thread raises when it sees the worker exit: expected here.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_worker_crash_mid_bundle_is_retried(tmp_path, monkeypatch, capfd):
+    """A row kills its Beam worker process once (os._exit, no exception): the run is retried
+    into the same files, with no row lost or counted twice."""
+    marker = tmp_path / "crashed"
+    monkeypatch.setenv(curate_beam.CRASH_ENV, f"{marker}:17")
+    kw = dict(verify="stored", unverified="keep")
+    pipeline.curate(_cfg(SAMPLE, tmp_path / "local", **kw))
+    curate_beam.curate(_cfg(SAMPLE, tmp_path / "beam", runner="beam", **kw))
+    assert marker.exists()
+    assert "beam run 1 failed" in capfd.readouterr().err
+    report = assert_same_curation(tmp_path / "local", tmp_path / "beam")
+    assert report["input_rows"] == 30
+
+
+def _synthetic_pool(dir_, n: int) -> str:
+    """n rows cycling through the sample (invalid lines included), fresh ids, mostly stored
+    verdicts (passed, failed, undecided) and some math rows left for the verifier; three files:
+    .jsonl, .jsonl.gz and .parquet (valid rows only)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = open(SAMPLE, encoding="utf-8").read().splitlines()
+    out, parquet = [], []
+    for k in range(n):
+        line = base[k % len(base)]
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            out.append(line)
+            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
+            out.append(line)
+            continue
+        rec["id"] = f"{rec['id']}-{k}"
+        domain = (rec.get("task") or {}).get("domain")
+        if "verifier" not in rec and not (domain == "math" and k % 97 == 0):
+            rec["verifier"] = {"name": domain or "math", "evidence": "stored",
+                               "passed": None if k % 31 == 0 else k % 7 != 0}
+        if k >= n * 5 // 6 and domain == "math" and rec.get("verifier"):
+            parquet.append(rec)
+        else:
+            out.append(json.dumps(rec))
+    third = len(out) // 2
+    (dir_ / "pool-0.jsonl").write_text("\n".join(out[:third]) + "\n", encoding="utf-8")
+    with gzip.open(dir_ / "pool-1.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(out[third:]) + "\n")
+    pq.write_table(pa.Table.from_pylist(parquet), dir_ / "pool-2.parquet")
+    return str(dir_ / "pool-*")
+
+
+@pytest.mark.slow
+def test_pool_20k_equals_local(tmp_path):
+    (tmp_path / "in").mkdir()
+    pattern = _synthetic_pool(tmp_path / "in", 20000)
+    kw = dict(examples_per_shard=5000, chunk_rows=2048)
+    pipeline.curate(_cfg(pattern, tmp_path / "local", **kw))
+    curate_beam.curate(_cfg(pattern, tmp_path / "beam", runner="beam", **kw))
+    report = assert_same_curation(tmp_path / "local", tmp_path / "beam")
+    assert report["input_rows"] == 20000 and len(report["shards"]) >= 2
+    assert report["verify"]["rerun"] > 0 and report["buckets"]["invalid"] > 0
+
+
+def test_select_fingerprints_equal_local(tmp_path):
+    cfg = _config("select_routes", "runlocal")
+    cfg.plot, cfg.progress, cfg.beam_args = False, False, BEAM_ARGS
+    local = subset.run(cfg, str(tmp_path / "local"))
+    beam = subset.run(cfg, str(tmp_path / "beam"), fingerprinter=beam_select.fingerprinter)
+    assert os.listdir(tmp_path / "beam" / "fingerprints")  # the shard set
+    for r in (local, beam):
+        r.pop("output")
+    assert local == beam
+    # and the vectors themselves, against the local streaming pass
+    meta = subset.PoolMeta(cfg.group_by)
+    from rossjax.routes.fingerprint import fingerprint_many
+
+    fps, routes = fingerprint_many(subset.stream_pool(cfg.input, meta), cfg.domain, cfg.dim,
+                                   cfg.seed)
+    bfps, broutes, bmeta = beam_select.read_fingerprint_shards(
+        str(tmp_path / "beam" / "fingerprints"), cfg.group_by)
+    np.testing.assert_array_equal(fps, bfps)
+    np.testing.assert_array_equal(routes, broutes)
+    assert (meta.rows, meta.ids, meta.groups, meta.skipped) == \
+        (bmeta.rows, bmeta.ids, bmeta.groups, bmeta.skipped)
