@@ -18,11 +18,15 @@ Masking: a token attends to earlier-or-equal positions in the row that carry the
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rossjax.models.attention import MaskSpec
 from rossjax.models.config import ModelConfig
@@ -31,6 +35,35 @@ from rossjax.models.layers import Block, Embed, LMHead, RMSNorm, fuse_kernels, r
 _REMAT = {"full": jax.checkpoint_policies.nothing_saveable,
           "dots": jax.checkpoint_policies.checkpoint_dots,
           "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}
+
+
+# (mesh, batch mesh axes) while a step is traced inside `shard_activations`, else None.
+_ACTIVATIONS = contextvars.ContextVar("rossjax_activation_sharding", default=None)
+
+
+@contextlib.contextmanager
+def shard_activations(mesh, batch_axes=("data", "fsdp")):
+    """Trace model calls in this context to keep the residual stream's rows [b, ...] split over
+    `batch_axes` of `mesh` (those present). Without it, XLA's propagation meets an fsdp-sharded
+    embedding table ([vocab, embed] split over fsdp) and rows split over the same fsdp axis, and
+    may keep the table's split and gather every row onto every device (measured: the whole
+    global batch's activations on each device, 8x the compute and memory at fsdp=8)."""
+    axes = tuple(a for a in batch_axes if a in mesh.axis_names and mesh.shape[a] > 1)
+    token = _ACTIVATIONS.set((mesh, axes) if axes else None)
+    try:
+        yield
+    finally:
+        _ACTIVATIONS.reset(token)
+
+
+def _rows(x, act):
+    """x [b, ...] constrained to rows over the context's batch axes (when they divide b)."""
+    if act is None:
+        return x
+    mesh, axes = act
+    if x.shape[0] % math.prod(mesh.shape[a] for a in axes):
+        return x
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(axes, *[None] * (x.ndim - 1))))
 
 
 def _dummies(cfg: ModelConfig):
@@ -100,7 +133,7 @@ def default_positions(segment_ids):
 
 
 def _stack(cfg: ModelConfig, layers, x, cos, sin, mask: MaskSpec, *, collect: bool, kv=None,
-           cache_mask: MaskSpec | None = None, cache_index=None):
+           cache_mask: MaskSpec | None = None, cache_index=None, act=None):
     """Run all blocks. Returns (x, per-layer outputs [L, b, s, d] or None, updated kv or None).
 
     `kv` is the cache's (k, v), stacked [L, b, K, T, hd] or per-layer tuples of [b, K, T, hd]:
@@ -116,6 +149,7 @@ def _stack(cfg: ModelConfig, layers, x, cos, sin, mask: MaskSpec, *, collect: bo
         m = mask._replace(window=window)
         cm = None if cache_mask is None else cache_mask._replace(window=window)
         h, new_kv = block.apply({"params": p}, h, cos, sin, m, layer_kv, cm, cache_index)
+        h = _rows(h, act)
         return h, (h if collect else None), new_kv
 
     def write_back(stacked, layer_cache, i):
@@ -164,26 +198,28 @@ def _prepare(tokens, positions, segment_ids):
     return tokens, pos, seg
 
 
-def _trunk(cfg, params, tokens, positions, segment_ids, collect):
+def _trunk(cfg, params, tokens, positions, segment_ids, collect, act=None):
     tokens, pos, seg = _prepare(tokens, positions, segment_ids)
-    x = Embed(cfg).apply({"params": params["embed"]}, tokens)
+    x = _rows(Embed(cfg).apply({"params": params["embed"]}, tokens), act)
     cos, sin = rope_cos_sin(cfg, pos)
     idx = jnp.arange(tokens.shape[1], dtype=jnp.int32)
     mask = MaskSpec(seg, seg, idx, idx, pos, pos, jnp.int32(0))
     emb = x
-    x, outs, _ = _stack(cfg, params["layers"], x, cos, sin, mask, collect=collect)
+    x, outs, _ = _stack(cfg, params["layers"], x, cos, sin, mask, collect=collect, act=act)
     h = RMSNorm(cfg).apply({"params": params["final_norm"]}, x)
     return emb, outs, h
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _hidden_states(params, tokens, positions, segment_ids, *, cfg):
-    return _trunk(cfg, params, tokens, positions, segment_ids, collect=False)[2]
+@functools.partial(jax.jit, static_argnames=("cfg", "act"))
+def _hidden_states(params, tokens, positions, segment_ids, *, cfg, act):
+    return _rows(_trunk(cfg, params, tokens, positions, segment_ids, False, act)[2], act)
 
 
 def hidden_states(cfg: ModelConfig, params, tokens, positions=None, segment_ids=None):
     """Final-normed hidden states [b, s, d] (cfg.dtype), i.e. the LM head's input."""
-    return _hidden_states(params, tokens, positions, segment_ids, cfg=cfg)
+    # The activation context is a static argument: a trace inside and one outside
+    # `shard_activations` never share a cached program.
+    return _hidden_states(params, tokens, positions, segment_ids, cfg=cfg, act=_ACTIVATIONS.get())
 
 
 def _check_layers(cfg: ModelConfig, hidden_layers) -> tuple[int, ...]:
@@ -197,10 +233,10 @@ def _check_layers(cfg: ModelConfig, hidden_layers) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "hidden_layers"))
-def _forward(params, tokens, positions, segment_ids, *, cfg, hidden_layers):
+@functools.partial(jax.jit, static_argnames=("cfg", "hidden_layers", "act"))
+def _forward(params, tokens, positions, segment_ids, *, cfg, hidden_layers, act):
     collect = any(0 < i < cfg.n_layers for i in hidden_layers)
-    emb, outs, h = _trunk(cfg, params, tokens, positions, segment_ids, collect)
+    emb, outs, h = _trunk(cfg, params, tokens, positions, segment_ids, collect, act)
     hidden = {}
     for i in hidden_layers:
         hidden[i] = emb if i == 0 else h if i == cfg.n_layers else outs[i - 1]
@@ -216,7 +252,8 @@ def forward(cfg: ModelConfig, params, tokens, positions=None, segment_ids=None, 
     """
     requested = list(hidden_layers)
     layers = _check_layers(cfg, requested)
-    logits, hidden = _forward(params, tokens, positions, segment_ids, cfg=cfg, hidden_layers=layers)
+    logits, hidden = _forward(params, tokens, positions, segment_ids, cfg=cfg, hidden_layers=layers,
+                              act=_ACTIVATIONS.get())
     return logits, {i: hidden[i % (cfg.n_layers + 1)] for i in requested}
 
 
