@@ -1,15 +1,25 @@
-"""`rossjax export --checkpoint DIR [--step N] --format hf|orbax OUT`.
+"""`rossjax export --checkpoint DIR [--step N] --format hf|orbax|peft [--dtype D] OUT`.
 
 DIR is a training workdir (holding model_config.json and checkpoints/), its checkpoints/ folder,
-or one step folder inside it. `hf` writes a folder that transformers loads (config.json +
-safetensors); `orbax` writes params only (OUT/params + OUT/model_config.json), which
+or one step folder inside it. `hf` writes a folder that transformers and vLLM load as is:
+config.json + safetensors, plus the tokenizer files, chat template and generation config of the
+base model folder (`--tokenizer=HF_DIR`, else a LoRA run's base, else the run's saved
+config.json `model.path`). `orbax` writes params only (OUT/params + OUT/model_config.json), which
 `--config.model.path=OUT` accepts as an initialization. A LoRA run (lora.json beside
-model_config.json) checkpoints adapters only: both formats get the base with them merged in.
+model_config.json) checkpoints adapters only: `hf` and `orbax` get the base with them merged in,
+`peft` writes the adapters alone in PEFT's format (adapter_config.json +
+adapter_model.safetensors) for `peft.PeftModel.from_pretrained(base, OUT)`.
+Weights are written in `dtype` (float32 | bfloat16 | float16; default: the base folder's dtype,
+else the run's parameter dtype).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import shutil
+import sys
 
 import jax
 import numpy as np
@@ -17,6 +27,19 @@ import orbax.checkpoint as ocp
 
 from rossjax.errors import InputError
 from rossjax.train import checkpoint as ckpt_lib
+
+FORMATS = ("hf", "orbax", "peft")
+DTYPES = ("float32", "bfloat16", "float16")
+# What AutoTokenizer, a chat template and generate() read beside the weights (transformers and
+# vLLM look for these names in the model folder).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "spiece.model", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json")
+# rossjax adapter name -> the HF module PEFT targets (models/hf.py's tensor names).
+PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+                "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+                "down": "mlp.down_proj"}
 
 
 def _locate(path: str, step: int | None):
@@ -78,23 +101,117 @@ def merged_lora(model_cfg, adapters, manifest, where: str):
     return jax.tree.map(np.asarray, merged)
 
 
-def export(checkpoint: str, out: str, fmt: str = "hf", step: int | None = None) -> int:
-    if fmt not in ("hf", "orbax"):
-        raise InputError(f"--format {fmt!r} is not one of hf, orbax.")
+def base_folder(cfg_dir: str, manifest, tokenizer: str | None = None) -> str | None:
+    """The HF folder whose tokenizer files the export copies: `tokenizer` if given, else a LoRA
+    run's HF base, else the `model.path` in the run's saved config.json when it is an HF folder."""
+    if tokenizer:
+        if not os.path.isdir(tokenizer):
+            raise InputError(f"--tokenizer {tokenizer}: not a folder (pass the Hugging Face "
+                             f"model folder whose tokenizer files the export should carry).")
+        return tokenizer
+    if manifest is not None and manifest.get("base_source") == "hf":
+        return manifest["base_path"]
+    run_cfg = os.path.join(cfg_dir, "config.json")
+    try:
+        with open(run_cfg) as f:
+            path = (json.load(f).get("model") or {}).get("path") or ""
+    except (OSError, ValueError, AttributeError):
+        return None
+    return path if path and os.path.isfile(os.path.join(path, "config.json")) else None
+
+
+def base_dtype(base: str | None) -> str | None:
+    """The dtype a base HF folder's config.json names (torch_dtype, or dtype in newer files)."""
+    try:
+        with open(os.path.join(base, "config.json")) as f:
+            hf = json.load(f)
+    except (OSError, TypeError, ValueError):
+        return None
+    name = hf.get("torch_dtype") or hf.get("dtype")
+    return name if name in DTYPES else None
+
+
+def copy_tokenizer(base: str, out: str) -> list[str]:
+    """Copy the tokenizer files, chat template and generation config of `base` into `out`."""
+    copied = []
+    for name in TOKENIZER_FILES:
+        src = os.path.join(base, name)
+        if os.path.isfile(src):
+            shutil.copyfile(src, os.path.join(out, name))
+            copied.append(name)
+    return copied
+
+
+def _cast(params, dtype: str):
+    import ml_dtypes  # noqa: F401  (numpy bfloat16)
+
+    return jax.tree.map(lambda x: np.asarray(x).astype(dtype), params)
+
+
+def save_peft(adapters, manifest, out: str, dtype: str, base: str | None):
+    """Adapters in PEFT's LoRA format: lora_A [r, in] and lora_B [out, r] per layer and module,
+    scaling lora_alpha / r as rossjax's merge (models/lora.py)."""
+    from safetensors.numpy import save_file
+
+    tensors = {}
+    for kernels in adapters["layers"].values():
+        for name, ab in kernels.items():
+            a, b = np.asarray(ab["a"]), np.asarray(ab["b"])
+            rank = a.shape[-1]
+            for i in range(a.shape[0]):
+                pre = f"base_model.model.model.layers.{i}.{PEFT_MODULES[name]}"
+                tensors[f"{pre}.lora_A.weight"] = np.ascontiguousarray(
+                    a[i].reshape(-1, rank).T.astype(dtype))
+                tensors[f"{pre}.lora_B.weight"] = np.ascontiguousarray(
+                    b[i].reshape(rank, -1).T.astype(dtype))
+    targets = [PEFT_MODULES[n].split(".")[-1] for k in adapters["layers"].values() for n in k]
+    os.makedirs(out, exist_ok=True)
+    save_file(tensors, os.path.join(out, "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(manifest["rank"]),
+              "lora_alpha": float(manifest["alpha"]), "target_modules": sorted(targets),
+              "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+              "use_rslora": False, "use_dora": False, "inference_mode": True,
+              "modules_to_save": None, "base_model_name_or_path": base or ""}
+    with open(os.path.join(out, "adapter_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def export(checkpoint: str, out: str, fmt: str = "hf", step: int | None = None, *,
+           dtype: str | None = None, tokenizer: str | None = None) -> int:
+    """Write one saved step of a training run to `out` (see the module docstring); returns the
+    step."""
+    if fmt not in FORMATS:
+        raise InputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}.")
+    if dtype is not None and dtype not in DTYPES:
+        raise InputError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
     ckpt_dir, cfg_dir, step = _locate(checkpoint, step)
     model_cfg = ckpt_lib.read_model_config(cfg_dir)
-    step, params = restore_params(ckpt_dir, step)
     manifest = ckpt_lib.read_lora_manifest(cfg_dir)
-    if manifest is not None:
-        params = merged_lora(model_cfg, params, manifest, os.path.join(cfg_dir, "lora.json"))
-    elif "embed" not in params:
-        raise InputError(f"--checkpoint {ckpt_dir} step {step} holds LoRA adapters only and "
-                         f"{os.path.join(cfg_dir, 'lora.json')} (its base model) is missing.")
-    if fmt == "hf":
-        from rossjax.models import save_hf
-
-        save_hf(model_cfg, params, out)
+    if fmt == "peft" and manifest is None:
+        raise InputError(f"--format peft: {cfg_dir} is not a LoRA run (no lora.json); export its "
+                         f"full weights with --format hf.")
+    base = base_folder(cfg_dir, manifest, tokenizer)
+    dtype = dtype or base_dtype(base) or model_cfg.param_dtype
+    step, params = restore_params(ckpt_dir, step)
+    if fmt == "peft":
+        save_peft(params, manifest, out, dtype, base)
     else:
-        ckpt_lib.save_params(out, params)
-        ckpt_lib.write_model_config(out, model_cfg)
+        if manifest is not None:
+            params = merged_lora(model_cfg, params, manifest, os.path.join(cfg_dir, "lora.json"))
+        elif "embed" not in params:
+            raise InputError(f"--checkpoint {ckpt_dir} step {step} holds LoRA adapters only and "
+                             f"{os.path.join(cfg_dir, 'lora.json')} (its base model) is missing.")
+        params = _cast(params, dtype)
+        model_cfg = dataclasses.replace(model_cfg, param_dtype=dtype)
+        if fmt == "hf":
+            from rossjax.models import save_hf
+
+            save_hf(model_cfg, params, out)
+        else:
+            ckpt_lib.save_params(out, params)
+            ckpt_lib.write_model_config(out, model_cfg)
+    if fmt in ("hf", "peft"):
+        if base is None or not copy_tokenizer(base, out):
+            print(f"rossjax export: no tokenizer files copied into {out} (no base model folder "
+                  f"with them found); pass --tokenizer=HF_DIR to add them.", file=sys.stderr)
     return step

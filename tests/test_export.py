@@ -1,0 +1,153 @@
+"""`rossjax export` gives folders other tools load as is: transformers' AutoTokenizer (tokenizer
+files, chat template, generation config copied from the base), the chosen dtype, and a LoRA run's
+adapters in PEFT format that `peft` loads onto the base with the merged export's logits."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import torch
+from hf_tiny import make_tiny_hf
+
+from rossjax.models import lora
+from rossjax.models.hf import read_hf_config
+from rossjax.train import checkpoint as ckpt_lib
+from rossjax.train.export import export
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def _base(path):
+    """A tiny random Qwen2 folder with a real tokenizer, chat template and generation config."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+    make_tiny_hf("qwen2", path)
+    words = ["<unk>", "<eos>", "<|user|>", "<|assistant|>"] + [f"w{i}" for i in range(100)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>",
+                            chat_template=TEMPLATE).save_pretrained(str(path))
+    GenerationConfig(eos_token_id=1, max_new_tokens=7, do_sample=False).save_pretrained(str(path))
+    return path
+
+
+def _lora_run(workdir, base, step=5, targets=("q", "k", "v", "o", "gate", "up", "down")):
+    """A LoRA run's workdir as the trainers leave it: model_config.json, lora.json and one
+    checkpoint of adapters (b drawn non-zero so the adapters change the logits)."""
+    cfg = read_hf_config(str(base))
+    ad = lora.init_lora(cfg, jax.random.key(1), rank=4, targets=targets)
+    ad = jax.tree.map(lambda x: np.asarray(x) + 0.05 * np.random.default_rng(0).standard_normal(
+        x.shape).astype(np.float32), ad)
+    os.makedirs(workdir, exist_ok=True)
+    ckpt_lib.write_model_config(str(workdir), cfg)
+    ckpt_lib.write_lora_manifest(str(workdir), rank=4, alpha=8.0, targets=targets,
+                                 base_source="hf", base_path=str(base), seed=0)
+    ck = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+    ck.save(step, {"params": ad}, force=True)
+    ck.close()
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("export")
+    base = _base(tmp / "base")
+    return base, _lora_run(tmp / "run", base)
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.float().numpy()
+
+
+def test_hf_export_carries_tokenizer_template_and_generation_config(run, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    base, workdir = run
+    out = tmp_path / "hf"
+    assert export(str(workdir), str(out), "hf") == 5
+    tok = AutoTokenizer.from_pretrained(str(out))
+    ref = AutoTokenizer.from_pretrained(str(base))
+    msgs = [{"role": "user", "content": "w3 w4"}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert tok(text)["input_ids"] == ref(text)["input_ids"] and tok.eos_token == "<eos>"
+    assert GenerationConfig.from_pretrained(str(out)).max_new_tokens == 7
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    assert model.dtype == torch.float32  # the base's dtype by default
+
+
+def test_dtype_flag_sets_weights_and_config(run, tmp_path):
+    _, workdir = run
+    out = tmp_path / "bf16"
+    export(str(workdir), str(out), "hf", dtype="bfloat16")
+    header = _header(out / "model.safetensors")  # every tensor is stored as BF16
+    assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
+    assert json.load(open(out / "config.json"))["torch_dtype"] == "bfloat16"
+    with pytest.raises(Exception, match="--dtype 'int8'"):
+        export(str(workdir), str(tmp_path / "x"), "hf", dtype="int8")
+
+
+def _header(path) -> dict:
+    """The safetensors header: tensor name -> dtype, shape, offsets."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(n))
+
+
+def test_peft_adapters_load_onto_the_base_with_the_merged_logits(run, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base, workdir = run
+    export(str(workdir), str(tmp_path / "peft"), "peft")
+    export(str(workdir), str(tmp_path / "merged"), "hf")
+    cfg = json.load(open(tmp_path / "peft" / "adapter_config.json"))
+    assert cfg["peft_type"] == "LORA" and cfg["r"] == 4 and cfg["lora_alpha"] == 8.0
+    ids = [[3, 10, 11, 12, 40, 7, 2, 9]]
+    plain = AutoModelForCausalLM.from_pretrained(str(base))
+    before = _logits(plain, ids)
+    peft_model = PeftModel.from_pretrained(plain, str(tmp_path / "peft")).eval()
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
+    got, want = _logits(peft_model, ids), _logits(merged, ids)
+    assert np.abs(got - before).max() > 1e-2  # the adapters do change the model
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_peft_needs_a_lora_run(tmp_path):
+    from rossjax.errors import InputError
+
+    cfg = read_hf_config(str(_base(tmp_path / "base")))
+    os.makedirs(tmp_path / "run")
+    ckpt_lib.write_model_config(str(tmp_path / "run"), cfg)
+    ck = ckpt_lib.Checkpointer(str(tmp_path / "run" / "checkpoints"), async_save=False)
+    ck.save(1, {"params": {"embed": {"embedding": np.zeros((2, 2), np.float32)}}}, force=True)
+    ck.close()
+    with pytest.raises(InputError, match="not a LoRA run"):
+        export(str(tmp_path / "run"), str(tmp_path / "out"), "peft")
+
+
+def test_cli_export_journey(run, tmp_path):
+    """The real CLI in a subprocess: export float16 to --workdir, then AutoTokenizer loads it."""
+    _, workdir = run
+    out = tmp_path / "cli"
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    r = subprocess.run([sys.executable, "-m", "rossjax.cli", "export", f"--checkpoint={workdir}",
+                        "--dtype=float16", f"--workdir={out}"], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "step 5" in r.stdout
+    code = ("from transformers import AutoTokenizer, AutoModelForCausalLM; import sys; "
+            f"t = AutoTokenizer.from_pretrained({str(out)!r}); "
+            f"m = AutoModelForCausalLM.from_pretrained({str(out)!r}); "
+            "print(t.chat_template is not None, m.dtype)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.stdout.split() == ["True", "torch.float16"], r.stderr[-2000:]
