@@ -3,6 +3,7 @@ data, the tiny base model, the export parity check and the views that are not co
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 
 import numpy as np
@@ -11,7 +12,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def data_path(*parts: str) -> str:
-    """A file under the shipped data/ folder of the checkout."""
+    """A file under the shipped sample data: the `rossjax/data` package data (in a checkout a
+    link to data/, which the wheel copies in), else the checkout's data/ folder."""
+    shipped = importlib.resources.files("rossjax") / "data"
+    if shipped.is_dir():
+        return os.path.join(os.path.realpath(str(shipped)), *parts)
     return os.path.join(ROOT, "data", *parts)
 
 
