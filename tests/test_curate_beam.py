@@ -175,3 +175,11 @@ def test_select_fingerprints_equal_local(tmp_path):
     np.testing.assert_array_equal(routes, broutes)
     assert (meta.rows, meta.ids, meta.groups, meta.skipped) == \
         (bmeta.rows, bmeta.ids, bmeta.groups, bmeta.skipped)
+
+
+def test_bench_beam_line(capsys):
+    from rossjax.bench.curate import bench_beam
+
+    bench_beam(40, 300, 2, "qwen")
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("beam: 40 rollouts") and "rows/s" in line and line.endswith("True")
