@@ -177,6 +177,7 @@ def test_select_fingerprints_equal_local(tmp_path):
         (bmeta.rows, bmeta.ids, bmeta.groups, bmeta.skipped)
 
 
+@pytest.mark.slow
 def test_bench_beam_line(capsys):
     from rossjax.bench.curate import bench_beam
 
