@@ -12,7 +12,7 @@ import ast
 import pathlib
 
 PKG = pathlib.Path(__file__).resolve().parent.parent / "rossjax"
-SKIP = {"configs"}  # rossjax/configs links to configs/: package data, not library code
+SKIP = {"configs", "data"}  # rossjax/configs, rossjax/data link to configs/, data/: package data
 
 
 def module_files() -> dict[str, pathlib.Path]:
