@@ -9,7 +9,9 @@ Run:
   rossjax eval-generator --config=configs/eval_generator.py:runlocal --workdir=/tmp/evalgen
 
 Needs: a generator checkpoint (HF folder) and a solver (a checkpoint through the sampler, or the
-programmatic `oracle` / `identity` solvers); policy mode needs a task file or `gen:arith`.
+programmatic `oracle` / `identity` / `lookup` solvers); policy mode needs a task file or
+`gen:arith`. Tasks follow the AZR protocol (10 inputs and a message; the solver sees 5 pairs
+and is scored on the 5 hidden inputs).
 Writes WORKDIR/eval_generator.json. Time: `:runlocal` (random tiny model, 16 tasks, oracle
 solver, K = 8) ~30 s on this CPU; 512 tasks x K = 8 with a 1.5B solver is a TPU job (minutes).
 """
@@ -23,7 +25,11 @@ def get_config(arg: str | None = None):
     c.mode = "generator"          # generator | policy
     c.tokenizer = "qwen"          # or "ascii" for tiny models from scratch
     c.generator = ml_collections.ConfigDict(dict(path="", preset=""))
+    # solver.kind: model | oracle | identity | lookup (shown pairs only: must score 0)
     c.solver = ml_collections.ConfigDict(dict(kind="model", path="", preset=""))
+    # AZR protocol: n_inputs per task, n_visible shown with outputs (+ the message), the rest
+    # hidden and scored; split: first | seeded (shuffle keyed by the task id)
+    c.induction = ml_collections.ConfigDict(dict(n_inputs=10, n_visible=5, split="first"))
     c.tasks = "gen:arith"         # policy mode: task file or generator
     c.num_tasks = 512
     c.k = 8                       # solver trials per task

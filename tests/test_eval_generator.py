@@ -112,12 +112,15 @@ def test_generator_mode_with_programmatic_solvers(tmp_path, monkeypatch):
     spec.loader.exec_module(mod)
     get_config = mod.get_config
 
-    texts = ["```python\ndef f(x):\n    return x * 3 + 1\n```\n```inputs\n1\n2\n```",
-             "```python\ndef f(s):\n    return s[::-1]\n```\n```inputs\n'ab'\n'xyz'\n```",
+    texts = ["```python\ndef f(x):\n    return x * 3 + 1\n```\n```inputs\n1\n2\n```\n"
+             "```message\nlinear\n```",
+             "```python\ndef f(s):\n    return s[::-1]\n```\n```inputs\n'ab'\n'xyz'\n```\n"
+             "```message\nstrings\n```",
              "no task here"]
     monkeypatch.setattr(ev, "_sample", lambda *a, **k: texts)
     c = get_config("runlocal")
     c.workdir, c.k, c.lo, c.hi = str(tmp_path), 2, 1.0, 1.0
+    c.induction.n_inputs, c.induction.n_visible = 2, 1   # one pair shown, one hidden
     out = evaluate_generator(c)
     assert out["validity_rate"] == pytest.approx(2 / 3)
     assert out["solve_counts"] == [2, 2, 0] and out["utility_rate"] == pytest.approx(2 / 3)

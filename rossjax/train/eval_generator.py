@@ -1,8 +1,10 @@
 """`rossjax eval-generator --config=configs/eval_generator.py`: judge a task generator (PROPEL) or
 a policy.
 
-Generator mode: sample fresh function-induction tasks from the generator, check validity
-(`task_valid`), run the solver K times per valid task and report, as the PROPEL paper does:
+Generator mode: sample fresh function-induction tasks from the generator, check validity under
+the AZR protocol (rossjax.verify.induction_task: 10 inputs + a message, `task_valid`), show the
+solver 5 input/output pairs and the message, score each of its K answers on the 5 hidden inputs
+(rossjax.train.solvers) and report, as the PROPEL paper does:
   utility rate    share of sampled tasks whose realized solve count lands in [lo*K, hi*K]
                   (invalid tasks count as not useful);
   validity rate   share of sampled tasks that pass `task_valid`;
@@ -12,8 +14,8 @@ Generator mode: sample fresh function-induction tasks from the generator, check 
   top-topic rate  share of the most common topic. Deviation: topics come from a rule (the first
                   matching operation family in the program, see `topic`), not an LLM classifier.
 Solvers: `model` (any checkpoint through the sampler; `solver.path`/`solver.preset`) or the
-programmatic `oracle` (answers with the task's own f: always solves) and `identity`
-(answers `def f(*a): return a[0]`).
+programmatic `oracle` (the task's own f: always solves), `identity` (`def f(*a): return a[0]`)
+and `lookup` (a table of the shown pairs: scores 0, the hidden-split check).
 
 Policy mode (`mode=policy`): K answers per task of a task file, verified by the curation
 verifiers; reports pass@k (unbiased estimator) for k in `ks` and coverage (share of tasks solved
@@ -31,6 +33,8 @@ import re
 import numpy as np
 
 from rossjax.errors import ConfigError
+from rossjax.train import solvers
+from rossjax.verify import induction_task
 
 _TOPICS = (("string", r"str\(|\.join|\.split|\.upper|\.lower|\[::-1\]|'"),
            ("sorting", r"sorted\(|\.sort\("), ("list", r"\[|append|len\("),
@@ -105,88 +109,50 @@ def utility_rate(solved, valid_tasks, k: int, lo: float, hi: float) -> float:
 # ----------------------------------------------------------------------------- running
 
 def _model(section, tok, seed, field):
-    """(ModelConfig, params) of a `generator` / `solver` section (path, or preset sized to the
-    tokenizer), float32 on one device."""
-    from rossjax.models import loading
-
-    m = {"path": section.path, "preset": section.preset, "dtype": "float32"}
-    if section.path:
-        m["param_dtype"] = "float32"
-    else:
-        m["vocab_size"] = tok.vocab_size
-    return loading.load_model(m, seed=seed, field=field)
+    return solvers.load_model(section, tok, seed, field)
 
 
 def _sample(mc, params, tok, prompts_msgs, n, c, seed):
-    from rossjax import sample
-    from rossjax.train import rollout
-
-    prompts = [tok.encode(rollout.render_prompt(m, "chatml", tok)) for m in prompts_msgs]
-    gen = sample.generate(mc, params, prompts, c.max_new_tokens, temperature=c.temperature,
-                          stop_ids=(tok.eos_id,), num_samples=n, seed=seed)
-    return [tok.decode([t for t in s if t != tok.eos_id]) for s in gen.sequences()]
-
-
-def solver_prompt(task: dict, outputs: list) -> str:
-    pairs = "\n".join(f"f({i}) -> {o}" for i, o in zip(task["inputs"], outputs))
-    return ("Find the Python function f with this behaviour and write it in a ```python block.\n"
-            + pairs)
+    return solvers.sample_texts(mc, params, tok, prompts_msgs, n, c, seed)
 
 
 def check_config(c):
-    """One-sentence ValueErrors for an eval-generator config, before any model loads."""
+    """One-sentence ConfigErrors for an eval-generator config, before any model loads."""
     if c.mode not in ("generator", "policy"):
         raise ConfigError(f"config.mode {c.mode!r} is not generator or policy.")
-    if c.solver.kind not in ("model", "oracle", "identity"):
-        raise ConfigError(f"config.solver.kind {c.solver.kind!r} is not model, oracle or identity.")
+    if c.solver.kind not in solvers.KINDS:
+        raise ConfigError(f"config.solver.kind {c.solver.kind!r} is not one of "
+                          f"{', '.join(solvers.KINDS)}.")
     for field in ("num_tasks", "k", "max_new_tokens"):
         if c[field] < 1:
             raise ConfigError(f"config.{field} is {c[field]}; it must be at least 1.")
     if not 0 <= c.lo <= c.hi <= 1:
         raise ConfigError(f"config.lo {c.lo} and config.hi {c.hi} must satisfy 0 <= lo <= hi <= 1.")
+    induction_task.protocol_from(c.get("induction"))
     needed = [("generator", c.generator)] if c.mode == "generator" else []
     if c.solver.kind == "model" or c.mode == "policy":  # policy mode samples solver.path/preset
         needed.append(("solver", c.solver))
     for name, m in needed:
         if not (m.path or m.preset):
             raise ConfigError(f"config.{name}.path and config.{name}.preset are both empty; give a "
-                             f"model folder or a preset name.")
+                              f"model folder or a preset name.")
 
 
 def evaluate_generator(c) -> dict:
-    from rossjax.tokenizers import load_tokenizer
-    from rossjax.tokenizers.ascii import write_ascii_tokenizer
-    from rossjax.train import rollout
-    from rossjax.verify.induction import _run_f, task_valid, verify
-    from rossjax.verify.rewards import parse_induction_task
-
-    tok = load_tokenizer(write_ascii_tokenizer(os.path.join(c.workdir, "tokenizer"))
-                         if c.tokenizer == "ascii" else c.tokenizer)
+    """Sample tasks, gate them (check_task), build each valid one's solver task (5 shown pairs +
+    message, 5 hidden inputs) and count the solver's successes on the hidden inputs in K trials."""
+    protocol = induction_task.protocol_from(c.get("induction"))
+    tok = solvers.load_tokenizer(c.tokenizer, c.workdir)
     mc, params = _model(c.generator, tok, c.seed, "config.generator")
-    msgs = [[{"role": "user", "content": rollout.INDUCTION_PROMPT}]]
+    msgs = [[{"role": "user", "content": induction_task.generator_prompt(protocol)}]]
     texts = _sample(mc, params, tok, msgs, c.num_tasks, c, c.seed)
-    tasks = [parse_induction_task(t) for t in texts]
-    valid = [t is not None and bool(task_valid(t).passed) for t in tasks]
-    solved = [0] * len(tasks)
-    sv = None
-    for i, (t, ok) in enumerate(zip(tasks, valid)):
-        if not ok:
-            continue
-        outs = [v for _, v in _run_f(t["program"], t["inputs"], 4.0)[0]]
-        prompt = solver_prompt(t, outs)
-        if c.solver.kind == "oracle":
-            answers = [f"```python\n{t['program']}\n```"] * c.k
-        elif c.solver.kind == "identity":
-            answers = ["```python\ndef f(*a):\n    return a[0]\n```"] * c.k
-        elif c.solver.kind == "model":
-            sv = sv or _model(c.solver, tok, c.seed + 1, "config.solver")
-            answers = _sample(*sv, tok, [[{"role": "user", "content": prompt}]], c.k, c, c.seed + i)
-        else:
-            raise ConfigError(f"config.solver.kind {c.solver.kind!r} is not model, oracle or identity.")
-        task = {**t, "hidden_outputs": outs}
-        solved[i] = sum(bool(verify({"task": task, "messages": [
-            {"role": "user", "content": prompt}, {"role": "assistant", "content": a}]}).passed)
-            for a in answers)
+    tasks = [induction_task.parse_generated_task(t) for t in texts]
+    valid = [bool(induction_task.check_task(t, protocol).passed) for t in tasks]
+    solver_tasks = [induction_task.solver_task(t, protocol, f"gen-{i}") if ok else None
+                    for i, (t, ok) in enumerate(zip(tasks, valid))]
+    solver = solvers.Solver(c.solver, tok, c, c.seed)
+    solved = [sum(bool(x) for x in row)
+              for row in solvers.trials(solver, solver_tasks, c.k, c.seed)]
     good = [t["program"] for t in tasks if t]
     return {"mode": "generator", "tasks": len(tasks), "k": c.k,
             "utility_rate": utility_rate(solved, valid, c.k, c.lo, c.hi),
@@ -196,13 +162,10 @@ def evaluate_generator(c) -> dict:
 
 
 def evaluate_policy(c) -> dict:
-    from rossjax.tokenizers import load_tokenizer
-    from rossjax.tokenizers.ascii import write_ascii_tokenizer
     from rossjax.train import rollout
     from rossjax.verify import verify_many
 
-    tok = load_tokenizer(write_ascii_tokenizer(os.path.join(c.workdir, "tokenizer"))
-                         if c.tokenizer == "ascii" else c.tokenizer)
+    tok = solvers.load_tokenizer(c.tokenizer, c.workdir)
     mc, params = _model(c.solver, tok, c.seed, "config.solver")
     src = rollout.TaskSource(c.tasks, c.seed, field="config.tasks")
     tasks = src.next(c.num_tasks)

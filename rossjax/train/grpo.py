@@ -86,7 +86,8 @@ class Loop:
         self.cfg, self.workdir = cfg, workdir
         self.lead = jax.process_index() == 0  # the process that writes files
         os.makedirs(workdir, exist_ok=True)
-        self.source = rollout.TaskSource(cfg.data.tasks, cfg.data.seed)  # a bad task file fails first
+        self.source = rollout.TaskSource(cfg.data.tasks, cfg.data.seed,  # a bad task file fails first
+                                         induction=cfg.data.get("induction"))
         self.R = Run(cfg, workdir, cpu_scorer)
         self.ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                           save_every=cfg.checkpoint.save_every,

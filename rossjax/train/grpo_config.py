@@ -27,6 +27,8 @@ def default_config():
                                   remat_policy="none", vocab_size=-1))
     c.train = mlc.ConfigDict(dict(seed=0))
     c.data = mlc.ConfigDict(dict(tasks="gen:arith", seed=0))
+    # gen:induction (PROPEL/AZR): inputs per task, how many the solver sees, which ones
+    c.data.induction = mlc.ConfigDict(dict(n_inputs=10, n_visible=5, split="first"))
     c.grpo = mlc.ConfigDict(dict(
         steps=200, contexts=16, group_size=8, max_new_tokens=512, temperature=1.0, top_p=1.0,
         top_k=0, num_iterations=1, minibatch=0, micro_batches=1, shuffle_minibatches=True,

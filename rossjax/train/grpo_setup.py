@@ -24,7 +24,7 @@ from rossjax.tokenizers.ascii import write_ascii_tokenizer
 from rossjax.train import grpo_step, optim, rollout
 from rossjax.train import state as state_lib
 from rossjax.train.grpo_config import check_config
-from rossjax.verify import rewards
+from rossjax.verify import induction_task, rewards
 from rossjax.verify.pool import WorkerPool
 
 
@@ -46,7 +46,10 @@ def _render_fn(cfg, tok):
         raise ConfigError(f"config.reward.probe.render {cfg.reward.probe.render!r} is not task or record.")
 
     def render(rec):
-        msgs = [{"role": "user", "content": rec["messages"][-1]["content"] or " "}]
+        # A parsed induction task is read in the canonical form label-corpus stores use.
+        content = rec["messages"][-1]["content"] or " "
+        task = induction_task.parse_generated_task(content)
+        msgs = [{"role": "user", "content": induction_task.task_text(task) if task else content}]
         return tok.encode(rollout.render_prompt(msgs, cfg.template, tok)), None
     return render
 

@@ -4,7 +4,8 @@
               optionally with `messages` for the prompt), or a seeded generator: `gen:contains`
               (write a given letter; reward = the letter appears), `gen:arith` (a + b in
               \\boxed{}; math verifier), `gen:induction` (PROPEL: ask the generator model for a
-              function-induction task; validity = the induction verifier's `task_valid`);
+              function-induction task under the AZR protocol, rossjax.verify.induction_task:
+              program, 10 inputs, a message; validity = its `check_task`);
   prompts     the chat template renders the prompt messages plus an empty assistant turn and is
               cut where the assistant's content starts, so prompt + completion + end marker
               spell exactly what `rossjax curate` renders for the finished record;
@@ -16,26 +17,29 @@ The CPU rewards (`score(kind, record)`) live in rossjax.verify.rewards and run o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
 import numpy as np
 
 from rossjax.templates import render_chat
+from rossjax.verify import induction_task
 
 _LETTERS = "abcdefgh"
 
-INDUCTION_PROMPT = (
-    "Write a function-induction task. Give a Python function f in a ```python block, then its "
-    "test inputs in an ```inputs block, one argument list per line, e.g. [1, 2], 'a'. The task "
-    "should be hard but solvable: a solver sees only the inputs and outputs and must rewrite f.")
+INDUCTION_PROMPT = induction_task.generator_prompt()  # the default protocol's prompt
 
 
 class TaskSource:
     """An endless, seeded, resumable stream of tasks; `state()` / `set_state()` for checkpoints."""
 
-    def __init__(self, spec: str, seed: int = 0, field: str = "config.data.tasks"):
+    def __init__(self, spec: str, seed: int = 0, field: str = "config.data.tasks",
+                 induction=None):
         self.spec, self.seed, self.index = spec, int(seed), 0
+        # gen:induction: the protocol (n_inputs, n_visible, split) rides on each task object, so
+        # the validity reward in the worker processes checks the same one.
+        self.protocol = induction_task.protocol_from(induction)
         self._rows = None
         if not spec.startswith("gen:"):
             self._rows = read_tasks(spec, field)
@@ -60,7 +64,9 @@ class TaskSource:
             return {"id": f"arith-{i}", "domain": "math",
                     "prompt": f"What is {a} + {b}? Put the final answer in \\boxed{{}}.",
                     "reference": str(a + b)}
-        return {"id": f"induction-gen-{i}", "domain": "induction_gen", "prompt": INDUCTION_PROMPT}
+        return {"id": f"induction-gen-{i}", "domain": "induction_gen",
+                "prompt": induction_task.generator_prompt(self.protocol),
+                "protocol": dataclasses.asdict(self.protocol)}
 
     def next(self, n: int) -> list[dict]:
         out = [self._make(self.index + k) for k in range(n)]

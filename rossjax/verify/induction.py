@@ -1,11 +1,13 @@
 """`induction` verifier: function-induction tasks in the Absolute Zero style.
 
 A task is a Python function `f` (`task.program`), visible inputs with their outputs
-(`task.inputs`), a message (`task.message`), and hidden inputs (`task.hidden_inputs`, default:
-the visible ones). The solver sees the message and visible pairs and must write its own `f` (the
+(`task.inputs`), a message (`task.message`), and hidden inputs (`task.hidden_inputs`, required
+and disjoint from the visible ones: a solver scored on the inputs it was shown could pass with a
+lookup table). The solver sees the message and visible pairs and must write its own `f` (the
 last ```python block of its last assistant message); it passes when its `f` reproduces the
-reference `f` on every hidden input. Each input is a string of Python literal arguments, e.g.
-"[1, 2], 'a'" (parsed with ast.literal_eval — never eval).
+reference `f` on every hidden input. rossjax.verify.induction_task builds such tasks from a
+generator's output (AZR protocol: 10 inputs, 5 shown, 5 hidden). Each input is a string of
+Python literal arguments, e.g. "[1, 2], 'a'" (parsed with ast.literal_eval — never eval).
 
 Outputs are compared through a canonical form (sets and dicts sorted, types named), computed
 inside the sandbox, so reference and solver run in separate sandboxes and a solver object with a
@@ -60,16 +62,18 @@ def _rj_main(inputs, nonce):
     for s in inputs:
         try:
             args = _ast.literal_eval("(" + s + ",)")
-            res = [True, _rj_canon(f(*args))]
+            v = f(*args)
+            res = [True, _rj_canon(v), repr(v)[:400]]
         except BaseException as e:
-            res = [False, type(e).__name__ + ": " + str(e)[:200]]
+            res = [False, type(e).__name__ + ": " + str(e)[:200], ""]
         out.write(nonce + _json.dumps(res) + "\\n")
     out.flush()
 '''
 
 
-def _run_f(program: str, inputs: list[str], timeout_s: float):
-    """Canonical outputs of `f` on inputs in one sandboxed run: list of (ok, value) or a reason."""
+def _run_f(program: str, inputs: list[str], timeout_s: float, shown: bool = False):
+    """Canonical outputs of `f` on inputs in one sandboxed run: list of (ok, value) — with
+    `shown`, (ok, value, repr) where repr is what a solver is shown — or (None, reason)."""
     nonce = "#rj" + secrets.token_hex(8) + " "
     source = f"{program}\n\n{_HARNESS}\n_rj_main({inputs!r}, {nonce!r})\n"
     res = sandbox.run(source, timeout_s=timeout_s)
@@ -78,7 +82,7 @@ def _run_f(program: str, inputs: list[str], timeout_s: float):
     rows = [json.loads(ln[len(nonce):]) for ln in res.stdout.splitlines() if ln.startswith(nonce)]
     if len(rows) != len(inputs):
         return None, f"the run reported {len(rows)} of {len(inputs)} outputs"
-    return [tuple(r) for r in rows], None
+    return [tuple(r) if shown else tuple(r[:2]) for r in rows], None
 
 
 def _defines_f(tree: ast.Module) -> bool:
@@ -169,9 +173,12 @@ def task_valid(task: dict, banned_modules=BANNED_MODULES) -> Verdict:
 def verify(record: dict) -> Verdict:
     task = record.get("task") or {}
     program = task.get("program")
-    hidden = task.get("hidden_inputs") or task.get("inputs")
+    hidden = task.get("hidden_inputs")
     if not isinstance(program, str) or not hidden:
-        return Verdict(None, "task.program and task.hidden_inputs (or inputs) are required")
+        return Verdict(None, "task.program and task.hidden_inputs are required (the solver is "
+                             "scored on inputs it was not shown)")
+    if set(hidden) & set(task.get("inputs") or ()):
+        return Verdict(None, "task.hidden_inputs repeat visible inputs; a lookup table would pass")
     content = last_assistant_content(record)
     code = extract_code(content) if content else None
     if code is None:

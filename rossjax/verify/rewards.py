@@ -11,24 +11,15 @@ from __future__ import annotations
 import math
 
 from rossjax.errors import InputError
-from rossjax.verify.answers import _FENCE
 from rossjax.verify.base import verifier_name, verify_one
-from rossjax.verify.induction import task_valid
+from rossjax.verify.induction_task import check_task, parse_generated_task, protocol_from
 
 CPU_REWARDS = ("verifier", "contains", "validity")
 
 
 def parse_induction_task(text: str) -> dict | None:
-    """A generated induction task (program + inputs) from the generator's answer, or None."""
-    program, inputs = None, None
-    for lang, body in _FENCE.findall(text or ""):
-        if lang.lower() in ("python", "py") and program is None:
-            program = body
-        elif lang.lower() == "inputs" and inputs is None:
-            inputs = [ln.strip() for ln in body.splitlines() if ln.strip()]
-    if program is None or not inputs:
-        return None
-    return {"program": program, "inputs": inputs}
+    """A generated induction task (program, inputs, message) from the generator's answer, or None."""
+    return parse_generated_task(text)
 
 
 def score(kind: str, record: dict) -> tuple[float, dict | None]:
@@ -36,7 +27,8 @@ def score(kind: str, record: dict) -> tuple[float, dict | None]:
 
     verifier: 1 if the curation verifier passes, 0 if it fails, NaN if it cannot decide;
     contains: 1 if task.reference occurs in the answer; validity: 1 if the answer is a valid
-    induction task (parse + `task_valid`), else 0.
+    induction task under the AZR protocol (rossjax.verify.induction_task.check_task: N inputs, a
+    message, `task_valid`; the protocol rides on the record's task), else 0.
     """
     content = record["messages"][-1].get("content") or ""
     if kind == "contains":
@@ -50,11 +42,8 @@ def score(kind: str, record: dict) -> tuple[float, dict | None]:
         r = math.nan if v.passed is None else float(v.passed)
         return r, {"name": name or "?", "passed": v.passed, "evidence": v.evidence[:300]}
     if kind == "validity":
-        task = parse_induction_task(content)
-        if task is None:
-            return 0.0, {"name": "induction_task_valid", "passed": False,
-                         "evidence": "no ```python and ```inputs blocks"}
-        v = task_valid(task)
+        protocol = protocol_from((record.get("task") or {}).get("protocol"))
+        v = check_task(parse_generated_task(content), protocol)
         return float(bool(v.passed)), {"name": "induction_task_valid", "passed": bool(v.passed),
                                        "evidence": v.evidence[:300]}
     raise InputError(f"reward kind {kind!r} is not one of {', '.join(CPU_REWARDS)}.")
