@@ -63,3 +63,59 @@ def test_installed_package_finds_configs_and_data_outside_a_checkout(wheel, tmp_
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "curated" / "report.json").is_file()
+
+
+FAKE_GCLOUD = """#!/usr/bin/env bash
+# gcloud stand-in: `compute tpus tpu-vm ssh ... --command CMD` runs CMD in a shell here (HOME is
+# the fake worker), as SSH would; anything else is an error.
+while [ $# -gt 0 ]; do [ "$1" = "--command" ] && exec bash -c "$2"; shift; done
+exit 3
+"""
+FAKE_ROSSJAX = """#!/usr/bin/env bash
+echo "started $*"
+sleep 4
+echo "done $*"
+"""
+
+
+def test_tpu_vm_run_survives_a_dropped_ssh_session(tmp_path):
+    """`launch/tpu_vm.sh run` with its SSH session killed (SIGHUP and SIGKILL to the whole
+    session's process group) right after start: the command still runs to its end, logged."""
+    import signal
+    import time
+
+    home, bin_ = tmp_path / "home", tmp_path / "bin"
+    (home / "rossjax" / ".venv" / "bin").mkdir(parents=True)
+    bin_.mkdir()
+    for path, text in ((bin_ / "gcloud", FAKE_GCLOUD),
+                       (home / "rossjax" / ".venv" / "bin" / "rossjax", FAKE_ROSSJAX)):
+        path.write_text(text)
+        path.chmod(0o755)
+    env = {**os.environ, "HOME": str(home), "PATH": f"{bin_}:{os.environ['PATH']}"}
+    p = subprocess.Popen(["bash", os.path.join(ROOT, "launch", "tpu_vm.sh"), "run", "vm", "zone",
+                          "--", "rossjax", "train", "--config.x=a b", "--workdir=w"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    logs = home / "rossjax" / "logs"
+    deadline = time.time() + 30
+    while time.time() < deadline and not any(
+            "started" in f.read_text() for f in logs.glob("run-*.log")):
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGHUP)  # the SSH connection drops
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait(timeout=10)
+    (log,) = logs.glob("run-*.log")
+    while time.time() < deadline and "[exit" not in log.read_text():
+        time.sleep(0.2)
+    text = log.read_text()
+    assert "started train --config.x=a b --workdir=w" in text
+    assert "done train --config.x=a b --workdir=w" in text and "[exit 0]" in text
+
+
+def test_colab_clones_a_configurable_url():
+    import json
+
+    nb = json.load(open(os.path.join(ROOT, "launch", "colab.ipynb")))
+    first = "".join(next(c for c in nb["cells"] if c["cell_type"] == "code")["source"])
+    assert 'os.environ.get("ROSSJAX_REPO"' in first and "# @param" in first
+    assert "git clone" in first and "{REPO_URL}" in first and "--branch {REPO_REF}" in first
