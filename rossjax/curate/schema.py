@@ -3,7 +3,9 @@
 A row that cannot be used never stops a run: `iter_records` yields it with a one-sentence reason
 ("rollouts.jsonl row 7: messages[2].role 'robot' is not one of ...") and moves on, so the
 pipeline can put it in the `invalid` bucket and the report still adds up to the input count.
-The record layout is the "Rollout record" of DESIGN.md.
+Rows in other tools' formats (TRL, verl, OpenAI messages, a config field mapping) are converted
+by formats.normalize first. The record layout, the accepted formats and every check are in
+docs/data.md.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import gzip
 import json
 import math
 import os
+import re
 import zlib
 from typing import Iterator, NamedTuple
 
+from rossjax.curate.formats import FormatError, normalize
 from rossjax.errors import InputError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -34,6 +38,7 @@ class Row(NamedTuple):
     reason: str | None
     id: str | None = None  # the record's id when it could be read, also for an invalid row
     source: str | None = None  # the file it came from
+    derived_id: bool = False  # the row had no id: formats.content_id gave it one
 
 
 ROLLOUT_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".parquet")
@@ -152,10 +157,49 @@ def _check_annotation(a, n_messages: int) -> str | None:
     return None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _bad_text(x, where: str) -> str | None:
+    """The first string under `x` that cannot be encoded as UTF-8 (a lone surrogate such as
+    JSON "\\ud800"), named by its path; such text can be neither tokenized nor written."""
+    if isinstance(x, str):
+        m = _SURROGATE.search(x)
+        if m:
+            return (f"{where or 'record'} holds a lone surrogate (U+{ord(m.group()):04X} at "
+                    f"character {m.start()}), which is not valid Unicode text")
+        return None
+    if isinstance(x, dict):
+        for k, v in x.items():
+            err = _bad_text(k, f"{where} key") or _bad_text(v, f"{where}.{k}" if where else str(k))
+            if err:
+                return err
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            err = _bad_text(v, f"{where}[{i}]")
+            if err:
+                return err
+    return None
+
+
+def _check_tools(tools) -> str | None:
+    if not isinstance(tools, list):
+        return f"tools must be a list of OpenAI tool objects, got {_tname(tools)}"
+    for j, t in enumerate(tools):
+        fn = t.get("function", t) if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            return (f"tools[{j}] must be an OpenAI tool object with a function name "
+                    f"(type function, function.name, function.parameters)")
+    return None
+
+
 def validate_record(obj) -> str | None:
     """Return None for a usable rollout record, else a reason naming the offending field."""
     if not isinstance(obj, dict):
         return f"record must be a JSON object, got {_tname(obj)}"
+    err = _bad_text({k: v for k, v in obj.items() if k != "token_ids"}, "")  # ints: skip the walk
+    if err:
+        return err
     if not isinstance(obj.get("id"), str) or not obj["id"]:
         return "id must be a non-empty string"
     task = obj.get("task")
@@ -174,6 +218,10 @@ def validate_record(obj) -> str | None:
     msgs = obj.get("messages")
     if not isinstance(msgs, list) or not msgs:
         return "messages must be a non-empty list"
+    if obj.get("tools") is not None:
+        err = _check_tools(obj["tools"])
+        if err:
+            return err
     for i, m in enumerate(msgs):
         err = _check_message(i, m)
         if err:
@@ -241,17 +289,18 @@ def _drop_nulls(x):
     return x
 
 
-def _json_rows(path: str) -> Iterator[object]:
+def _json_rows(path: str) -> Iterator[bytes]:
+    # Bytes, decoded one line at a time by the caller: a bad byte spoils only its own line.
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="strict") as f:
-        for line in f:
-            yield line
+    with opener(path, "rb") as f:
+        yield from f
 
 
 def iter_json_lines(path: str) -> Iterator[Row]:
     """One `Row(line number, parsed JSON value, None)` per non-blank line of a .jsonl[.gz] file,
-    or `Row(k, None, reason)` for a line that is not JSON; a bad byte or a truncated .gz ends
-    the file with one such row. No schema check (`iter_records` adds it; retrogen has its own)."""
+    or `Row(k, None, reason)` for a line that is not UTF-8 or not JSON (the next lines are still
+    read); a truncated .gz ends the file with one such row. No schema check (`iter_records`
+    adds it; retrogen has its own)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
@@ -260,12 +309,8 @@ def iter_json_lines(path: str) -> Iterator[Row]:
     it = _json_rows(path)
     while True:
         try:
-            line = next(it)
+            raw = next(it)
         except StopIteration:
-            return
-        except UnicodeDecodeError as e:
-            # A bad byte breaks the text stream; report it as the next row and stop reading.
-            yield Row(k + 1, None, f"{name} row {k + 1}: line is not valid UTF-8 ({e.reason})")
             return
         except (EOFError, OSError, zlib.error) as e:
             # A truncated or corrupt .gz cannot be read past this point: the rows read so far
@@ -274,6 +319,12 @@ def iter_json_lines(path: str) -> Iterator[Row]:
                                    f"corrupt here, so no further rows could be read ({e})")
             return
         k += 1
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield Row(k, None, f"{name} row {k}: line is not valid UTF-8 (byte 0x{raw[e.start]:02x} "
+                               f"at byte {e.start}: {e.reason})")
+            continue
         if line.endswith("\n"):
             line = line[:-1]
         if not line.strip():  # blank lines are not rows; `row` stays the line number
@@ -311,8 +362,9 @@ def expand_inputs(spec) -> list[str]:
     return files
 
 
-def iter_records(path: str) -> Iterator[Row]:
+def iter_records(path: str, fields: dict | None = None) -> Iterator[Row]:
     """Yield one `Row` per record (JSONL: `row` is the 1-based line number; blank lines skipped).
+    Each row goes through formats.normalize (with the field mapping `fields`, config.fields).
 
     `path` may name several files (see expand_inputs; or be their list): they are read in order and `row` counts on
     (a file's rows follow the last row of the one before, so rows stay unique); `source` names
@@ -322,27 +374,39 @@ def iter_records(path: str) -> Iterator[Row]:
     offset = 0
     for f in files:
         last = 0
-        for r in _file_records(f):
+        for r in _file_records(f, fields):
             last = r.row
             yield r._replace(row=offset + r.row, source=f)
         offset += last
 
 
-def _file_records(path: str) -> Iterator[Row]:
+def _safe_id(obj) -> str | None:
+    rid = _id_of(obj)
+    return rid if rid is None or not _SURROGATE.search(rid) else rid.encode(
+        "utf-8", "backslashreplace").decode("utf-8")
+
+
+def _checked(name: str, k: int, obj, fields) -> Row:
+    try:
+        rec, derived = normalize(obj, fields)
+    except FormatError as e:
+        return Row(k, None, f"{name} row {k}: {e}", _safe_id(obj))
+    err = validate_record(rec)
+    if err:
+        return Row(k, None, f"{name} row {k}: {err}", _safe_id(rec))
+    return Row(k, rec, None, derived_id=derived)
+
+
+def _file_records(path: str, fields=None) -> Iterator[Row]:
     name = os.path.basename(path)
     if path.endswith(".parquet"):
         for k, rec in enumerate(_parquet_rows(path), start=1):
-            err = validate_record(rec)
-            yield Row(k, None, f"{name} row {k}: {err}", _id_of(rec)) if err else Row(k, rec, None)
+            yield _checked(name, k, rec, fields)
         return
     if not path.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
         raise SchemaError(f"{path}: rollout files must be .jsonl, .jsonl.gz or .parquet")
     for row in iter_json_lines(path):
-        if row.record is None:
-            yield row
-            continue
-        err = validate_record(row.record)
-        yield Row(row.row, None, f"{name} row {row.row}: {err}", _id_of(row.record)) if err else row
+        yield row if row.record is None else _checked(name, row.row, row.record, fields)
 
 
 def chunked(it, n: int):
