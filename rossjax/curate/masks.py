@@ -120,8 +120,10 @@ def ordered_keep_intervals(r: Rendered, keep: list[dict]) -> list[tuple[int, int
 
 
 def compile_rollout(record, tokenizer, template: str = "chatml", max_length: int | None = None,
-                    mask_mode: str = "annotated") -> CompiledExample:
-    """Compile one rollout record (see module doc). Never raises on bad data: it buckets it."""
+                    mask_mode: str = "annotated", template_kwargs: dict | None = None
+                    ) -> CompiledExample:
+    """Compile one rollout record (see module doc). Never raises on bad data: it buckets it.
+    The record's `tools` and `template_kwargs` go to the chat template."""
     if mask_mode not in MASK_MODES:
         raise InputError(f"mask_mode {mask_mode!r} is not one of {', '.join(MASK_MODES)}")
     rid = record.get("id") if isinstance(record, dict) and isinstance(record.get("id"), str) else ""
@@ -146,7 +148,8 @@ def compile_rollout(record, tokenizer, template: str = "chatml", max_length: int
     if ann.get("status") == "drop":
         return withheld("annotation_drop", "the reviewer dropped this rollout")
     try:
-        r: Rendered = render_chat(record["messages"], template, tokenizer)
+        r: Rendered = render_chat(record["messages"], template, tokenizer, tools=record.get("tools"),
+                                  template_kwargs=template_kwargs)
         keep = ordered_keep_intervals(r, ann.get("keep") or [])
         excl = exclude_intervals(r, ann)
     except (TemplateError, SelectorError) as e:

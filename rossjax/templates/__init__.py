@@ -15,6 +15,12 @@ rendering with and without the generation prompt and refuses, with a reason, any
 spans cannot be located exactly (no generation prompt, history rewritten, content dropped) rather
 than producing an all-zero or all-one mask.
 
+A row's OpenAI `tools` list is rendered into the context as each model's template does (chatml:
+Qwen's `# Tools` system block; llama3: Llama 3.1's function list in the first user turn; mistral:
+`[AVAILABLE_TOOLS]` before the last user turn; "tokenizer": passed to the template as `tools`,
+with `template_kwargs` such as enable_thinking). Any error while rendering a row is a
+`TemplateError` with a `template_*` code, which withholds that row only.
+
 Deviations from the models' own templates, deliberately: reasoning is rendered on every assistant
 turn that carries it (Qwen3's template strips it from earlier turns, which would change what the
 run saw); Llama 3 and Mistral have no native reasoning markup, so `<think>` / `[THINK]` is used.
@@ -31,18 +37,25 @@ TEMPLATES = ("chatml", "llama3", "mistral", "tokenizer")
 __all__ = ["Part", "Rendered", "TEMPLATES", "TemplateError", "render_chat", "tool_call_fields"]
 
 
-def render_chat(messages, template: str = "chatml", tokenizer=None) -> Rendered:
-    """Render `messages` (rollout-record messages) and locate every part's span."""
-    if template == "chatml":
-        return chatml(messages)
-    if template == "llama3":
-        return llama3(messages)
-    if template == "mistral":
-        return mistral(messages)
+_BUILTIN = {"chatml": chatml, "llama3": llama3, "mistral": mistral}
+
+
+def render_chat(messages, template: str = "chatml", tokenizer=None, tools=None,
+                template_kwargs: dict | None = None) -> Rendered:
+    """Render `messages` (rollout-record messages, with the row's `tools`) and locate every
+    part's span; `template_kwargs` go to the tokenizer's own template (e.g. enable_thinking)."""
+    if template not in TEMPLATES:
+        raise InputError(f"template {template!r} is not one of {', '.join(TEMPLATES)}")
     if template == "tokenizer":
         src = getattr(tokenizer, "chat_template", None)
         if not src:
             raise TemplateError("template_unavailable",
                                 f"tokenizer {getattr(tokenizer, 'name', '?')} has no chat template")
-        return render_jinja(src, messages, tokenizer)
-    raise InputError(f"template {template!r} is not one of {', '.join(TEMPLATES)}")
+        return render_jinja(src, messages, tokenizer, tools=tools, kwargs=template_kwargs)
+    try:
+        return _BUILTIN[template](messages, tools=tools or None)
+    except TemplateError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as e:  # a row the template cannot take
+        raise TemplateError("template_error", f"template {template} cannot render this row: "
+                                              f"{type(e).__name__}: {e}") from None

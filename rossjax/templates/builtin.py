@@ -18,10 +18,37 @@ def _reasoning_then_content(b: Builder, i: int, m: dict, content: str, think_ope
     b.part(i, "assistant", "content", content, eligible=True)
 
 
-def chatml(messages) -> Rendered:
+_QWEN_TOOLS = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+               "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+_QWEN_TOOLS_END = ("\n</tools>\n\nFor each function call, return a json object with function name "
+                   "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                   '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+_LLAMA_TOOLS = ("Given the following functions, please respond with a JSON for a function call with "
+                "its proper arguments that best answers the given prompt.\n\nRespond in the format "
+                '{"name": function name, "parameters": dictionary of argument name and its value}.'
+                "Do not use variables.\n\n")
+
+
+def _tojson(x, indent=None) -> str:
+    return json.dumps(x, ensure_ascii=False, indent=indent)  # jinja's tojson in HF templates
+
+
+def chatml(messages, tools=None) -> Rendered:
     b = Builder()
     n = len(messages)
+    first = 0
+    if tools:
+        # Qwen2.5/Qwen3: the tool signatures follow the system prompt inside the system turn.
+        b.ctx("<|im_start|>system\n")
+        if messages and messages[0]["role"] == "system":
+            b.part(0, "system", "content", messages[0].get("content") or "")
+            b.ctx("\n\n")
+            first = 1
+        b.ctx(_QWEN_TOOLS + "".join("\n" + _tojson(t) for t in tools) + _QWEN_TOOLS_END
+              + "<|im_end|>\n")
     for i, m in enumerate(messages):
+        if i < first:
+            continue
         role, content = m["role"], m.get("content") or ""
         if role == "tool":
             # Consecutive tool results share one user turn, as Qwen's template does.
@@ -54,12 +81,16 @@ def chatml(messages) -> Rendered:
     return b.done()
 
 
-def llama3(messages) -> Rendered:
+def llama3(messages, tools=None) -> Rendered:
     b = Builder()
     b.ctx("<|begin_of_text|>")
+    # Llama 3.1 (tools_in_user_message): the function list opens the first user turn.
+    tools_at = next((i for i, m in enumerate(messages) if m["role"] == "user"), None) if tools else None
     for i, m in enumerate(messages):
         role, content = m["role"], m.get("content") or ""
         b.ctx(f"<|start_header_id|>{'ipython' if role == 'tool' else role}<|end_header_id|>\n\n")
+        if i == tools_at:
+            b.ctx(_LLAMA_TOOLS + "".join(_tojson(t, indent=4) + "\n\n" for t in tools))
         if role != "assistant":
             b.part(i, role, "content", content)
             b.ctx("<|eot_id|>")
@@ -75,12 +106,18 @@ def llama3(messages) -> Rendered:
     return b.done()
 
 
-def mistral(messages) -> Rendered:
+def mistral(messages, tools=None) -> Rendered:
     b = Builder()
     b.ctx("<s>")
     pending_system = None
+    # Mistral v3: the tool list comes right before the last user turn (and its system prompt).
+    at = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    if at and messages[at - 1]["role"] == "system":
+        at -= 1
     for i, m in enumerate(messages):
         role, content = m["role"], m.get("content") or ""
+        if tools and i == at:
+            b.ctx(f"[AVAILABLE_TOOLS] {_tojson(tools)}[/AVAILABLE_TOOLS]")
         if role == "system":
             # Mistral has no system turn: the system prompt opens the next [INST] block.
             pending_system = i

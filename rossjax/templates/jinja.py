@@ -8,11 +8,15 @@ Q = render(messages[:i+1]); the turn is Q[len(P):]. This is only sound when
     does when it strips earlier reasoning),
   * the turn's reasoning and content occur verbatim inside it, in order.
 Any violation raises `TemplateError` naming the message; nothing is guessed. Non-assistant
-messages get no parts here (they are context either way).
+messages get no parts here (they are context either way). A template that does not compile is
+`template_syntax`; `{% generation %}...{% endgeneration %}` blocks (Hugging Face's assistant-mask
+markup) render their body, the spans being found as above. The row's `tools` and the configured
+template kwargs (e.g. enable_thinking) are passed to the template as variables.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 
@@ -28,15 +32,42 @@ def _raise(msg):
     raise TemplateError("template_error", f"chat template raised: {msg}")
 
 
+def _generation_extension():
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        """`{% generation %}body{% endgeneration %}` renders body (transformers marks assistant
+        text with it; the spans here come from rendering differences instead)."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    return Generation
+
+
+@functools.lru_cache(maxsize=8)
 def _compile(src: str):
+    from jinja2 import TemplateSyntaxError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+                                        extensions=["jinja2.ext.loopcontrols",
+                                                    _generation_extension()])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(src)
+    try:
+        return env.from_string(src)
+    except TemplateSyntaxError as e:
+        raise TemplateError("template_syntax",
+                            f"chat template does not compile (line {e.lineno}: {e.message})") from None
 
 
 def _hf_message(m: dict) -> dict:
@@ -60,8 +91,10 @@ def _token_str(tokenizer, token_id):
     return tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
 
 
-def render_jinja(src: str, messages, tokenizer) -> Rendered:
+def render_jinja(src: str, messages, tokenizer, tools=None, kwargs: dict | None = None) -> Rendered:
     tpl = _compile(src)
+    extra = {k: v for k, v in (kwargs or {}).items()
+             if k not in ("messages", "add_generation_prompt", "tools")}
     hf = [_hf_message(m) for m in messages]
     specials = getattr(tokenizer, "special_tokens", {}) or {}
     bos = next((s for s in ("<|begin_of_text|>", "<s>", "<bos>") if s in specials), "")
@@ -69,8 +102,8 @@ def render_jinja(src: str, messages, tokenizer) -> Rendered:
 
     def render(msgs, gen):
         try:
-            return tpl.render(messages=msgs, add_generation_prompt=gen, bos_token=bos,
-                              eos_token=eos, tools=None)
+            return tpl.render(**{"bos_token": bos, "eos_token": eos, **extra}, messages=msgs,
+                              add_generation_prompt=gen, tools=tools or None)
         except TemplateError:
             raise
         except Exception as e:  # jinja errors: the template cannot render these messages
@@ -91,7 +124,7 @@ def render_jinja(src: str, messages, tokenizer) -> Rendered:
         if not q.startswith(p):
             raise TemplateError("template_rewrites_prompt",
                                 f"chat template renders the text before message {i} differently "
-                                "once message {i} is added")
+                                f"once message {i} is added")
         if not full.startswith(q):
             raise TemplateError("template_rewrites_history",
                                 f"chat template rewrites message {i} when later messages follow "
