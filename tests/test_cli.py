@@ -99,6 +99,7 @@ HELP_SHOWS = {
     "review": "--config.workdir=''", "train": "--config.model.path=''",
     "export": "--dtype=", "extract": "--config.output=''", "probe-sweep": "--config.output=''",
     "grpo": "--config.model.path=", "eval-generator": "--config.workdir=''",
+    "label-corpus": "--config.pool=''", "aux-set": "--config.run_labels=''",
     "bench": "benchmarks:", "demo": "--steps=30",
 }
 BENCHES = ("model", "sft", "sample", "curate", "select", "grpo")

@@ -34,8 +34,6 @@ def test_compositions():
     assert np.isnan(reward.combine({"a": np.array([np.nan])}, {"a": 1.0})[0])
     with pytest.raises(ValueError):
         reward.gate("hard_gate", s, None)
-    rows, y = reward.auxiliary_set(s, valid, in_band=np.array([0, 1, 1, 1]), threshold=0.5)
-    assert rows.tolist() == [0, 2] and y.tolist() == [0, 1]
 
 
 def _texts(n, seed=0):

@@ -37,6 +37,8 @@ COMMANDS = {
     "export": "export",
     "extract": "extract",
     "probe-sweep": "probe_sweep",
+    "label-corpus": "label_corpus",
+    "aux-set": "aux_set",
     "grpo": "grpo",
     "eval-generator": "eval_generator",
     "bench": "bench",

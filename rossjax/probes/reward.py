@@ -11,7 +11,8 @@ Compositions (pure functions of arrays; `valid` is the validity check W, 0/1 or 
   soft_gate(s, v)               s * v, v in [0, 1]
   wco([s_1..s_k])               min_k s_k  (worst case over an ensemble of probes)
   adversarial(s, s_aux, valid)  min(s, s_aux) on valid tasks, s elsewhere (the auxiliary probe
-                                is trained on the probe's false positives: `auxiliary_set`)
+                                is trained on the original band positives vs the run's false
+                                positives + its dominant collapsed family: probes/auxiliary.py)
   combine({name: r}, weights)   sum_i w_i r_i (NaN stays NaN: the row gets advantage 0)
 """
 
@@ -67,15 +68,6 @@ def combine(rewards: dict, weights: dict):
     if missing:
         raise ValueError(f"combine: reward function {missing[0]!r} has no weight.")
     return sum(float(weights[k]) * np.asarray(r, np.float64) for k, r in rewards.items())
-
-
-def auxiliary_set(scores, valid, in_band, threshold: float = 0.5):
-    """Rows and labels to train the adversarial auxiliary probe on: valid tasks the probe scores
-    at least `threshold`; label 0 for its false positives (true solve count outside the band),
-    1 for its true positives. Returns (row indices, labels)."""
-    s, v, y = (np.asarray(a) for a in (scores, valid, in_band))
-    rows = np.flatnonzero((v > 0.5) & (s >= threshold))
-    return rows, y[rows].astype(np.int32)
 
 
 class ProbeScorer:

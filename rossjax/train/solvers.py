@@ -51,7 +51,7 @@ def sample_texts(mc, params, tok, prompts_msgs, n, c, seed, template="chatml"):
 
 
 class Solver:
-    """`answers(solver_task, k, seed) -> [k texts]` for one configured solver."""
+    """`answers(solver_tasks, k, seed) -> [[k texts] per task]` for one configured solver."""
 
     def __init__(self, section, tok, c, seed: int = 0, field: str = "config.solver"):
         if section.kind not in KINDS:
@@ -59,17 +59,19 @@ class Solver:
         self.section, self.tok, self.c, self.seed, self.field = section, tok, c, seed, field
         self._model = None
 
-    def answers(self, task: dict, k: int, seed: int) -> list[str]:
+    def answers(self, tasks: list[dict], k: int, seed: int) -> list[list[str]]:
+        """k answers for each task; a model solver samples all of them in one batch."""
         kind = self.section.kind
         if kind == "oracle":
-            return [f"```python\n{task['program']}\n```"] * k
+            return [[f"```python\n{t['program']}\n```"] * k for t in tasks]
         if kind == "identity":
-            return ["```python\ndef f(*a):\n    return a[0]\n```"] * k
+            return [["```python\ndef f(*a):\n    return a[0]\n```"] * k for t in tasks]
         if kind == "lookup":
-            return [induction_task.lookup_answer(task)] * k
+            return [[induction_task.lookup_answer(t)] * k for t in tasks]
         self._model = self._model or load_model(self.section, self.tok, self.seed + 1, self.field)
-        return sample_texts(*self._model, self.tok, [[{"role": "user", "content": task["prompt"]}]],
-                            k, self.c, seed)
+        texts = sample_texts(*self._model, self.tok,
+                             [[{"role": "user", "content": t["prompt"]}] for t in tasks], k, self.c, seed)
+        return [texts[i * k:(i + 1) * k] for i in range(len(tasks))]
 
 
 def judge(task: dict, answer: str) -> bool | None:
@@ -78,7 +80,15 @@ def judge(task: dict, answer: str) -> bool | None:
                                               {"role": "assistant", "content": answer}]}).passed
 
 
-def trials(solver: Solver, solver_tasks: list[dict | None], k: int, seed: int = 0) -> list[list]:
-    """K trials per solver task ([] for None: an invalid task is not tried)."""
-    return [[judge(t, a) for a in solver.answers(t, k, seed + i)] if t is not None else []
-            for i, t in enumerate(solver_tasks)]
+def trials(solver: Solver, solver_tasks: list[dict | None], k: int, seed: int = 0,
+           batch_tasks: int = 64) -> list[list]:
+    """K trials per solver task ([] for None: an invalid task is not tried), sampled
+    `batch_tasks` tasks at a time."""
+    out = [[] for _ in solver_tasks]
+    todo = [i for i, t in enumerate(solver_tasks) if t is not None]
+    for b in range(0, len(todo), max(1, batch_tasks)):
+        chunk = todo[b:b + batch_tasks]
+        answers = solver.answers([solver_tasks[i] for i in chunk], k, seed + b)
+        for i, ans in zip(chunk, answers):
+            out[i] = [judge(solver_tasks[i], a) for a in ans]
+    return out
