@@ -26,6 +26,13 @@ compiler. Unreviewed rollouts such as a GRPO run's history.jsonl are therefore c
 `--config.rows=verifier_positive --config.mask_mode=eligible`. Under both filters a failed verdict
 is `verifier_failed`, and rows with no verdict follow `unverified`.
 
+Inputs: rollout records, and rows as other tools write them (TRL messages or prompt/completion,
+verl datasets and rollout dumps, OpenAI messages with tools); map other columns with
+--config.fields.input_key=question --config.fields.label_key=answer
+--config.fields.reward_key=score --config.fields.reward_threshold=1.0 (docs/data.md).
+--config.export_format=parquet also writes DIR/data.parquet (input_ids, attention_mask, labels,
+assistant_masks) for TRL and verl.
+
 Needs: CPU only (no jax import); verifier runs use math-verify, reasoning-gym and sandboxed
 Python in worker processes. Takes ~6 s on the 30-row sample (verify=auto runs the verifiers of
 the 21 rows that store no verdict; ~10 s with verify=rerun); on 2 CPU
@@ -36,6 +43,7 @@ cores compiling runs at hundreds of ~2k-token rollouts/s and sandboxed code veri
 import os
 
 import ml_collections
+from ml_collections import config_dict
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,6 +55,18 @@ def get_config():
     c.output = ""  # the curated dir; --workdir=DIR names it too (one of the two is needed)
     c.tokenizer = "qwen"  # load_tokenizer spec: qwen, qwen3, mistral-v3, tekken, a HF folder ...
     c.template = "chatml"  # chatml | llama3 | mistral | tokenizer (the tokenizer's jinja template)
+    # extra variables for the tokenizer's template, a JSON object: '{"enable_thinking": false}'
+    c.template_kwargs = ""
+    # columns of rows in other layouts (empty: rows are read as they are; docs/data.md)
+    c.fields = ml_collections.ConfigDict()
+    c.fields.input_key = ""  # the prompt: a string (one user turn) or a message list
+    c.fields.label_key = ""  # the completion: a string (one assistant turn) or a message list
+    c.fields.reward_key = ""  # a numeric column read as the row's reward
+    # with reward_key: reward >= threshold is the verdict passed, else failed (none: no verdict)
+    c.fields.reward_threshold = config_dict.placeholder(float)
+    c.fields.id_key = ""  # the column holding the row id (empty: `id`, else derived from content)
+    c.duplicates = "withhold"  # withhold | keep rows whose id an earlier row already had
+    c.export_format = ""  # "" | parquet: also DIR/data.parquet for TRL / verl
     c.max_length = 32768  # longer rollouts are withheld as too_long; 0 = no limit
     c.mask_mode = "annotated"  # annotated | eligible ("ROSS w/o mask": every assistant token)
     c.rows = "accepted"  # accepted (reviewed: accept | revise) | verifier_positive (see above)

@@ -160,9 +160,10 @@ def test_cli_bad_inputs_are_one_sentence_never_a_traceback(tmp_path, capsys):
 
     good = {"id": "g", "messages": [{"role": "user", "content": "hi"},
                                     {"role": "assistant", "content": "hello"}],
-            "verifier": {"name": "math", "passed": True}}
+            "verifier": {"name": "math", "passed": True}, "annotation": {"status": "accept"}}
     bad_role = {**good, "id": "b", "messages": [{"role": "robot", "content": "x"}]}
-    body = "".join(json.dumps(r) + "\n" for r in [good] * 50 + [bad_role]).encode()
+    rows = [{**good, "id": f"g{i}"} for i in range(50)] + [bad_role]
+    body = "".join(json.dumps(r) + "\n" for r in rows).encode()
     trunc = tmp_path / "t.jsonl.gz"
     trunc.write_bytes(gzip.compress(body)[:-40])  # cut inside the stream
     out = str(tmp_path / "o")
@@ -175,12 +176,14 @@ def test_cli_bad_inputs_are_one_sentence_never_a_traceback(tmp_path, capsys):
     last = _lines(os.path.join(out, "invalid.jsonl"))[-1]
     assert "t.jsonl.gz row" in last["detail"] and "truncated" in last["detail"]
 
-    # An invalid row keeps its id in invalid.jsonl when the id could be read.
+    # An invalid row keeps its id in invalid.jsonl when the id could be read; a run that kept
+    # no row at all exits 2 naming the reasons (the report and lists are still written).
     src = tmp_path / "r.jsonl"
     src.write_text(json.dumps(bad_role) + "\n")
-    assert _cli(["curate", *base, f"--config.input={src}"]) == 0
-    assert _lines(os.path.join(out, "invalid.jsonl"))[0]["id"] == "b"
     capsys.readouterr()
+    assert _cli(["curate", *base, f"--config.input={src}"]) == 2
+    assert "none of the 1 rows was kept: 1 invalid as invalid_record" in capsys.readouterr().err
+    assert _lines(os.path.join(out, "invalid.jsonl"))[0]["id"] == "b"
 
     # Not Parquet at all, a tokenizer that does not exist: one line naming the file / field.
     junk = tmp_path / "junk.parquet"

@@ -8,7 +8,7 @@ from rossjax.errors import ConfigError, UsageError
 
 
 def main(argv=None) -> int:
-    from rossjax.curate.pipeline import run
+    from rossjax.curate.pipeline import finish, run
 
     cfg, fv, rest = parse_config(list(argv or []), default_config=repo_config("curate.py"))
     if rest:
@@ -17,7 +17,7 @@ def main(argv=None) -> int:
     if runner == "beam":  # the same stages on Apache Beam (the beam extra)
         from rossjax.curate.beam import curate as run_on_beam
 
-        run_on_beam(cfg, fv.workdir)
+        finish(cfg, run_on_beam(cfg, fv.workdir), fv.workdir or cfg.output)
     elif runner == "local":
         run(cfg, fv.workdir)
     else:

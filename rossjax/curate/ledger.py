@@ -16,6 +16,12 @@ report.json holds
              this run, the rest were read from the records
   kept_by_review {accept, revise, drop, none}: kept rows by their reviewer decision (drop and
                   none only appear with config.rows="verifier_positive")
+  ids       {derived, duplicate}: rows that had no id (given one from their content) and rows
+            whose id an earlier row already had (withheld as `duplicate_id` unless
+            config.duplicates="keep")
+  token_ids {max, tokenizer, tokenizer_vocab_size}: the largest token id in the kept rows and
+            the tokenizer that wrote them (`rossjax train` checks both against the model)
+  kept_lengths {min, max}: tokens per kept row (train names rows too long for data.seq_len)
   shards    [{path, examples}], config (with mask_mode and rows, which `rossjax train` checks
             against its recipe), elapsed_s, rows_per_s
 """
@@ -50,8 +56,9 @@ class RowLists:
 
     def __init__(self, out_dir: str, report: Report):
         self.report = report
-        self._files = {k: open(os.path.join(out_dir, f"{k}.jsonl"), "w", encoding="utf-8")
-                       for k in LISTS}
+        # backslashreplace: a detail quoting unencodable text must not stop the run
+        self._files = {k: open(os.path.join(out_dir, f"{k}.jsonl"), "w", encoding="utf-8",
+                               errors="backslashreplace") for k in LISTS}
 
     def add(self, status: str, row: int, rid, code: str, detail: str):
         self.report.add(status, code)
@@ -79,6 +86,10 @@ class Report:
         self.verify = Counter({"passed": 0, "failed": 0, "undecided": 0, "unverified": 0,
                                "rerun": 0})
         self.kept_by_review = Counter({"accept": 0, "revise": 0, "drop": 0, "none": 0})
+        self.ids = Counter({"derived": 0, "duplicate": 0})
+        self.max_token_id = -1
+        self.lengths: list = [None, 0]  # [min, max] tokens of a kept row
+        self.tokenizer_vocab_size: int | None = None
         self.shards: list[dict] = []
 
     def add(self, status: str, reason: str | None = None, example=None, review: str | None = None):
@@ -94,10 +105,19 @@ class Report:
         if review is not None:
             self.kept_by_review[review] += 1
         if example is not None:
-            self.tokens["kept_total"] += int(len(example.input_ids))
+            n = int(len(example.input_ids))
+            if n:
+                self.max_token_id = max(self.max_token_id, int(example.input_ids.max()))
+            self._length(n, n)
+            self.tokens["kept_total"] += n
             self.tokens["kept_eligible"] += int(example.n_eligible)
             self.tokens["kept_supervised"] += int(example.n_supervised)
             self.tokens["kept_excluded_eligible"] += int(example.n_excluded_eligible)
+
+    def _length(self, lo, hi):
+        if lo is not None:
+            self.lengths = [lo if self.lengths[0] is None else min(self.lengths[0], lo),
+                            max(self.lengths[1], hi)]
 
     def merge(self, other: "Report") -> "Report":
         """Add the counts of `other` (a report over other rows) into this one (Beam combines the
@@ -106,8 +126,11 @@ class Report:
         for mine, theirs in ((self.buckets, other.buckets), (self.tokens, other.tokens),
                              (self.verify, other.verify),
                              (self.kept_by_review, other.kept_by_review),
+                             (self.ids, getattr(other, "ids", Counter())),
                              *((self.reasons[k], other.reasons[k]) for k in self.reasons)):
             mine.update(theirs)
+        self.max_token_id = max(self.max_token_id, getattr(other, "max_token_id", -1))
+        self._length(*getattr(other, "lengths", [None, 0]))
         return self
 
     def add_verdict(self, passed):
@@ -129,6 +152,11 @@ class Report:
             "tokens": dict(self.tokens),
             "ter": self.ter,
             "kept_by_review": dict(self.kept_by_review),
+            "ids": {**self.ids, "duplicates_policy": self.config.get("duplicates", "withhold")},
+            "token_ids": {"max": self.max_token_id if self.max_token_id >= 0 else None,
+                          "tokenizer": self.config.get("tokenizer"),
+                          "tokenizer_vocab_size": self.tokenizer_vocab_size},
+            "kept_lengths": {"min": self.lengths[0], "max": self.lengths[1]},
             "verify": {"mode": self.config.get("verify"),
                        "unverified_policy": self.config.get("unverified"),
                        "undecided_policy": self.config.get("undecided"), **self.verify},

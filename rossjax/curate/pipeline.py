@@ -3,7 +3,10 @@
     rossjax curate --config=configs/curate.py --config.input=ROLLOUTS --config.output=DIR
 
 Stages, per chunk of `chunk_rows` input rows (so memory stays bounded on millions of rows):
-  read     schema.iter_records; a malformed row goes to `invalid` with its reason;
+  read     schema.iter_records (formats.normalize first: TRL, verl, OpenAI rows and the
+           config.fields mapping, docs/data.md); a malformed row goes to `invalid` with its reason;
+  dedupe   a row whose id an earlier row had is withheld as `duplicate_id` (config.duplicates=
+           "keep" keeps it; both count in report.json `ids`);
   verify   a row's verdict comes from, per `verify`:
              "auto"   (default) the stored record.verifier.passed when the row has one, else a
                       fresh run of the named verifier (verifier.name, else task.domain);
@@ -24,31 +27,44 @@ Stages, per chunk of `chunk_rows` input rows (so memory stays bounded on million
                                  unresolvable selector withholds nothing; needs mask_mode=eligible;
   compile  masks.compile_rollout as a grain MapDataset map (grain worker processes when
            `workers > 0`, each loading the tokenizer once);
+           (a row the compiler cannot handle at all is `invalid` as `compile_error`);
   write    kept examples into DIR/compiled-NNNNN.array_record (`examples_per_shard` each);
            withheld and invalid rows, with row number, id, reason code and detail, into
            DIR/withheld.jsonl and DIR/invalid.jsonl; counts into DIR/report.json (ledger.py).
+           Everything is written into DIR/.partial/ and moved into DIR at the end, report.json
+           last: a stopped run leaves no half-written output (DIR holds report.json only when
+           its shards and lists are complete);
+  export   with config.export_format=parquet, DIR/data.parquet for TRL and verl (export_data.py).
 The shard format is compiled.py's. `curate(cfg)` runs these steps one chunk at a time
-(`curate_chunk`); the command line is rossjax/cli/curate.py.
+(`curate_chunk`); `run` adds the export and refuses a run that kept no row (one sentence with
+the top reasons); the command line is rossjax/cli/curate.py.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
+import shutil
 import sys
 import time
+
+import numpy as np
 
 from rossjax.curate.compiled import SHARD_GLOB, ShardWriter, encode_example
 from rossjax.curate.grain_flags import mark_absl_parsed
 from rossjax.curate.ledger import Report, RowLists
-from rossjax.curate.masks import MASK_MODES, compile_rollout
+from rossjax.curate.masks import MASK_MODES, CompiledExample, compile_rollout
 from rossjax.curate.schema import chunked, expand_inputs, iter_records, verifier_positive
-from rossjax.errors import ConfigError
+from rossjax.errors import ConfigError, InputError
 from rossjax.tokenizers import load_tokenizer
 from rossjax.verify import WorkerPool, verifier_name, verify_records
 
 VERIFY_MODES = ("auto", "stored", "rerun")
 ROW_FILTERS = ("accepted", "verifier_positive")
+EXPORT_FORMATS = ("", "parquet")
+STAGE = ".partial"  # DIR/.partial/: this run's outputs until they are complete
+OUTPUTS = ("report.json", "invalid.jsonl", "withheld.jsonl", "data.parquet")
 _NOT_ANNOTATED = ("the row carries no reviewer annotation and config.rows=accepted trains only on "
                   "rows a reviewer accepted or revised (config.rows=verifier_positive with "
                   "config.mask_mode=eligible keeps it: the positive-rollout SFT baseline)")
@@ -57,9 +73,11 @@ _NOT_ANNOTATED = ("the row carries no reviewer annotation and config.rows=accept
 class Compiler:
     """Picklable per-row compile step; loads the tokenizer once per process."""
 
-    def __init__(self, tokenizer: str, template: str, max_length: int | None, mask_mode: str):
+    def __init__(self, tokenizer: str, template: str, max_length: int | None, mask_mode: str,
+                 template_kwargs: dict | None = None):
         self.spec, self.template, self.max_length, self.mask_mode = (
             tokenizer, template, max_length, mask_mode)
+        self.template_kwargs = template_kwargs or {}
         self._tok = None
 
     def __getstate__(self):
@@ -69,17 +87,61 @@ class Compiler:
         if self._tok is None:
             self._tok = load_tokenizer(self.spec)
         row, record = item
-        ex = compile_rollout(record, self._tok, template=self.template,
-                             max_length=self.max_length, mask_mode=self.mask_mode)
+        try:
+            ex = compile_rollout(record, self._tok, template=self.template,
+                                 max_length=self.max_length, mask_mode=self.mask_mode,
+                                 template_kwargs=self.template_kwargs)
+        except Exception as e:  # noqa: BLE001 - one row the tokenizer cannot take ends no run
+            z = np.zeros(0, np.int32)
+            ex = CompiledExample(record.get("id", ""), z, z.astype(np.uint8), z.astype(np.uint8),
+                                 "invalid", "compile_error",
+                                 f"the row cannot be compiled: {type(e).__name__}: {e}"[:300])
         ex.text = None  # not needed downstream; keeps worker -> host pickles small
         return row, ex
 
 
 def _clear_outputs(out_dir: str):
-    for p in glob.glob(os.path.join(out_dir, SHARD_GLOB)) + [
-            os.path.join(out_dir, n) for n in ("report.json", "invalid.jsonl", "withheld.jsonl")]:
+    for p in [os.path.join(out_dir, "report.json")] + glob.glob(os.path.join(out_dir, SHARD_GLOB)) + [
+            os.path.join(out_dir, n) for n in OUTPUTS]:
         if os.path.exists(p):
             os.remove(p)
+
+
+def publish(stage: str, out_dir: str) -> None:
+    """Move a complete run's files from `stage` into `out_dir`: the old outputs go first
+    (report.json before its shards), the new report.json comes last."""
+    _clear_outputs(out_dir)
+    names = sorted(os.listdir(stage), key=lambda n: n == "report.json")
+    for n in names:
+        os.replace(os.path.join(stage, n), os.path.join(out_dir, n))
+    os.rmdir(stage)
+
+
+def template_kwargs(cfg) -> dict:
+    """config.template_kwargs: a JSON object of extra template variables (e.g. enable_thinking)."""
+    raw = cfg.get("template_kwargs", "") or ""
+    if not raw:
+        return {}
+    if isinstance(raw, dict) or hasattr(raw, "to_dict"):
+        return dict(raw)
+    try:
+        out = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"config.template_kwargs {raw!r} is not a JSON object ({e.msg})") from None
+    if not isinstance(out, dict):
+        raise ConfigError(f"config.template_kwargs {raw!r} must be a JSON object, like "
+                          f"'{{\"enable_thinking\": false}}'")
+    return out
+
+
+def field_mapping(cfg) -> dict:
+    """config.fields (input_key, label_key, reward_key, reward_threshold, id_key) as a dict."""
+    f = cfg.get("fields", None)
+    f = dict(f.to_dict() if hasattr(f, "to_dict") else (f or {}))
+    if f.get("reward_threshold") is not None and not f.get("reward_key"):
+        raise ConfigError("config.fields.reward_threshold needs config.fields.reward_key (the "
+                          "column holding the reward)")
+    return f
 
 
 def _count_lines(files: list[str]) -> int | None:
@@ -140,6 +202,12 @@ def check_config(cfg, out_dir: str, list_inputs=expand_inputs) -> tuple[str, lis
     rows_filter = check_rows(cfg)
     if not out_dir:
         raise ConfigError("config.output is empty; set --config.output=DIR")
+    if cfg.get("duplicates", "withhold") not in ("withhold", "keep"):
+        raise ConfigError(f"config.duplicates {cfg.duplicates!r} must be 'withhold' or 'keep'")
+    if cfg.get("export_format", "") not in EXPORT_FORMATS:
+        raise ConfigError(f"config.export_format {cfg.export_format!r} must be '' or 'parquet'")
+    template_kwargs(cfg)
+    field_mapping(cfg)
     files = list_inputs(cfg.input)  # a missing file or an empty pattern fails here
     try:  # fail here, not inside a worker after reading rows
         load_tokenizer(cfg.tokenizer)
@@ -206,14 +274,28 @@ def compile_rows(ready: list, compiler: Compiler, workers: int):
 
 
 def curate_chunk(chunk, cfg, rows_filter: str, pool: WorkerPool, compiler: Compiler,
-                 lists: RowLists, shards: ShardWriter) -> None:
-    """Read -> verify -> filter -> compile -> write for one chunk of input rows."""
+                 lists: RowLists, shards: ShardWriter, seen: dict | None = None) -> None:
+    """Read -> dedupe -> verify -> filter -> compile -> write for one chunk of input rows.
+    `seen` ({id: first row}, kept across chunks) finds duplicate ids; None skips the check."""
     todo = []
+    keep_dupes = cfg.get("duplicates", "withhold") == "keep"
     for row in chunk:
         if row.record is None:
             lists.add("invalid", row.row, row.id, "invalid_record", row.reason)
-        else:
-            todo.append((row.row, row.record))
+            continue
+        rid = row.record["id"]
+        lists.report.ids["derived"] += bool(row.derived_id)
+        if seen is not None:
+            if rid in seen:
+                lists.report.ids["duplicate"] += 1
+                if not keep_dupes:
+                    lists.add("withheld", row.row, rid, "duplicate_id",
+                              f"row {seen[rid]} already has id {rid!r} (the first row with an id "
+                              f"is kept; config.duplicates=keep keeps every one)")
+                    continue
+            else:
+                seen[rid] = row.row
+        todo.append((row.row, row.record))
     if cfg.verify != "stored":
         fresh_verdicts(todo, cfg.verify, pool, lists.report)
     ready, review = filter_rows(todo, cfg, rows_filter, lists)
@@ -232,20 +314,24 @@ def curate(cfg, output: str | None = None) -> dict:
 
     out_dir = output or cfg.output
     rows_filter, files = check_config(cfg, out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    _clear_outputs(out_dir)
+    stage = os.path.join(out_dir, STAGE)
+    shutil.rmtree(stage, ignore_errors=True)  # a stopped run's leftovers
+    os.makedirs(stage)
     config = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
     report = Report({**config, "output": out_dir})
-    compiler = Compiler(cfg.tokenizer, cfg.template, cfg.max_length or None, cfg.mask_mode)
-    shards = ShardWriter(out_dir, cfg.examples_per_shard, report.shards)
+    report.tokenizer_vocab_size = int(load_tokenizer(cfg.tokenizer).vocab_size)
+    compiler = Compiler(cfg.tokenizer, cfg.template, cfg.max_length or None, cfg.mask_mode,
+                        template_kwargs(cfg))
+    shards = ShardWriter(stage, cfg.examples_per_shard, report.shards)
+    fields, seen = field_mapping(cfg), {}
     t0 = time.perf_counter()
     bar = tqdm(total=_count_lines(files), unit="row", desc="curate", disable=not cfg.progress,
                file=sys.stderr)
     pool = WorkerPool(cfg.verify_workers if cfg.verify != "stored" else 0)
     try:
-        with pool, RowLists(out_dir, report) as lists:
-            for chunk in chunked(iter_records(files), cfg.chunk_rows):
-                curate_chunk(chunk, cfg, rows_filter, pool, compiler, lists, shards)
+        with pool, RowLists(stage, report) as lists:
+            for chunk in chunked(iter_records(files, fields), cfg.chunk_rows):
+                curate_chunk(chunk, cfg, rows_filter, pool, compiler, lists, shards, seen)
                 bar.update(len(chunk))
                 bar.set_postfix_str(f"kept {report.buckets['kept']}")
     finally:
@@ -254,11 +340,51 @@ def curate(cfg, output: str | None = None) -> dict:
     if report.input_rows == 0:
         print(f"rossjax curate: warning: {cfg.input} holds no rows; the output is empty",
               file=sys.stderr)
-    out = report.write(out_dir, time.perf_counter() - t0)
+    out = report.write(stage, time.perf_counter() - t0)
+    publish(stage, out_dir)
     print(f"rossjax curate: {report.summary()} -> {out_dir}", file=sys.stderr)
+    if report.ids["derived"]:
+        print(f"rossjax curate: note: {report.ids['derived']} rows had no id; each was given one "
+              f"derived from its content (sha-<16 hex of SHA-256 of its messages and tools>)",
+              file=sys.stderr)
+    if report.ids["duplicate"]:
+        print(f"rossjax curate: note: {report.ids['duplicate']} rows repeat an earlier row's id "
+              f"({'kept' if cfg.get('duplicates') == 'keep' else 'withheld as duplicate_id'})",
+              file=sys.stderr)
     return out
+
+
+def check_kept(report: dict, cfg, out_dir: str) -> None:
+    """A run that read rows but kept none is an error: one sentence with the top reasons."""
+    if not report["input_rows"] or report["buckets"]["kept"]:
+        return
+    counts = [(n, status, code) for status in ("withheld", "invalid")
+              for code, n in report["reasons"][status].items()]
+    top = sorted(counts, key=lambda c: -c[0])[:3]
+    words = []
+    for n, status, code in top:
+        hint = ""
+        if code == "too_long":
+            hint = (f" (rows are longer than config.max_length={cfg.max_length} tokens; raise it, "
+                    f"0 = no limit)")
+        words.append(f"{n} {status} as {code}{hint}")
+    raise InputError(f"{cfg.input}: none of the {report['input_rows']} rows was kept: "
+                     f"{'; '.join(words)}; each row's reason is in {out_dir}/withheld.jsonl and "
+                     f"{out_dir}/invalid.jsonl")
+
+
+def finish(cfg, report: dict, out_dir: str) -> dict:
+    """After either runner: the Parquet export (config.export_format) and the kept-nothing check."""
+    if cfg.get("export_format", "") == "parquet" and report["buckets"]["kept"]:
+        from rossjax.curate.export_data import export_parquet
+
+        path = export_parquet(out_dir)
+        print(f"rossjax curate: wrote {path} (input_ids, attention_mask, labels, assistant_masks)",
+              file=sys.stderr)
+    check_kept(report, cfg, out_dir)
+    return report
 
 
 def run(cfg, workdir: str | None = None) -> dict:
     """`rossjax curate`: the pipeline into `workdir` (default config.output)."""
-    return curate(cfg, workdir)
+    return finish(cfg, curate(cfg, workdir), workdir or cfg.output)
