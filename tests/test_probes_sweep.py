@@ -97,7 +97,8 @@ def test_probe_sweep_cli_end_to_end(wide_model, tmp_path, monkeypatch, capsys):
     out = tmp_path / "sweep"
     argv = ["probe-sweep", "--config=configs/probe_sweep.py", f"--config.stores={tuple(stores)!r}",
             f"--config.labels={lab}", f"--config.output={out}", "--config.heads=('linear',)",
-            "--config.seeds=(0,1)", "--config.max_epochs=40", "--config.ece_max=0.3"]
+            "--config.seeds=(0,1)", "--config.max_epochs=40", "--config.ece_max=0.3",
+            "--config.split=random", "--config.balance=('reweight',)", "--config.ba_tolerance=0.0"]
     assert main(argv) == 0
     lines = (out / "cells.csv").read_text().strip().splitlines()
     assert len(lines) == 1 + 2 * 2 * 2   # header + pooling x layer x seed
@@ -113,15 +114,24 @@ def test_probe_sweep_cli_end_to_end(wide_model, tmp_path, monkeypatch, capsys):
     probe, man = load_probe(str(out / "selected_probe"))
     assert man["head"] == "linear" and man["layer"] in (1, 2) and man["pooling"] in ("mean", "max")
     summary = [r for r in _csv(out / "summary.csv")]
-    ok = [r for r in summary if float(r["val_ece"]) <= 0.3]
+    ok = [r for r in summary if float(r["val_ece_raw"]) <= 0.3]   # before calibration
     assert float(man["summary"]["val_balanced_accuracy"]) == max(float(r["val_balanced_accuracy"]) for r in ok)
     x = extract(cfg, params, rows, (man["layer"],), man["pooling"])[:, 0]
     s = probe.score(x)
     assert s.shape == (1000,) and ((s >= 0.5) == (nums > 49)).mean() > 0.7  # accuracy proper: the honesty test
     # group k-fold split and a label file whose ids are not in the store
     seen.clear()
-    assert main(argv[:-3] + ["--config.split=group_kfold", "--config.seeds=(0,)", "--config.max_epochs=3",
-                             f"--config.output={tmp_path / 'sweep_g'}"]) == 0
+    assert main(argv[:5] + ["--config.heads=('linear',)", "--config.layers=(2,)",
+                            "--config.seeds=(0,)", "--config.max_epochs=3",
+                            f"--config.output={tmp_path / 'sweep_g'}"]) == 0
+    # defaults: group k-fold over all 5 folds, the domain's (azr) downsampling; the summary is
+    # the mean over every fold, not fold 0
+    gcells = _csv(tmp_path / "sweep_g" / "cells.csv")
+    assert len(gcells) == 2 * 5 and {c["fold"] for c in gcells} == {str(f) for f in range(5)}
+    assert {c["balance"] for c in gcells} == {"downsample"}
+    for row in _csv(tmp_path / "sweep_g" / "summary.csv"):
+        mine = [float(c["val_balanced_accuracy"]) for c in gcells if c["pooling"] == row["pooling"]]
+        assert row["runs"] == "5" and float(row["val_balanced_accuracy"]) == pytest.approx(np.mean(mine))
     group = {i: f"g{j % 9}" for j, i in enumerate(ids)}
     for tr_ids, va_ids in seen:  # whole groups: validation groups never appear in training
         assert not {group[i] for i in tr_ids} & {group[i] for i in va_ids}
@@ -155,8 +165,86 @@ def test_rvp_reward_is_the_rl_gate():
     s, valid = np.array([0.9, 0.2, 0.6, 0.4]), np.array([1.0, 0.0, 1.0, 0.0])
     np.testing.assert_array_equal(sweep.make_reward("hard_gate", -0.2)(Fixed(), s, valid), [0.9, -0.2, 0.6, -0.2])
     np.testing.assert_array_equal(sweep.make_reward("probe_only")(Fixed(), s, valid), s)
+    # the ensemble the RL reward worst-cases with is part of the reward RVP measures
+    other = np.array([0.5, 0.9, 0.1, 0.9])
+    np.testing.assert_array_equal(sweep.make_reward("hard_gate")(Fixed(), s, valid, [other]),
+                                  [0.5, -0.2, 0.1, -0.2])
     np.testing.assert_allclose(sweep.make_reward("soft_gate")(Fixed(), s, valid * 0.5), [0.45, 0, 0.3, 0])
     assert metrics.rvp(lambda v: sweep.make_reward("hard_gate")(Fixed(), s, v), valid) == pytest.approx(
         np.var([0.9, -0.2, 0.6, -0.2]))
     with pytest.raises(ValueError, match="field 'reward'"):
         sweep.make_reward("gate_of_gold")
+
+
+def _row(ba, ece_raw, ece, rvp):
+    return {"val_balanced_accuracy": ba, "val_ece_raw": ece_raw, "val_ece": ece, "rvp": rvp}
+
+
+def test_selection_ece_before_calibration_then_rvp_within_tolerance():
+    from rossjax.probes import sweep
+
+    a = _row(0.800, 0.05, 0.02, 0.010)
+    b = _row(0.795, 0.06, 0.03, 0.050)   # slightly less accurate, more reward variance
+    c = _row(0.850, 0.20, 0.03, 0.090)   # calibrated ECE fine, raw ECE over the ceiling
+    best, note = sweep.select([a, b, c], ece_max=0.1, ba_tolerance=0.01)
+    assert best is b and "higher RVP" in note
+    assert sweep.select([a, b, c], ece_max=0.1, ba_tolerance=0.0)[0] is a
+    assert sweep.select([a, b, c], ece_max=0.3, ba_tolerance=0.01)[0] is c
+    d = _row(0.799, 0.05, 0.02, float("nan"))   # no RVP sample: accuracy decides
+    assert sweep.select([a, d], ece_max=0.1, ba_tolerance=0.01)[0] is a
+    assert "no cell met" in sweep.select([c], ece_max=0.1)[1]
+
+
+def test_class_balance_defaults_by_domain():
+    import ml_collections
+
+    from rossjax.probes import sweep
+
+    c = ml_collections.ConfigDict({"balance": (), "domain": "azr", "split": "group_kfold",
+                                   "fold": -1, "folds": 5})
+    assert sweep.balances(c) == ("downsample",) and sweep.folds(c) == [0, 1, 2, 3, 4]
+    c.domain = "math"
+    assert sweep.balances(c) == ("downsample",)
+    c.domain = "swe"
+    assert sweep.balances(c) == ("reweight",)
+    c.balance = ("none",)
+    assert sweep.balances(c) == ("none",)
+    c.split = "random"
+    assert sweep.folds(c) == [0]
+    c.balance, c.domain = (), "chess"
+    with pytest.raises(ValueError, match="field 'domain'"):
+        sweep.balances(c)
+
+
+def test_rvp_sample_is_its_own_set_with_gate_and_ensemble(wide_model, tmp_path):
+    import ml_collections
+
+    from rossjax.probes import reward, rvp, sweep
+    from rossjax.probes.heads import save_probe
+
+    cfg, params = wide_model
+    rows, nums = _texts(300, seed=7)   # base-model completions: not the sweep's rows
+    ids = [f"base{i}" for i in range(300)]
+    d = str(tmp_path / "rvp_mean")
+    write_store(d, cfg, params, ids, rows, (2,), "mean", progress=False)
+    valid = (np.arange(300) % 3 != 0).astype(int)
+    vpath = tmp_path / "valid.jsonl"
+    vpath.write_text("\n".join(json.dumps({"id": i, "valid": int(v)}) for i, v in zip(ids, valid)))
+    x = extract(cfg, params, rows, (2,), "mean")[:, 0]
+    y = (nums > 49).astype(np.int32)
+    p1 = heads.train_probe(x[:200], y[:200], x[200:], y[200:], heads.TrainConfig(max_epochs=5))
+    p2 = heads.train_probe(x[:200], 1 - y[:200], x[200:], 1 - y[200:], heads.TrainConfig(max_epochs=5))
+    save_probe(str(tmp_path / "ens"), p2, {"head": "linear", "layer": 2, "pooling": "mean",
+                                            "temperature": p2.temperature, "dropout": p2.dropout})
+    c = ml_collections.ConfigDict({"rvp_stores": (d,), "rvp_n": 50, "rvp_seed": 3, "reward": "hard_gate",
+                                   "rvp_valid": str(vpath), "rvp_ensemble": (str(tmp_path / "ens"),)})
+    sample = rvp.RvpSample(c)
+    assert len(sample.rows) == 50 and len(set(sample.rows.tolist())) == 50
+    got = sample.rvp(sweep.make_reward("hard_gate"), p1, "mean", 2)
+    r = sample.rows
+    want = np.var(reward.hard_gate(np.minimum(p1.score(x[r]), p2.score(x[r])), valid[r]))
+    assert got == pytest.approx(want, rel=1e-5) and "50 rows" in sample.source
+    c.rvp_valid = ""
+    with pytest.raises(ValueError, match="rvp_valid"):
+        rvp.RvpSample(c)
+    assert np.isnan(rvp.RvpSample(ml_collections.ConfigDict({"rvp_stores": ()})).rvp(None, p1, "mean", 2))

@@ -4,12 +4,19 @@ Inputs are finished activation stores (one per pooling, `rossjax extract`) over 
 label file (solver trials -> U_S, or explicit labels). Every cell trains on the train split, stops
 early and calibrates on validation, and is reported on the held-out test split.
 
-Selection uses validation numbers only (test stays untouched for reporting): the best mean
-validation balanced accuracy among cells whose mean validation ECE (after temperature scaling) is
-at most `ece_max`; ties (equal to 3 decimals) go to the higher RVP, the variance of the reward
-the RL loop would compute on a fixed sample of reference-policy outputs (`rvp_stores`; without
-one, the test-split rows stand in and the CSV says so). When no cell meets the ECE ceiling the
-best-calibrated cell wins and the manifest records it.
+Selection, as PROPEL: validation numbers only (test stays untouched for reporting), averaged over
+seeds and folds. Cells whose validation ECE measured *before* temperature calibration exceeds
+`ece_max` are out; among the rest, every cell within `ba_tolerance` of the best validation
+balanced accuracy is a candidate and the highest RVP wins (a slightly less accurate probe whose
+reward varies more gives GRPO more signal). RVP is the variance of the exact RL reward (gate +
+ensemble) on its own sample of base-model completions (rossjax/probes/rvp.py); without
+`rvp_stores` it is NaN and the best balanced accuracy wins. When no cell meets the ECE ceiling
+the best-calibrated cell wins and the manifest records it.
+
+Splits: `group_kfold` (default) trains every fold (`fold=-1`; test = one fold, validation the
+next) for every seed and reports the mean over all of them; `random` is one seeded 80/10/10
+split. Class balance: `balance=()` takes the domain's default, downsampling for math and azr,
+a reweighted loss for swe.
 
 Outputs in the output dir: cells.csv (one line per cell and seed), summary.csv (mean over seeds),
 heatmap_<head>.png (layer x pooling, validation balanced accuracy), selected_probe/ (orbax) and
@@ -31,27 +38,54 @@ from rossjax.probes import heads, metrics
 from rossjax.probes import labels as labels_mod
 from rossjax.probes import reward as reward_lib
 from rossjax.probes.heads import save_probe
+from rossjax.probes.rvp import RvpSample
 from rossjax.probes.store import open_store
 
-FIELDS = ("layer", "pooling", "head", "balance", "seed", "epochs", "temperature", "val_balanced_accuracy",
-          "val_ece", "test_accuracy", "test_balanced_accuracy", "test_f1", "test_ece", "test_spearman",
+FIELDS = ("layer", "pooling", "head", "balance", "seed", "fold", "epochs", "temperature",
+          "val_balanced_accuracy", "val_ece_raw", "val_ece", "test_accuracy", "test_balanced_accuracy", "test_f1", "test_ece", "test_spearman",
           "rvp", "rvp_source")
 
 
+DOMAINS = {"math": "downsample", "azr": "downsample", "swe": "reweight"}
+
+
 def make_reward(kind: str = "probe_only", invalid_reward: float = -0.2) -> Callable:
-    """reward(probe, x, valid) -> [n]: the probe score through the same gate the RL loop applies
-    (`rossjax.probes.reward.gate`: probe_only | hard_gate | soft_gate), so RVP measures its reward."""
+    """reward(probe, x, valid, others=()) -> [n]: the probe score, worst-cased with the ensemble's
+    scores `others` (reward.wco), through the gate the RL loop applies (`reward.gate`:
+    probe_only | hard_gate | soft_gate), so RVP measures exactly its reward."""
     if kind not in reward_lib.GATES:
         raise ValueError(f"configs/probe_sweep.py: field 'reward' is {kind!r}, not one of "
                          f"{', '.join(reward_lib.GATES)}.")
-    return lambda probe, x, valid: reward_lib.gate(kind, probe.score(x), valid, invalid_reward)
+
+    def fn(probe, x, valid, others=()):
+        s = probe.score(x)
+        return reward_lib.gate(kind, reward_lib.wco([s, *others]) if len(others) else s, valid,
+                               invalid_reward)
+    return fn
 
 
-def _split(c, n, groups):
+def balances(c) -> tuple:
+    """The class-balance strategies to sweep: the config's, else the domain's default."""
+    if c.balance:
+        return tuple(c.balance)
+    if c.domain not in DOMAINS:
+        raise ConfigError(f"configs/probe_sweep.py: field 'domain' is {c.domain!r}, not one of "
+                          f"{', '.join(DOMAINS)}.")
+    return (DOMAINS[c.domain],)
+
+
+def folds(c) -> list:
+    """Fold indices to train: every fold of a group k-fold (fold=-1), else the one given."""
+    if c.split == "group_kfold" and c.fold < 0:
+        return list(range(c.folds))
+    return [max(c.fold, 0)]
+
+
+def _split(c, n, groups, fold):
     if c.split == "random":
         return heads.random_split(n, seed=c.split_seed)
     if c.split == "group_kfold":
-        return heads.group_kfold(groups, k=c.folds, fold=c.fold, seed=c.split_seed)
+        return heads.group_kfold(groups, k=c.folds, fold=fold, seed=c.split_seed)
     raise ValueError(f"configs/probe_sweep.py: field 'split' is {c.split!r}, not random or group_kfold.")
 
 
@@ -77,50 +111,46 @@ def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool
         raise ValueError(f"{c.labels}: all {len(lab.y)} labelled rows (after min_valid) fall in class "
                          f"{int(lab.y[0]) if len(lab.y) else '-'}; a probe needs both in-band and "
                          "out-of-band rows.")
-    kept_rows = [rows[i] for i in lab.kept]
-    valid = np.asarray([float(r.get("valid", 1.0)) for r in kept_rows])  # 0/1, or a soft_gate score
-    tr, va, te = _split(c, len(idx), groups)
+    splits = {f: _split(c, len(idx), groups, f) for f in folds(c)}
     row_ids = np.asarray([ids[i] for i in idx])
     reward_fn = reward_fn or make_reward(c.reward, c.invalid_reward)
-    rvp_by_pool = {}
-    for p in c.rvp_stores:
-        s = open_store(p)
-        rvp_by_pool[s.manifest["pooling"]] = s
+    sample = RvpSample(c)
 
     # TensorBoard: each cell's epoch curve under its own tag, and one point per cell under sweep/.
     os.makedirs(out_dir, exist_ok=True)
     writer = MetricsWriter(out_dir)
     cells, trained = [], {}
-    grid = [(s, layer, head, bal, seed) for s in stores for layer in (c.layers or s.manifest["layers"])
-            for head in c.heads for bal in c.balance for seed in c.seeds]
-    for s, layer, head, bal, seed in tqdm(grid, desc="probe-sweep", disable=not progress):
+    grid = [(s, layer, head, bal, seed, fold) for s in stores
+            for layer in (c.layers or s.manifest["layers"]) for head in c.heads
+            for bal in balances(c) for seed in c.seeds for fold in splits]
+    for s, layer, head, bal, seed, fold in tqdm(grid, desc="probe-sweep", disable=not progress):
+        tr, va, te = splits[fold]
         x = s.read(layer=layer)[idx]
         tc = heads.TrainConfig(head=head, balance=bal, seed=seed, lr=c.lr, weight_decay=c.weight_decay,
                                batch_size=c.batch_size, max_epochs=c.max_epochs, patience=c.patience)
         probe = heads.train_probe(x[tr], lab.y[tr], x[va], lab.y[va], tc, train_ids=row_ids[tr],
                                   val_ids=row_ids[va])
         val = metrics.classification_report(lab.y[va], probe.logits(x[va]), temperature=probe.temperature)
+        # The ECE ceiling applies before calibration: temperature scaling fixes confidence, not
+        # the ranking, and the paper screens the raw probe.
+        val_raw = metrics.classification_report(lab.y[va], probe.logits(x[va]), temperature=1.0)
         test = metrics.classification_report(lab.y[te], probe.logits(x[te]), temperature=probe.temperature,
                                              solve_rate=lab.solve_rate[te])
         pooling = s.manifest["pooling"]
-        if pooling in rvp_by_pool:
-            ref = rvp_by_pool[pooling]
-            xr, vr, src = ref.read(layer=layer), np.ones(len(ref.ids)), ref.path
-        else:
-            xr, vr, src = x[te], valid[te], "test_split"
-        rvp = metrics.rvp(lambda sample: reward_fn(probe, sample[0], sample[1]), _Pair(xr, vr))
+        rvp = sample.rvp(reward_fn, probe, pooling, layer)
         cell = {"layer": layer, "pooling": pooling, "head": head, "balance": bal, "seed": seed,
-                "epochs": len(probe.history), "temperature": probe.temperature,
-                "val_balanced_accuracy": val["balanced_accuracy"], "val_ece": val["ece"],
-                **{f"test_{k}": v for k, v in test.items()}, "rvp": rvp, "rvp_source": src}
+                "fold": fold, "epochs": len(probe.history), "temperature": probe.temperature,
+                "val_balanced_accuracy": val["balanced_accuracy"], "val_ece_raw": val_raw["ece"],
+                "val_ece": val["ece"], **{f"test_{k}": v for k, v in test.items()}, "rvp": rvp,
+                "rvp_source": sample.source}
         cells.append(cell)
-        trained[(layer, pooling, head, bal, seed)] = (probe, s)
-        tag = f"{head}/layer{layer}/{pooling}/{bal}/seed{seed}"
+        trained[(layer, pooling, head, bal, seed, fold)] = (probe, s)
+        tag = f"{head}/layer{layer}/{pooling}/{bal}/seed{seed}" + (f"/fold{fold}" if len(splits) > 1 else "")
         for h in probe.history:
             writer.write(h["epoch"], {"loss": h["loss"], "val_balanced_accuracy": h["val_balanced_accuracy"]},
                          prefix=tag)
         writer.write(len(cells) - 1, {k: v for k, v in cell.items()
-                                      if isinstance(v, (int, float)) and k not in ("layer", "seed")},
+                                      if isinstance(v, (int, float)) and k not in ("layer", "seed", "fold")},
                      prefix="sweep")
     writer.close()
 
@@ -129,31 +159,26 @@ def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool
     _write_csv(os.path.join(out_dir, "summary.csv"), summary, list(summary[0]))
     for head in c.heads:
         _heatmap(os.path.join(out_dir, f"heatmap_{head}.png"), [r for r in summary if r["head"] == head], head)
-    best, note = select(summary, c.ece_max)
+    best, note = select(summary, c.ece_max, c.ba_tolerance)
     key = (best["layer"], best["pooling"], best["head"], best["balance"])
-    seed = max((cl for cl in cells if (cl["layer"], cl["pooling"], cl["head"], cl["balance"]) == key),
-               key=lambda cl: cl["val_balanced_accuracy"])["seed"]
-    probe, store = trained[key + (seed,)]
+    top = max((cl for cl in cells if (cl["layer"], cl["pooling"], cl["head"], cl["balance"]) == key),
+              key=lambda cl: cl["val_balanced_accuracy"])
+    seed, fold = top["seed"], top["fold"]
+    probe, store = trained[key + (seed, fold)]
+    tr, va, te = splits[fold]
     manifest = {"head": probe.head, "layer": best["layer"], "pooling": best["pooling"],
                 "turn_pooling": store.manifest["turn_pooling"], "turns": store.manifest["turns"],
-                "balance": best["balance"], "seed": seed, "temperature": probe.temperature,
+                "balance": best["balance"], "seed": seed, "fold": fold, "split": c.split,
+                "temperature": probe.temperature, "ba_tolerance": c.ba_tolerance,
+                "rvp_source": sample.source,
                 "dropout": probe.dropout, "d_model": int(probe.mean.shape[0]),
                 "model": store.manifest["model"], "store": store.path, "labels": c.labels,
                 "band": {"lo": c.lo, "hi": c.hi, "band": c.band, "min_valid": c.min_valid},
-                "ece_max": c.ece_max, "selection_note": note, "summary": best,
+                "ece_max": c.ece_max, "ece_measured": "before temperature calibration",
+                "selection_note": note, "summary": best,
                 "n_train": int(len(tr)), "n_val": int(len(va)), "n_test": int(len(te))}
     save_probe(os.path.join(out_dir, "selected_probe"), probe, manifest)
     return {"cells": cells, "summary": summary, "selected": manifest}
-
-
-class _Pair(tuple):
-    """(x, valid) as one `samples` object for metrics.rvp, whose length is the row count."""
-
-    def __new__(cls, x, v):
-        return super().__new__(cls, (x, v))
-
-    def __len__(self):
-        return len(self[0])
 
 
 def _summarize(cells):
@@ -162,25 +187,33 @@ def _summarize(cells):
     for k in keys:
         group = [c for c in cells if (c["layer"], c["pooling"], c["head"], c["balance"]) == k]
         row = dict(zip(("layer", "pooling", "head", "balance"), k))
-        for f in ("val_balanced_accuracy", "val_ece", "test_balanced_accuracy", "test_ece",
-                  "test_f1", "test_spearman", "rvp"):
+        for f in ("val_balanced_accuracy", "val_ece_raw", "val_ece", "test_balanced_accuracy",
+                  "test_ece", "test_f1", "test_spearman", "rvp"):
             vals = np.asarray([g[f] for g in group], float)
             row[f] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
             row[f + "_std"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else float("nan")
-        row["seeds"] = len(group)
+        row["seeds"] = len({g["seed"] for g in group})
+        row["folds"] = len({g["fold"] for g in group})
+        row["runs"] = len(group)   # the means above are over all seeds x folds
         out.append(row)
     return out
 
 
-def select(summary, ece_max: float):
-    """(best summary row, note): max validation balanced accuracy with val ECE <= ece_max, RVP
-    breaking ties at 3 decimals."""
-    ok = [r for r in summary if r["val_ece"] <= ece_max]
-    note = "met the ECE ceiling"
+def select(summary, ece_max: float, ba_tolerance: float = 0.0):
+    """(best summary row, note): among rows with validation ECE before calibration <= ece_max,
+    those within `ba_tolerance` of the best validation balanced accuracy are candidates and the
+    highest RVP wins (NaN RVP counts as lowest; equal RVP goes to the higher accuracy)."""
+    ok = [r for r in summary if r["val_ece_raw"] <= ece_max]
+    note = "met the ECE ceiling (before calibration)"
     if not ok:
-        ok = [min(summary, key=lambda r: r["val_ece"])]
-        note = f"no cell met ECE <= {ece_max}; chose the best-calibrated cell"
-    best = max(ok, key=lambda r: (round(r["val_balanced_accuracy"], 3), r["rvp"]))
+        ok = [min(summary, key=lambda r: r["val_ece_raw"])]
+        note = f"no cell met ECE <= {ece_max} before calibration; chose the best-calibrated cell"
+    top = max(r["val_balanced_accuracy"] for r in ok)
+    near = [r for r in ok if r["val_balanced_accuracy"] >= top - ba_tolerance - 1e-12]
+    best = max(near, key=lambda r: (r["rvp"] if np.isfinite(r["rvp"]) else -np.inf,
+                                    r["val_balanced_accuracy"]))
+    if best["val_balanced_accuracy"] < top:
+        note += f"; higher RVP within {ba_tolerance} balanced accuracy of the best"
     return best, note
 
 
