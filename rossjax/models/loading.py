@@ -26,10 +26,13 @@ def _get(section, name, default=None):
     return default if v is None else v
 
 
-def section_from_spec(spec: str, dtype: str = "float32") -> dict:
+def section_from_spec(spec: str, dtype: str = "float32", *, where: str = "config.model") -> dict:
     """A model section from a one-string spec: "preset:NAME" or a model folder."""
     if spec.startswith("preset:"):
         return {"preset": spec.split(":", 1)[1], "dtype": dtype, "param_dtype": dtype}
+    if not os.path.isdir(spec):
+        raise ConfigError(f"{where} is {spec!r}, which is neither preset:NAME nor an existing "
+                          f"model folder.")
     return {"path": spec, "dtype": dtype, "param_dtype": dtype}
 
 
