@@ -11,8 +11,8 @@
     reward_threshold, id_key).
 Inside messages: `reasoning_content` is read as `reasoning`, content given as a list of text parts
 is joined, and the `developer` role is the system turn. A row without an id gets a stable one
-derived from its content ("sha-" + 16 hex of the SHA-256 of its messages and tools), and the run
-says how many ids it derived. A row that cannot be read raises `FormatError` (one reason).
+derived from its content ("sha-" + 16 hex of the SHA-256 of its messages, tools, task and
+source), and the run says how many ids it derived. A row that cannot be read raises `FormatError` (one reason).
 """
 
 from __future__ import annotations
@@ -156,8 +156,9 @@ def _verl_dump(obj: dict) -> dict:
 
 
 def content_id(rec: dict) -> str:
-    """A stable id from a row's content: the same messages and tools give the same id."""
-    blob = json.dumps([rec.get("messages"), rec.get("tools")], sort_keys=True, ensure_ascii=False,
+    """A stable id from a row's content: the same messages, tools, task and source give the same
+    id (so a repeated row is found as a duplicate; the same answer to another task is not)."""
+    blob = json.dumps([rec.get(k) for k in ("messages", "tools", "task", "source")], sort_keys=True, ensure_ascii=False,
                       separators=(",", ":"), default=str)
     return "sha-" + hashlib.sha256(blob.encode("utf-8", "backslashreplace")).hexdigest()[:16]
 

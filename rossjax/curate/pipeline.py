@@ -345,8 +345,8 @@ def curate(cfg, output: str | None = None) -> dict:
     print(f"rossjax curate: {report.summary()} -> {out_dir}", file=sys.stderr)
     if report.ids["derived"]:
         print(f"rossjax curate: note: {report.ids['derived']} rows had no id; each was given one "
-              f"derived from its content (sha-<16 hex of SHA-256 of its messages and tools>)",
-              file=sys.stderr)
+              f"derived from its content (sha- and 16 hex of the SHA-256 of its messages, tools, "
+              f"task and source)", file=sys.stderr)
     if report.ids["duplicate"]:
         print(f"rossjax curate: note: {report.ids['duplicate']} rows repeat an earlier row's id "
               f"({'kept' if cfg.get('duplicates') == 'keep' else 'withheld as duplicate_id'})",

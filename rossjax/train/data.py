@@ -12,6 +12,7 @@ import os
 import jax
 import numpy as np
 
+from rossjax.errors import ConfigError
 from rossjax.train.sft import BATCH_KEYS
 
 
@@ -25,14 +26,28 @@ def split_paths(spec: str, field: str) -> list[str]:
     return paths
 
 
-def open_loader(paths, data_cfg, *, rows_per_host: int, num_epochs: int, shuffle: bool, seed: int):
+BATCH_MODES = ("sequences", "token_budget")
+
+
+def open_loader(paths, data_cfg, *, rows_per_host: int, num_epochs: int, shuffle: bool, seed: int,
+                batch_mode: str = "token_budget", micro_batches: int = 1):
+    """This host's packed loader. batch_mode "token_budget": `rows_per_host` full rows per step;
+    "sequences": `rows_per_host` rollouts per step, packed into as many of the step's
+    `rows_per_host` rows as they need (packing.make_loader's batch_unit="sequences")."""
     from rossjax.curate.packing import make_loader
 
+    if batch_mode not in BATCH_MODES:
+        raise ConfigError(f"config.train.batch_mode {batch_mode!r} is not one of "
+                          f"{', '.join(BATCH_MODES)}.")
+    seqs = batch_mode == "sequences"
     return make_loader(paths, int(data_cfg.seq_len), int(rows_per_host), seed=int(seed),
                        shuffle=bool(shuffle), num_epochs=int(num_epochs),
                        shard_index=jax.process_index(), shard_count=jax.process_count(),
                        strategy=data_cfg.strategy, truncate=data_cfg.truncate,
-                       worker_count=int(data_cfg.worker_count))
+                       worker_count=int(data_cfg.worker_count),
+                       batch_unit="sequences" if seqs else "rows",
+                       sequences=int(rows_per_host) if seqs else 0,
+                       micro_batches=int(micro_batches))
 
 
 def supervised_count(batch) -> int:
@@ -83,3 +98,53 @@ def to_global(batch: dict, sharding, global_rows: int) -> dict:
     """Per-host numpy rows -> global jax arrays laid out over the batch axes of the mesh."""
     return {k: jax.make_array_from_process_local_data(sharding, v, (global_rows, *v.shape[1:]))
             for k, v in batch.items()}
+
+
+def _extent(path: str) -> tuple[int | None, int | None, str | None, int | None]:
+    """(largest token id, shortest row, tokenizer spec, tokenizer vocab) of a curated dir: from
+    report.json when it records them, else read from the shards."""
+    import json
+
+    from rossjax.curate.compiled import read_compiled
+
+    rep = {}
+    report = os.path.join(path, "report.json") if os.path.isdir(path) else ""
+    if report and os.path.exists(report):
+        with open(report, encoding="utf-8") as f:
+            rep = json.load(f)
+    tid, lengths = rep.get("token_ids") or {}, rep.get("kept_lengths") or {}
+    spec = tid.get("tokenizer") or (rep.get("config") or {}).get("tokenizer")
+    if "max" in tid and "min" in lengths:
+        return tid["max"], lengths["min"], spec, tid.get("tokenizer_vocab_size")
+    top, short = None, None
+    for ex in read_compiled(path):
+        n = len(ex["input_ids"])
+        if n:
+            top = max(top or 0, int(ex["input_ids"].max()))
+            short = n if short is None else min(short, n)
+    return top, short, spec, None
+
+
+def check_fits_model(cfg, vocab_size: int) -> None:
+    """Before step 1: every curated dir's tokens fit the model's vocabulary (the tokenizer it was
+    curated with too), and not every row is longer than data.seq_len. One sentence each."""
+    from rossjax.errors import InputError
+
+    paths = split_paths(cfg.data.train, "data.train") + (
+        split_paths(cfg.data.eval, "data.eval") if cfg.data.get("eval") else [])
+    seq_len, truncate = int(cfg.data.seq_len), cfg.data.get("truncate", "none")
+    for p in paths:
+        top, short, spec, tok_vocab = _extent(p)
+        if top is not None and top >= vocab_size:
+            raise InputError(f"{p} holds token id {top} but the model's vocabulary has {vocab_size} "
+                             f"ids (0..{vocab_size - 1}): it was curated with another tokenizer "
+                             f"({spec or 'unknown'}); curate with the model's tokenizer "
+                             f"(--config.tokenizer=MODEL_DIR) or train a model whose vocabulary fits")
+        if tok_vocab and tok_vocab > vocab_size:
+            raise InputError(f"{p} was curated with tokenizer {spec} of {tok_vocab} tokens, more "
+                             f"than the model's vocabulary of {vocab_size}; curate with the model's "
+                             f"tokenizer (--config.tokenizer=MODEL_DIR)")
+        if short is not None and short > seq_len and truncate == "none":
+            raise InputError(f"every row of {p} is longer than config.data.seq_len={seq_len} (the "
+                             f"shortest has {short} tokens), so all would be dropped as too long; "
+                             f"raise config.data.seq_len or set config.data.truncate=left")

@@ -125,6 +125,7 @@ class Trainer:
     def __init__(self, cfg, workdir: str):
         sharding.initialize_distributed(cfg.distributed)
         self.cfg, self.workdir = cfg, workdir
+        data_lib.check_fits_model(cfg, loading.abstract_model(cfg.model)[0].vocab_size)
         self.plan = plan_data(cfg)
         self.part = sharding.partitioner_from_config(cfg)
         self.model_cfg, self.source = loading.abstract_model(cfg.model)
