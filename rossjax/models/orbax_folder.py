@@ -12,6 +12,7 @@ import os
 import jax
 import orbax.checkpoint as ocp
 
+from rossjax.errors import InputError
 from rossjax.models.config import ModelConfig
 
 
@@ -45,7 +46,7 @@ def restore_params(path: str, abstract_params):
     tree = getattr(tree, "tree", tree)
     msg = shape_mismatch(path, "params", tree, abstract_params)
     if msg:
-        raise ValueError(msg)
+        raise InputError(msg)
     return ckptr.restore(path, abstract_params)
 
 
@@ -62,7 +63,7 @@ def read_model_config(path: str):
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = sorted(set(d) - fields)
     if unknown:
-        raise ValueError(f"{file}: field {unknown[0]!r} is not a ModelConfig field.")
+        raise InputError(f"{file}: field {unknown[0]!r} is not a ModelConfig field.")
     for k in ("rope_scaling", "layer_types", "eos_token_id"):
         if isinstance(d.get(k), list):
             d[k] = tuple(tuple(x) if isinstance(x, list) else x for x in d[k])

@@ -20,6 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 # The model-folder format (model_config.json, params/) is the models package's; workdirs use it too.
+from rossjax.errors import InputError
 from rossjax.models.orbax_folder import (  # noqa: F401
     read_model_config,
     restore_params,
@@ -83,10 +84,10 @@ class Checkpointer:
         meta = self._mngr.item_metadata(step)["state"]
         tree = getattr(meta, "tree", meta)
         if key not in tree:
-            raise ValueError(f"checkpoint {self.directory} step {step} holds no {key!r} item.")
+            raise InputError(f"checkpoint {self.directory} step {step} holds no {key!r} item.")
         msg = shape_mismatch(self.directory, step, tree[key], abstract_params)
         if msg:
-            raise ValueError(msg)
+            raise InputError(msg)
 
     def restore(self, step: int, abstract_state):
         """(state, data_state) for `step`; `abstract_state` leaves carry shape, dtype, sharding."""
@@ -97,7 +98,7 @@ class Checkpointer:
         try:
             out = self._mngr.restore(step, args=args)
         except ValueError as e:
-            raise ValueError(f"checkpoint {self.directory} step {step} does not fit this run: "
+            raise InputError(f"checkpoint {self.directory} step {step} does not fit this run: "
                              f"{str(e).splitlines()[0]}") from None
         return out["state"], decode_data_state(out["data"])
 
@@ -129,7 +130,7 @@ def read_lora_manifest(path: str):
         d = json.load(f)
     missing = [k for k in ("rank", "alpha", "base_source", "base_path", "seed") if k not in d]
     if missing:
-        raise ValueError(f"{file}: field {missing[0]!r} is missing.")
+        raise InputError(f"{file}: field {missing[0]!r} is missing.")
     return d
 
 

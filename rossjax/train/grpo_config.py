@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from rossjax.errors import ConfigError
 from rossjax.probes import reward as reward_lib
 from rossjax.train import grpo_losses
 from rossjax.verify import rewards
@@ -60,30 +61,30 @@ def check_config(cfg):
              "is_mode": ("none", *grpo_losses.IS_MODES), "is_how": grpo_losses.IS_HOW}
     for field, allowed in names.items():
         if g[field] not in allowed:
-            raise ValueError(f"config.grpo.{field} {g[field]!r} is not one of {', '.join(allowed)}.")
+            raise ConfigError(f"config.grpo.{field} {g[field]!r} is not one of {', '.join(allowed)}.")
     if g.group_size < 2:
-        raise ValueError(f"config.grpo.group_size is {g.group_size}; it must be at least 2 (a lone "
+        raise ConfigError(f"config.grpo.group_size is {g.group_size}; it must be at least 2 (a lone "
                          f"candidate's group-relative advantage is always 0).")
     for field in ("steps", "contexts", "max_new_tokens", "num_iterations", "micro_batches"):
         if g[field] < 1:
-            raise ValueError(f"config.grpo.{field} is {g[field]}; it must be at least 1.")
+            raise ConfigError(f"config.grpo.{field} is {g[field]}; it must be at least 1.")
     kinds = (*rewards.CPU_REWARDS, "probe")
     unknown = [f for f in r.functions if f not in kinds]
     if unknown or not r.functions or len(r.functions) != len(r.weights):
-        raise ValueError(f"config.reward.functions {tuple(r.functions)} must name some of "
+        raise ConfigError(f"config.reward.functions {tuple(r.functions)} must name some of "
                          f"{', '.join(kinds)}, with one entry in config.reward.weights each.")
     if "probe" in r.functions:
         p = r.probe
         if p.gate not in reward_lib.GATES:
-            raise ValueError(f"config.reward.probe.gate {p.gate!r} is not one of "
+            raise ConfigError(f"config.reward.probe.gate {p.gate!r} is not one of "
                              f"{', '.join(reward_lib.GATES)}.")
         if p.gate != "probe_only" and p.validity not in rewards.CPU_REWARDS:
-            raise ValueError(f"config.reward.probe.validity {p.validity!r} is not one of "
+            raise ConfigError(f"config.reward.probe.validity {p.validity!r} is not one of "
                              f"{', '.join(rewards.CPU_REWARDS)}.")
         paths = [x for x in [p.path, *p.ensemble.split(","), p.auxiliary] if x and x != "bootstrap"]
         if not (p.path or p.ensemble):
-            raise ValueError("config.reward.probe.path is empty; give the probe selected by "
+            raise ConfigError("config.reward.probe.path is empty; give the probe selected by "
                              "`rossjax probe-sweep` (its .json manifest beside it).")
         for x in paths:
             if not os.path.exists(x + ".json"):
-                raise ValueError(f"config.reward.probe: {x}.json (the probe's manifest) does not exist.")
+                raise ConfigError(f"config.reward.probe: {x}.json (the probe's manifest) does not exist.")

@@ -12,6 +12,8 @@ import jax
 import ml_collections
 import optax
 
+from rossjax.errors import ConfigError
+
 
 def default_config() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(dict(
@@ -47,7 +49,7 @@ def make_schedule(cfg, total_steps: int) -> optax.Schedule:
             [optax.linear_schedule(0.0, cfg.peak_lr, max(warmup, 1)),
              optax.linear_schedule(cfg.peak_lr, cfg.end_lr, max(total_steps - warmup, 1))],
             [warmup])
-    raise ValueError(f"optim.schedule {cfg.schedule!r} is not one of cosine, constant, linear.")
+    raise ConfigError(f"optim.schedule {cfg.schedule!r} is not one of cosine, constant, linear.")
 
 
 def _decay_mask(params):
@@ -57,9 +59,9 @@ def _decay_mask(params):
 def make_optimizer(cfg, total_steps: int):
     """(optax.GradientTransformation, schedule) for `cfg` (see `default_config`)."""
     if cfg.name != "adamw":
-        raise ValueError(f"optim.name {cfg.name!r} is not supported (only 'adamw').")
+        raise ConfigError(f"optim.name {cfg.name!r} is not supported (only 'adamw').")
     if cfg.decay not in ("matrices", "all"):
-        raise ValueError(f"optim.decay {cfg.decay!r} is not one of matrices, all.")
+        raise ConfigError(f"optim.decay {cfg.decay!r} is not one of matrices, all.")
     schedule = make_schedule(cfg, total_steps)
     parts = []
     if cfg.clip_norm and cfg.clip_norm > 0:
