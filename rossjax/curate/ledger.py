@@ -143,7 +143,7 @@ class Report:
 
     def to_dict(self, elapsed_s: float = 0.0) -> dict:
         total = sum(self.buckets.values())
-        if total != self.input_rows:  # the accounting promise of the design; never ship a lie
+        if total != self.input_rows:  # the accounting promise (docs/data.md); never ship a lie
             raise AssertionError(f"buckets sum to {total} but {self.input_rows} rows were read")
         return {
             "input_rows": self.input_rows,

@@ -249,7 +249,7 @@ def pick_form(record_id: str, seed: int, react_prob: float) -> str:
 
 def to_rollouts(kept: list, *, seed: int = 0, react_prob: float = 0.5, artifact_only: bool = False,
                 system: str | None = None, evidence_in_prompt: bool = False) -> list[dict]:
-    """Rollout records (DESIGN.md) for the kept trajectories, ready for `rossjax curate`."""
+    """Rollout records (docs/data.md) for the kept trajectories, ready for `rossjax curate`."""
     if not 0 <= react_prob <= 1:
         raise InputError(f"react_prob must be in [0, 1], got {react_prob!r}.")
     out = []

@@ -269,7 +269,7 @@ def run(cfg, workdir: str) -> dict:
         transcripts.close()
         for f in lists.values():
             f.close()
-    if sum(buckets.values()) != n_rows[0]:  # the accounting promise of the design
+    if sum(buckets.values()) != n_rows[0]:  # the accounting promise (docs/data.md)
         raise AssertionError(f"buckets sum to {sum(buckets.values())} but {n_rows[0]} rows "
                              "were read")
     stages = {}

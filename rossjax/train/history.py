@@ -1,6 +1,6 @@
 """The rollout history of an RL run: every sampled candidate of every step, as rollout records.
 
-    WORKDIR/history.jsonl      one rollout record (DESIGN.md) per line, appended each step
+    WORKDIR/history.jsonl      one rollout record (docs/data.md) per line, appended each step
 
 This is exactly what the ROSS relearning stage reads later. The rows are verifier-scored but not
 reviewed, so they are relearned as `positive_sft` rows:

@@ -9,7 +9,7 @@
   prompts     the chat template renders the prompt messages plus an empty assistant turn and is
               cut where the assistant's content starts, so prompt + completion + end marker
               spell exactly what `rossjax curate` renders for the finished record;
-  records     every candidate becomes a rollout record (DESIGN.md) with its token ids, sampler
+  records     every candidate becomes a rollout record (docs/data.md) with its token ids, sampler
               log-probs, reward, verdict and step;
   metrics     the per-step scalars of a GRPO step.
 The CPU rewards (`score(kind, record)`) live in rossjax.verify.rewards and run on its WorkerPool.
