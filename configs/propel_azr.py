@@ -6,14 +6,22 @@ Run:
       --config.reward.probe.path=SWEEP_DIR/selected_probe --workdir=runs/propel
   rossjax grpo --config=configs/propel_azr.py:runlocal --workdir=/tmp/propel-local
 
-Reward (rossjax/probes/reward.py): the candidate task (the generator's answer, a ```python block
-defining f plus an ```inputs block) is rendered as a user turn, run through the frozen reference
+Task (AZR protocol, rossjax/verify/induction_task.py; `data.induction`): the generator writes f
+in a ```python block, exactly 10 inputs in an ```inputs block and a hint in a ```message block; a
+solver is later shown 5 input/output pairs + the hint and scored on the 5 hidden inputs (that is
+how the probe's labels were made: `rossjax label-corpus`).
+
+Reward (rossjax/probes/reward.py): the candidate task (in canonical form) is rendered as a user turn, run through the frozen reference
 (with LoRA: the same base weights, adapters off), pooled as the probe's manifest says and scored
 with the probe (P(in the solver's learnable band)); `hard_gate` gives -0.2 to tasks that fail the
-validity check W (the induction verifier's `task_valid`, run on CPU workers). Options:
+validity check W (`check_task`: 10 inputs, a message, `task_valid`; run on CPU workers). Options:
 `reward.probe.ensemble=P2,P3` (worst case over probes), `reward.probe.auxiliary=AUX` (adversarial
-auxiliary probe: min(original, auxiliary) on valid tasks), `reward.probe.gate=soft_gate`.
-KL beta = 0.05 to the reference, LoRA rank 16 on all projections.
+auxiliary probe: min(original, auxiliary) on valid tasks; its set: `rossjax aux-set`),
+`reward.probe.gate=soft_gate`.
+
+Paper settings: 30 RL steps; advantages = "grpo", the group-normalised GRPO advantage
+(r - mean) / (std + eps) of the paper's GRPO; KL beta = 0.05 to the reference (Math:
+configs/propel_math.py, beta 0.1); LoRA rank 16 on all projections.
 
 Needs: a generator checkpoint and the probe `rossjax probe-sweep` selected for it (the probe must
 have been trained on the same rendering: user-turn task text, `reward.probe.render=task`).
@@ -40,8 +48,10 @@ def get_config(arg: str | None = None):
     c.reward.probe.invalid_reward = -0.2
     c.reward.probe.validity = "validity"
     c.reward.probe.render = "task"
-    c.grpo.beta = 0.05
-    c.grpo.steps = 300
+    c.data.induction.n_inputs, c.data.induction.n_visible = 10, 5   # the AZR protocol
+    c.grpo.advantages = "grpo"     # the paper's GRPO: (r - mean_group) / (std_group + eps)
+    c.grpo.beta = 0.05             # KL to the reference (AZR)
+    c.grpo.steps = 30              # the paper's 30 RL steps
     c.grpo.contexts = 16
     c.grpo.group_size = 8
     c.grpo.max_new_tokens = 768

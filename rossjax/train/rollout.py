@@ -5,7 +5,8 @@
               (write a given letter; reward = the letter appears), `gen:arith` (a + b in
               \\boxed{}; math verifier), `gen:induction` (PROPEL: ask the generator model for a
               function-induction task under the AZR protocol, rossjax.verify.induction_task:
-              program, 10 inputs, a message; validity = its `check_task`);
+              program, 10 inputs, a message; validity = its `check_task`), `gen:math_task`
+              (PROPEL Math: ask for a problem + \\boxed{} answer; `math_validity`);
   prompts     the chat template renders the prompt messages plus an empty assistant turn and is
               cut where the assistant's content starts, so prompt + completion + end marker
               spell exactly what `rossjax curate` renders for the finished record;
@@ -24,7 +25,7 @@ import random
 import numpy as np
 
 from rossjax.templates import render_chat
-from rossjax.verify import induction_task
+from rossjax.verify import induction_task, math_task
 
 _LETTERS = "abcdefgh"
 
@@ -43,9 +44,9 @@ class TaskSource:
         self._rows = None
         if not spec.startswith("gen:"):
             self._rows = read_tasks(spec, field)
-        elif spec not in ("gen:contains", "gen:arith", "gen:induction"):
+        elif spec not in ("gen:contains", "gen:arith", "gen:induction", "gen:math_task"):
             raise ValueError(f"{field} {spec!r} is not a task file or one of gen:contains, "
-                             f"gen:arith, gen:induction.")
+                             f"gen:arith, gen:induction, gen:math_task.")
 
     def _make(self, i: int) -> dict:
         rng = random.Random(self.seed * 1_000_003 + i)
@@ -64,6 +65,8 @@ class TaskSource:
             return {"id": f"arith-{i}", "domain": "math",
                     "prompt": f"What is {a} + {b}? Put the final answer in \\boxed{{}}.",
                     "reference": str(a + b)}
+        if self.spec == "gen:math_task":
+            return {"id": f"math-gen-{i}", "domain": "math_gen", "prompt": math_task.GENERATOR_PROMPT}
         return {"id": f"induction-gen-{i}", "domain": "induction_gen",
                 "prompt": induction_task.generator_prompt(self.protocol),
                 "protocol": dataclasses.asdict(self.protocol)}

@@ -13,8 +13,9 @@ import math
 from rossjax.errors import InputError
 from rossjax.verify.base import verifier_name, verify_one
 from rossjax.verify.induction_task import check_task, parse_generated_task, protocol_from
+from rossjax.verify.math_task import check_problem, parse_generated_problem
 
-CPU_REWARDS = ("verifier", "contains", "validity")
+CPU_REWARDS = ("verifier", "contains", "validity", "math_validity")
 
 
 def parse_induction_task(text: str) -> dict | None:
@@ -28,7 +29,8 @@ def score(kind: str, record: dict) -> tuple[float, dict | None]:
     verifier: 1 if the curation verifier passes, 0 if it fails, NaN if it cannot decide;
     contains: 1 if task.reference occurs in the answer; validity: 1 if the answer is a valid
     induction task under the AZR protocol (rossjax.verify.induction_task.check_task: N inputs, a
-    message, `task_valid`; the protocol rides on the record's task), else 0.
+    message, `task_valid`; the protocol rides on the record's task), else 0; math_validity: 1 if
+    the answer is a valid generated math problem (rossjax.verify.math_task.check_problem).
     """
     content = record["messages"][-1].get("content") or ""
     if kind == "contains":
@@ -45,6 +47,10 @@ def score(kind: str, record: dict) -> tuple[float, dict | None]:
         protocol = protocol_from((record.get("task") or {}).get("protocol"))
         v = check_task(parse_generated_task(content), protocol)
         return float(bool(v.passed)), {"name": "induction_task_valid", "passed": bool(v.passed),
+                                       "evidence": v.evidence[:300]}
+    if kind == "math_validity":
+        v = check_problem(parse_generated_problem(content))
+        return float(bool(v.passed)), {"name": "math_problem_valid", "passed": bool(v.passed),
                                        "evidence": v.evidence[:300]}
     raise InputError(f"reward kind {kind!r} is not one of {', '.join(CPU_REWARDS)}.")
 
