@@ -10,15 +10,18 @@ docs/data.md.
 
 from __future__ import annotations
 
-import glob
-import gzip
-import json
 import math
 import os
 import re
-import zlib
 from typing import Iterator, NamedTuple
 
+from rossjax.curate.files import (  # noqa: F401
+    ROLLOUT_SUFFIXES,
+    SchemaError,
+    expand_inputs,
+    iter_json_lines,
+    parquet_rows,
+)
 from rossjax.curate.formats import FormatError, normalize
 from rossjax.errors import InputError
 
@@ -28,10 +31,6 @@ STATUSES = ("accept", "revise", "drop")
 SELECTOR_PARTS = ("content", "reasoning", "tool_calls")
 
 
-class SchemaError(InputError):
-    """A rollout file that cannot be read at all (not a row: a bad row is bucketed, never raised)."""
-
-
 class Row(NamedTuple):
     row: int  # 1-based position in the file (in the input, counting on across several files)
     record: dict | None
@@ -39,9 +38,6 @@ class Row(NamedTuple):
     id: str | None = None  # the record's id when it could be read, also for an invalid row
     source: str | None = None  # the file it came from
     derived_id: bool = False  # the row had no id: formats.content_id gave it one
-
-
-ROLLOUT_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".parquet")
 
 
 def _id_of(obj) -> str | None:
@@ -267,101 +263,6 @@ def verifier_positive(record: dict, *, undecided: str = "withhold",
     return ver["passed"] is True
 
 
-def _parquet_rows(path: str) -> Iterator[object]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:  # not Parquet at all: nothing can be read
-        raise SchemaError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
-    for batch in pf.iter_batches(batch_size=1024):
-        for rec in batch.to_pylist():
-            # Parquet has no "absent": drop nulls so optional fields read like JSON's missing keys.
-            yield _drop_nulls(rec)
-
-
-def _drop_nulls(x):
-    if isinstance(x, dict):
-        return {k: _drop_nulls(v) for k, v in x.items() if v is not None}
-    if isinstance(x, list):
-        return [_drop_nulls(v) for v in x]
-    return x
-
-
-def _json_rows(path: str) -> Iterator[bytes]:
-    # Bytes, decoded one line at a time by the caller: a bad byte spoils only its own line.
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        yield from f
-
-
-def iter_json_lines(path: str) -> Iterator[Row]:
-    """One `Row(line number, parsed JSON value, None)` per non-blank line of a .jsonl[.gz] file,
-    or `Row(k, None, reason)` for a line that is not UTF-8 or not JSON (the next lines are still
-    read); a truncated .gz ends the file with one such row. No schema check (`iter_records`
-    adds it; retrogen has its own)."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file")
-    name = os.path.basename(path)
-    k = 0
-    it = _json_rows(path)
-    while True:
-        try:
-            raw = next(it)
-        except StopIteration:
-            return
-        except (EOFError, OSError, zlib.error) as e:
-            # A truncated or corrupt .gz cannot be read past this point: the rows read so far
-            # still count, and the break itself is one invalid row, so the report adds up.
-            yield Row(k + 1, None, f"{name} row {k + 1}: the compressed file is truncated or "
-                                   f"corrupt here, so no further rows could be read ({e})")
-            return
-        k += 1
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            yield Row(k, None, f"{name} row {k}: line is not valid UTF-8 (byte 0x{raw[e.start]:02x} "
-                               f"at byte {e.start}: {e.reason})")
-            continue
-        if line.endswith("\n"):
-            line = line[:-1]
-        if not line.strip():  # blank lines are not rows; `row` stays the line number
-            continue
-        try:
-            yield Row(k, json.loads(line), None)
-        except json.JSONDecodeError as e:
-            yield Row(k, None, f"{name} row {k}: line is not valid JSON ({e.msg} at column {e.colno})")
-
-
-def expand_inputs(spec) -> list[str]:
-    """The rollout files `spec` names: a file, a directory (its rollout files), a glob pattern,
-    or several of these joined by commas; sorted within each part, parts in the order given."""
-    files = []
-    for part in (p.strip() for p in os.fspath(spec).split(",")):
-        if not part:
-            continue
-        if any(ch in part for ch in "*?["):
-            hits = sorted(glob.glob(part))
-            if not hits:
-                raise FileNotFoundError(f"{part}: no file matches this pattern")
-        elif os.path.isdir(part):
-            hits = sorted(os.path.join(part, n) for n in os.listdir(part)
-                          if n.endswith(ROLLOUT_SUFFIXES))
-            if not hits:
-                raise FileNotFoundError(f"{part}: the directory holds no .jsonl, .jsonl.gz or "
-                                        f".parquet rollout files")
-        elif os.path.exists(part):
-            hits = [part]
-        else:
-            raise FileNotFoundError(f"{part}: no such rollout file")
-        files.extend(hits)
-    if not files:
-        raise FileNotFoundError("no rollout file given (the input is empty)")
-    return files
-
-
 def iter_records(path: str, fields: dict | None = None) -> Iterator[Row]:
     """Yield one `Row` per record (JSONL: `row` is the 1-based line number; blank lines skipped).
     Each row goes through formats.normalize (with the field mapping `fields`, config.fields).
@@ -400,13 +301,14 @@ def _checked(name: str, k: int, obj, fields) -> Row:
 def _file_records(path: str, fields=None) -> Iterator[Row]:
     name = os.path.basename(path)
     if path.endswith(".parquet"):
-        for k, rec in enumerate(_parquet_rows(path), start=1):
+        for k, rec in enumerate(parquet_rows(path), start=1):
             yield _checked(name, k, rec, fields)
         return
     if not path.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
         raise SchemaError(f"{path}: rollout files must be .jsonl, .jsonl.gz or .parquet")
     for row in iter_json_lines(path):
-        yield row if row.record is None else _checked(name, row.row, row.record, fields)
+        yield Row(row.row, None, row.reason) if row.record is None else _checked(
+            name, row.row, row.record, fields)
 
 
 def chunked(it, n: int):
