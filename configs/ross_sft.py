@@ -5,7 +5,7 @@ Run:
       --config.data.train=CURATED_DIR --workdir=runs/ross
   (or `python -m rossjax.cli train ...`). Variants after a colon, comma-separated:
   `configs/ross_sft.py:agentic` (65,536-token rows, 8 epochs), `:ross_no_mask`, `:positive_sft`,
-  `:runlocal` (tiny random model; e.g. `--config=configs/ross_sft.py:runlocal`).
+  `:token_budget`, `:runlocal` (tiny random model; e.g. `--config=configs/ross_sft.py:runlocal`).
 
 Needs: a curated dir written by `rossjax curate` (ArrayRecord shards of compiled examples). The
 recipe decides how that dir must be curated — the *same* rollouts and optimizer, differing only in
@@ -19,10 +19,16 @@ rows and mask (sft.RECIPES):
 The trainer compares report.json's `mask_mode` and `rows` with the recipe: a mismatch stops the
 run, a report that does not record `rows` gets a note on stderr.
 
+Batch: the paper's batch of 128 counts rollouts. `train.batch_mode="sequences"` (the default)
+makes each optimizer step exactly `global_batch` rollouts, packed into as many rows of
+`data.seq_len` tokens as they need (at most global_batch; all-padding micro-batches are skipped),
+and Eq. 4 divides by the step's supervised tokens. `:token_budget` (batch_mode="token_budget")
+instead fills `global_batch` packed rows of seq_len tokens per step, however many rollouts fit.
+
 Time: `:runlocal` ~20 s on this 2-core CPU (5 steps on test-sized data; compilation dominates).
-The paper recipe (global batch 128 x 32,768 tokens, 3 epochs) on a ~1.5B model is a TPU job: one
-optimizer step is 6 x 1.5e9 x 4.2M tokens ~ 3.8e16 FLOPs, about a minute on a v5e-8 (bf16, full
-remat, ~40% MFU); 10k rollouts of ~8k tokens make ~20 steps an epoch, so ~1 hour for 3 epochs.
+The paper recipe (128 rollouts a step, 32,768-token rows, 3 epochs) on a ~1.5B model is a TPU
+job: 10k rollouts of ~8k tokens make 79 steps an epoch; one step is 6 x 1.5e9 x ~1M tokens ~
+9.4e15 FLOPs, ~15 s on a v5e-8 (bf16, full remat, ~40% MFU), so ~1 hour for 3 epochs.
 On this CPU the paper recipe is infeasible; use `:runlocal` or a preset-sized model.
 """
 
@@ -57,7 +63,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.worker_count = 0
 
     c.train = ml_collections.ConfigDict()
-    c.train.global_batch = 128        # packed rows per optimizer step, all hosts together
+    c.train.batch_mode = "sequences"  # sequences: global_batch rollouts a step | token_budget
+    c.train.global_batch = 128        # rollouts (sequences) or packed rows (token_budget) per
+                                      # optimizer step, all hosts together; rows per step <= this
     c.train.micro_batches = 16        # gradient accumulation steps inside one optimizer step
     c.train.epochs = 3
     c.train.num_steps = -1            # > 0 caps the run; otherwise epochs x rows / global_batch
@@ -83,9 +91,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.distributed = distributed_config()  # enabled, coordinator, num_processes, process_id, ...
 
+    # LoRA: train low-rank adapters on the frozen base (models/lora.py); checkpoints hold the
+    # adapters, `rossjax export` merges them (hf, orbax) or writes them for peft (--format peft).
+    c.lora = ml_collections.ConfigDict(dict(enabled=False, rank=16, alpha=32.0, targets="all"))
+
     for v in variants:
         if v in RECIPES:
             c.recipe = v
+        elif v == "token_budget":
+            c.train.batch_mode = "token_budget"
         elif v == "agentic":
             c.data.seq_len = 65536
             c.train.epochs = 8
@@ -108,5 +122,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             c.mesh.data = -1
         else:
             raise ValueError(f"configs/ross_sft.py: variant {v!r} is not one of "
-                             f"{', '.join([*RECIPES, 'agentic', 'runlocal'])}.")
+                             f"{', '.join([*RECIPES, 'agentic', 'token_budget', 'runlocal'])}.")
     return c

@@ -151,3 +151,38 @@ def test_cli_export_journey(run, tmp_path):
             "print(t.chat_template is not None, m.dtype)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.stdout.split() == ["True", "torch.float16"], r.stderr[-2000:]
+
+
+def test_sft_lora_run_exports_adapters_peft_loads(tmp_path):
+    """`rossjax train --config.lora.enabled=True`: the SFT step trains adapters only on the
+    frozen HF base; lora.json is written, and the peft export matches the merged one."""
+    from peft import PeftModel
+    from test_sft_loop import write_curated
+    from transformers import AutoModelForCausalLM
+
+    from rossjax import cli
+    from rossjax.train.export import restore_params
+
+    base = _base(tmp_path / "base")
+    data = write_curated(tmp_path / "data", n=40, vocab=104)
+    work = tmp_path / "run"
+    assert cli.main(["train", f"--config={ROOT}/configs/ross_sft.py:runlocal",
+                     f"--config.model.path={base}", f"--config.data.train={data}",
+                     "--config.lora.enabled=True", "--config.lora.rank=4",
+                     "--config.lora.targets=q,v,up", "--config.train.epochs=10",
+                     "--config.train.num_steps=3",
+                     "--config.optim.peak_lr=0.05", f"--workdir={work}"]) == 0
+    manifest = json.load(open(work / "lora.json"))
+    assert manifest["base_source"] == "hf" and manifest["rank"] == 4
+    step, adapters = restore_params(str(work / "checkpoints"))
+    assert step == 3 and "embed" not in adapters  # the checkpoint holds adapters only
+    assert sorted(adapters["layers"]["attn"]) == ["q", "v"]
+    assert np.abs(adapters["layers"]["mlp"]["up"]["b"]).max() > 0  # b starts at 0: it trained
+    export(str(work), str(tmp_path / "peft"), "peft")
+    export(str(work), str(tmp_path / "merged"), "hf")
+    ids = [[3, 10, 11, 12, 40, 7, 2, 9]]
+    plain = AutoModelForCausalLM.from_pretrained(str(base))
+    peft_model = PeftModel.from_pretrained(plain, str(tmp_path / "peft")).eval()
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
+    np.testing.assert_allclose(_logits(peft_model, ids), _logits(merged, ids), atol=1e-4,
+                               rtol=1e-4)

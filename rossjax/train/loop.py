@@ -18,7 +18,7 @@ import jax
 
 from rossjax import sharding
 from rossjax.errors import ConfigError, InputError
-from rossjax.models import loading
+from rossjax.models import loading, lora
 from rossjax.models import shardings as model_shardings
 from rossjax.monitor import MetricsWriter, Progress
 from rossjax.train import checkpoint as ckpt_lib
@@ -115,8 +115,11 @@ def plan_data(cfg) -> DataPlan:
 
 
 def open_train(cfg, paths, rows):
+    # batch_mode "sequences": a step is global_batch rollouts (packed into <= global_batch rows)
     return data_lib.open_loader(paths, cfg.data, rows_per_host=rows, num_epochs=cfg.train.epochs,
-                                shuffle=cfg.data.shuffle, seed=cfg.train.seed)
+                                shuffle=cfg.data.shuffle, seed=cfg.train.seed,
+                                batch_mode=cfg.train.get("batch_mode", "token_budget"),
+                                micro_batches=int(cfg.train.micro_batches))
 
 
 class Trainer:
@@ -132,8 +135,11 @@ class Trainer:
         self.optimizer, self.schedule = optim.make_optimizer(cfg.optim, self.plan.total)
         self.p_shard = model_shardings.param_shardings(self.model_cfg, self.part)
         self.abstract_params = model_shardings.sharded_abstract_params(self.model_cfg, self.p_shard)
-        self.shardings = state_lib.state_shardings(self.p_shard, self.optimizer,
-                                                   self.abstract_params, self.part)
+        # config.lora.enabled: the state trains LoRA adapters; the base is loaded frozen.
+        self.lora_alpha = float(cfg.lora.alpha) if cfg.get("lora") and cfg.lora.enabled else None
+        self.t_shard, self.abstract_t = self.trainable_layout()
+        self.shardings = state_lib.state_shardings(self.t_shard, self.optimizer,
+                                                   self.abstract_t, self.part)
         self.batch_shard = self.part.rows(2, (self.plan.global_rows, cfg.data.seq_len),
                                           name="the training batch (config.train.global_batch)")
         self.ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
@@ -145,6 +151,11 @@ class Trainer:
         if jax.process_index() == 0:
             os.makedirs(workdir, exist_ok=True)
             ckpt_lib.write_model_config(workdir, self.model_cfg)
+            if self.lora_alpha is not None:  # checkpoints hold adapters; export merges them
+                ckpt_lib.write_lora_manifest(workdir, rank=cfg.lora.rank, alpha=cfg.lora.alpha,
+                                             targets=lora.resolve_targets(cfg.lora.targets),
+                                             base_source=self.source, base_path=cfg.model.path,
+                                             seed=cfg.train.seed)
         self.step_fn, self.eval_step = self.compile_steps()
         self.writer = MetricsWriter(workdir)
         # Simulated CPU devices share one machine's cores: the yardstick is one matmul, not n.
@@ -155,31 +166,55 @@ class Trainer:
         self.announce()
         self.bar = Progress(self.plan.total, initial=self.start, desc=f"train {cfg.recipe}")
 
+    def trainable_layout(self):
+        """(shardings, abstract arrays) of what the state trains: the params, or LoRA adapters."""
+        if self.lora_alpha is None:
+            return self.p_shard, self.abstract_params
+        shapes = jax.eval_shape(self._init_adapters)
+        t_shard = lora.shardings(self.model_cfg, shapes, self.part)
+        return t_shard, jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                     shapes, t_shard)
+
+    def _init_adapters(self):
+        c = self.cfg
+        return lora.init_lora(self.model_cfg, jax.random.PRNGKey(c.train.seed + 1), c.lora.rank,
+                              c.lora.targets)
+
     def restore_or_init(self):
         """(first step, state): the latest checkpoint (with the data iterator's state), or a
-        fresh state from the configured model."""
+        fresh state from the configured model. A LoRA run loads its frozen base either way."""
+        def load():
+            return loading.load_params(self.cfg.model, self.model_cfg, self.source, self.part,
+                                       seed=self.cfg.train.seed)
+
+        self.base = load() if self.lora_alpha is not None else None
         start = self.ckpt.latest_step()
         if start is not None:
             state, data_state = self.ckpt.restore(start, state_lib.abstract_state(
-                self.shardings, self.optimizer, self.abstract_params))
+                self.shardings, self.optimizer, self.abstract_t))
             if data_state is not None:
                 self.it.set_state(data_state)
             return start, state
-        params = loading.load_params(self.cfg.model, self.model_cfg, self.source, self.part,
-                                     seed=self.cfg.train.seed)
+        params = (load() if self.lora_alpha is None
+                  else jax.device_put(self._init_adapters(), self.t_shard))
         return 0, state_lib.init_state(params, self.optimizer, self.shardings, seed=self.cfg.train.seed)
 
     def compile_steps(self):
         cfg = self.cfg
+        lora_kw = dict(lora_alpha=self.lora_alpha, base_shardings=self.p_shard)
         step_fn = sft.make_train_step(self.model_cfg, self.optimizer, self.schedule, mesh=self.part,
                                       shardings=self.shardings, batch_sharding=self.batch_shard,
                                       micro_batches=int(cfg.train.micro_batches),
-                                      chunk_size=cfg.train.loss_chunk)
-        eval_step = (sft.make_eval_step(self.model_cfg, mesh=self.part, params_shardings=self.p_shard,
+                                      chunk_size=cfg.train.loss_chunk, **lora_kw)
+        eval_step = (sft.make_eval_step(self.model_cfg, mesh=self.part, params_shardings=self.t_shard,
                                         batch_sharding=self.batch_shard,
-                                        chunk_size=cfg.train.loss_chunk)
+                                        chunk_size=cfg.train.loss_chunk, **lora_kw)
                      if self.plan.eval_paths else None)
-        return step_fn, eval_step
+        if self.lora_alpha is None:
+            return step_fn, eval_step
+        # LoRA: both steps also take the frozen base.
+        return ((lambda state, batch: step_fn(state, batch, self.base)),
+                eval_step and (lambda params, batch: eval_step(params, batch, self.base)))
 
     def announce(self):
         if jax.process_index() == 0:

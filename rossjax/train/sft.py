@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from rossjax import models, sharding
+from rossjax.models import lora
 from rossjax.train import accumulate, losses
 from rossjax.train import state as state_lib
 
@@ -42,10 +43,18 @@ def batch_nll(model_cfg, params, batch, chunk_size: int):
     return losses.chunked_masked_nll(h, w, targets, mask, chunk_size, vocab_major)
 
 
+def _model_params(params, base, lora_alpha):
+    """The params the model runs with: the trained tree, or the frozen base with the trained
+    LoRA adapters merged in (W + alpha / rank A @ B, models/lora.py)."""
+    return params if lora_alpha is None else lora.merge(base, params, lora_alpha)
+
+
 def make_train_step(model_cfg, optimizer, schedule, *, mesh, shardings, batch_sharding,
-                    micro_batches: int = 1, chunk_size: int = 1024, rules=None):
+                    micro_batches: int = 1, chunk_size: int = 1024, rules=None,
+                    lora_alpha: float | None = None, base_shardings=None):
     """Jitted `step(state, batch) -> (state, metrics)`; state is donated. `mesh` is a
-    Partitioner, or a Mesh with `rules`.
+    Partitioner, or a Mesh with `rules`. With `lora_alpha`, state["params"] holds LoRA adapters
+    and the step is `step(state, batch, base)`: only the adapters train, the base stays frozen.
 
     A step whose loss or gradient norm is not finite leaves params and optimizer state as they
     were and increments `bad_steps` (the loop stops after too many in a row). A batch without
@@ -54,7 +63,7 @@ def make_train_step(model_cfg, optimizer, schedule, *, mesh, shardings, batch_sh
     n = int(micro_batches)
     part = sharding.as_partitioner(mesh, rules)
 
-    def step(state, batch):
+    def step(state, batch, base=None):
         params = state["params"]
         batch = {k: batch[k] for k in BATCH_KEYS + (("eligible_mask",) if "eligible_mask" in batch else ())}
         rows = batch["input_ids"].shape[0]
@@ -62,8 +71,10 @@ def make_train_step(model_cfg, optimizer, schedule, *, mesh, shardings, batch_sh
             raise ValueError(f"train.global_batch ({rows}) is not divisible by train.micro_batches ({n}).")
         micro = accumulate.split_batch(batch, n, part)
         g_sum, (nll_sum, count) = accumulate.accumulate(
-            lambda p, mb: batch_nll(model_cfg, p, mb, chunk_size), params, micro,
-            jnp.zeros((), jnp.float32))
+            lambda p, mb: batch_nll(model_cfg, _model_params(p, base, lora_alpha), mb, chunk_size),
+            params, micro, jnp.zeros((), jnp.float32),
+            # an all-padding micro-batch (sequence-count batches leave some) runs no model
+            active=lambda mb: jnp.any(mb["segment_ids"] > 0))
         denom = jnp.maximum(count, 1.0)
         loss = nll_sum / denom
         gnorm = optax.tree.norm(g_sum) / denom
@@ -74,7 +85,9 @@ def make_train_step(model_cfg, optimizer, schedule, *, mesh, shardings, batch_sh
                                                          g_sum, apply, denom)
         new_state = state_lib.advance(state, new_params, new_opt, finite)
         tokens = jnp.sum(batch["segment_ids"] > 0)
-        metrics = {"loss": loss, "supervised_tokens": count, "tokens": tokens,
+        # documents in the step: a packed row numbers its own 1..k (segment 0 is padding)
+        sequences = jnp.sum(jnp.max(batch["segment_ids"], axis=1))
+        metrics = {"loss": loss, "supervised_tokens": count, "tokens": tokens, "sequences": sequences,
                    "grad_norm": gnorm, "lr": schedule(state["step"]),
                    "skipped": 1 - apply.astype(jnp.int32), "bad_steps": new_state["bad_steps"]}
         if "eligible_mask" in batch:
@@ -83,16 +96,19 @@ def make_train_step(model_cfg, optimizer, schedule, *, mesh, shardings, batch_sh
             metrics["target_exclusion_rate"] = excluded / jnp.maximum(elig, 1)
         return new_state, metrics
 
-    return jax.jit(step, in_shardings=(shardings, batch_sharding),
-                   out_shardings=(shardings, part.replicated()), donate_argnums=0)
+    ins = (shardings, batch_sharding) + ((base_shardings,) if lora_alpha is not None else ())
+    return jax.jit(step, in_shardings=ins, out_shardings=(shardings, part.replicated()),
+                   donate_argnums=0)
 
 
-def make_eval_step(model_cfg, *, mesh, params_shardings, batch_sharding, chunk_size: int = 1024):
-    """Jitted `eval(params, batch) -> (nll_sum, count)`; the caller adds them up over the eval set."""
-    def ev(params, batch):
-        return batch_nll(model_cfg, params, batch, chunk_size)
+def make_eval_step(model_cfg, *, mesh, params_shardings, batch_sharding, chunk_size: int = 1024,
+                   lora_alpha: float | None = None, base_shardings=None):
+    """Jitted `eval(params, batch) -> (nll_sum, count)`; the caller adds them up over the eval set.
+    With `lora_alpha`: `eval(adapters, batch, base)`."""
+    def ev(params, batch, base=None):
+        return batch_nll(model_cfg, _model_params(params, base, lora_alpha), batch, chunk_size)
 
     replicated = sharding.as_partitioner(mesh).replicated()
-    return jax.jit(ev, in_shardings=(params_shardings, batch_sharding),
-                   out_shardings=(replicated, replicated))
+    ins = (params_shardings, batch_sharding) + ((base_shardings,) if lora_alpha is not None else ())
+    return jax.jit(ev, in_shardings=ins, out_shardings=(replicated, replicated))
 
