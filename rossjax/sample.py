@@ -131,9 +131,11 @@ class Sampler:
         s = self.spec
         cfg, n_new = s.cfg, s.max_new
         b, plen = tokens.shape
-        # Without a mesh the cache is per layer (decode reads and writes it in place); with one
-        # it stays stacked so the logical sharding rules apply to it as a whole.
-        per_layer = s.partitioner is None
+        # On CPU without a mesh the cache is per layer (decode reads and writes it in place, as
+        # with decode_params' weights); with a mesh, or on an accelerator, it stays stacked (the
+        # sharding rules apply to it as a whole; the layer scan reads it there). Its dtype is
+        # cfg.dtype: a bf16 model decodes with a bf16 KV cache.
+        per_layer = s.partitioner is None and jax.default_backend() == "cpu"
         cache = models.init_cache(cfg, b, plen + n_new, per_layer=per_layer)
         logits, cache = models.forward_cached(cfg, params, tokens, positions, cache, 0, valid,
                                               logits_to_keep=1)

@@ -130,3 +130,18 @@ def test_sampler_decodes_in_bf16_with_a_bf16_cache():
     caches = [v.aval for v in loop.outvars
               if v.aval.ndim >= 4 and v.aval.shape[-1] == cfg.head_dim]
     assert caches and all(a.dtype == jnp.bfloat16 for a in caches)
+
+
+def test_accelerator_layout_decodes_like_the_cpu_layout(monkeypatch):
+    """Off CPU the sampler keeps stacked weights and a stacked cache; same greedy tokens (fp32)."""
+    cfg = models.get_preset("tiny_llama", initializer_range=0.2)
+    params = models.init_params(cfg, jax.random.key(3))
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    sample.get_sampler.cache_clear()
+    cpu = sample.generate(cfg, params, prompts, max_new_tokens=8)
+    monkeypatch.setattr(sample.jax, "default_backend", lambda: "gpu")
+    sample.get_sampler.cache_clear()
+    acc = sample.generate(cfg, params, prompts, max_new_tokens=8)
+    sample.get_sampler.cache_clear()
+    np.testing.assert_array_equal(acc.tokens, cpu.tokens)
+    np.testing.assert_allclose(acc.logprobs, cpu.logprobs, atol=1e-5)
