@@ -55,15 +55,13 @@ def get_config():
     c.output = ""  # the curated dir; --workdir=DIR names it too (one of the two is needed)
     c.tokenizer = "qwen"  # load_tokenizer spec: qwen, qwen3, mistral-v3, tekken, a HF folder ...
     c.template = "chatml"  # chatml | llama3 | mistral | tokenizer (the tokenizer's jinja template)
-    # extra variables for the tokenizer's template, a JSON object: '{"enable_thinking": false}'
-    c.template_kwargs = ""
+    c.template_kwargs = ""  # JSON object for the tokenizer's template: '{"enable_thinking": false}'
     # columns of rows in other layouts (empty: rows are read as they are; docs/data.md)
     c.fields = ml_collections.ConfigDict()
     c.fields.input_key = ""  # the prompt: a string (one user turn) or a message list
     c.fields.label_key = ""  # the completion: a string (one assistant turn) or a message list
     c.fields.reward_key = ""  # a numeric column read as the row's reward
-    # with reward_key: reward >= threshold is the verdict passed, else failed (none: no verdict)
-    c.fields.reward_threshold = config_dict.placeholder(float)
+    c.fields.reward_threshold = config_dict.placeholder(float)  # reward >= it: passed, else failed
     c.fields.id_key = ""  # the column holding the row id (empty: `id`, else derived from content)
     c.duplicates = "withhold"  # withhold | keep rows whose id an earlier row already had
     c.export_format = ""  # "" | parquet: also DIR/data.parquet for TRL / verl

@@ -82,8 +82,8 @@ def iter_json_lines(path: str) -> Iterator[Line]:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            yield Line(k, None, f"{name} row {k}: line is not valid UTF-8 (byte 0x{raw[e.start]:02x} "
-                               f"at byte {e.start}: {e.reason})")
+            yield Line(k, None, f"{name} row {k}: line is not valid UTF-8 (byte "
+                                f"0x{raw[e.start]:02x} at byte {e.start}: {e.reason})")
             continue
         if line.endswith("\n"):
             line = line[:-1]

@@ -12,7 +12,8 @@
 Inside messages: `reasoning_content` is read as `reasoning`, content given as a list of text parts
 is joined, and the `developer` role is the system turn. A row without an id gets a stable one
 derived from its content ("sha-" + 16 hex of the SHA-256 of its messages, tools, task and
-source), and the run says how many ids it derived. A row that cannot be read raises `FormatError` (one reason).
+source), and the run says how many ids it derived. A row that cannot be read raises
+`FormatError` (one reason).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def _content(c, where: str):
     for j, p in enumerate(c):
         if isinstance(p, str):
             texts.append(p)
-        elif isinstance(p, dict) and p.get("type", "text") == "text" and isinstance(p.get("text"), str):
+        elif (isinstance(p, dict) and p.get("type", "text") == "text"
+              and isinstance(p.get("text"), str)):
             texts.append(p["text"])
         else:
             kind = p.get("type") if isinstance(p, dict) else _tname(p)
@@ -158,8 +160,8 @@ def _verl_dump(obj: dict) -> dict:
 def content_id(rec: dict) -> str:
     """A stable id from a row's content: the same messages, tools, task and source give the same
     id (so a repeated row is found as a duplicate; the same answer to another task is not)."""
-    blob = json.dumps([rec.get(k) for k in ("messages", "tools", "task", "source")], sort_keys=True, ensure_ascii=False,
-                      separators=(",", ":"), default=str)
+    blob = json.dumps([rec.get(k) for k in ("messages", "tools", "task", "source")],
+                      sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return "sha-" + hashlib.sha256(blob.encode("utf-8", "backslashreplace")).hexdigest()[:16]
 
 
