@@ -13,6 +13,14 @@ shuffling, so hosts never overlap) -> shuffle (seed; reshuffled every epoch) -> 
 In a packed row, `segment_ids` numbers the documents 1, 2, ... and is 0 on padding; `positions`
 restart at 0 in every document. Attention must be restricted to equal segment ids (and the
 loss to loss_mask, which is 0 on padding), so no document sees or predicts another.
+Two batch units (`batch_unit`): "rows" (the token-budget mode) fills `batch_size` packed rows per
+batch, however many documents they hold; "sequences" takes exactly `sequences` documents per
+batch (the last may hold fewer) and packs them into as many rows as they need, first-fit in
+arrival order or best-fit decreasing; the batch is still [batch_size, seq_len] (a static shape
+for jit), its real rows laid out so that they fill whole micro-batches (`micro_batches`, split as
+accumulate.split_micro does) and the all-padding micro-batches can be skipped by the step. A
+group that needs more than `batch_size` rows is an error (batch_size >= sequences never is).
+
 An example longer than `seq_len` is withheld as too_long (counted in `loader.stats`, in this
 process) unless `truncate="left"`, which keeps its last `seq_len` tokens (the end of a rollout
 is where the answer is); one whose truncation leaves no supervised token is dropped as
@@ -29,6 +37,7 @@ from rossjax.curate.grain_flags import mark_absl_parsed
 from rossjax.errors import InputError
 
 STRATEGIES = ("first_fit", "best_fit")
+BATCH_UNITS = ("rows", "sequences")
 TRUNCATE = ("none", "left")
 FEATURES = ("input_ids", "loss_mask", "eligible_mask", "segment_ids", "positions")
 
@@ -92,6 +101,60 @@ class _PadBatch:
                 for k, v in batch.items()}
 
 
+def pack_group(docs: list, seq_len: int, strategy: str) -> list[list[int]]:
+    """Indices of `docs` (each at most seq_len tokens) per row: first-fit in the given order, or
+    best-fit decreasing (longest first, into the fullest row that still has room)."""
+    lens = [len(d["input_ids"]) for d in docs]
+    order = (range(len(docs)) if strategy == "first_fit"
+             else sorted(range(len(docs)), key=lambda i: -lens[i]))
+    rows, free = [], []
+    for i in order:
+        fits = [j for j, f in enumerate(free) if f >= lens[i]]
+        if not fits:
+            rows.append([i])
+            free.append(seq_len - lens[i])
+            continue
+        j = fits[0] if strategy == "first_fit" else min(fits, key=lambda j: free[j])
+        rows[j].append(i)
+        free[j] -= lens[i]
+    return rows
+
+
+def micro_major(n_real: int, batch_size: int, micro_batches: int) -> list[int]:
+    """Batch row of each real row: with micro-batch m taking rows m, m+n, ... (split_micro),
+    real rows 0..per-1 land in micro-batch 0, the next per in micro-batch 1, and so on."""
+    n = max(1, int(micro_batches))
+    if batch_size % n:
+        return list(range(n_real))
+    per = batch_size // n
+    return [(q % per) * n + q // per for q in range(n_real)]
+
+
+class _PackGroup:
+    """A list of `sequences` decoded examples -> one packed batch [batch_size, seq_len]."""
+
+    def __init__(self, seq_len: int, batch_size: int, micro_batches: int, strategy: str):
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self.micro_batches, self.strategy = micro_batches, strategy
+
+    def __call__(self, docs: list) -> dict:
+        rows = pack_group(docs, self.seq_len, self.strategy)
+        if len(rows) > self.batch_size:
+            raise InputError(f"{len(docs)} sequences need {len(rows)} packed rows of "
+                             f"{self.seq_len} tokens, more than the batch's {self.batch_size} rows")
+        out = {k: np.zeros((self.batch_size, self.seq_len), np.int32) for k in FEATURES}
+        for r, slot in zip(rows, micro_major(len(rows), self.batch_size, self.micro_batches)):
+            at = 0
+            for seg, i in enumerate(r, start=1):
+                n = len(docs[i]["input_ids"])
+                for k in ("input_ids", "loss_mask", "eligible_mask"):
+                    out[k][slot, at:at + n] = docs[i][k]
+                out["segment_ids"][slot, at:at + n] = seg
+                out["positions"][slot, at:at + n] = np.arange(n)
+                at += n
+        return out
+
+
 class PackedLoader:
     """Iterable of packed batches; `iter(loader)` is a grain iterator with get_state/set_state."""
 
@@ -106,8 +169,10 @@ def make_loader(paths_or_dirs, seq_len: int, batch_size: int, *, seed: int = 0,
                 shuffle: bool = True, num_epochs: int | None = 1, shard_index: int = 0,
                 shard_count: int = 1, strategy: str = "first_fit", truncate: str = "none",
                 worker_count: int = 0, num_packing_bins: int | None = None,
-                drop_remainder: bool = False) -> PackedLoader:
-    """Packed-batch loader over curated dirs or shard files (see module doc)."""
+                drop_remainder: bool = False, batch_unit: str = "rows", sequences: int = 0,
+                micro_batches: int = 1) -> PackedLoader:
+    """Packed-batch loader over curated dirs or shard files (see module doc); with
+    batch_unit="sequences", `sequences` documents per batch."""
     import grain
     import grain.experimental as gex
 
@@ -115,6 +180,10 @@ def make_loader(paths_or_dirs, seq_len: int, batch_size: int, *, seed: int = 0,
         raise InputError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     if truncate not in TRUNCATE:
         raise InputError(f"truncate {truncate!r} is not one of {', '.join(TRUNCATE)}")
+    if batch_unit not in BATCH_UNITS:
+        raise InputError(f"batch_unit {batch_unit!r} is not one of {', '.join(BATCH_UNITS)}")
+    if batch_unit == "sequences" and sequences <= 0:
+        raise InputError(f"batch_unit 'sequences' needs sequences > 0, not {sequences}")
     if not 0 <= shard_index < shard_count:
         raise InputError(f"shard_index {shard_index} is not in [0, shard_count={shard_count})")
     if seq_len <= 0 or batch_size <= 0:
@@ -132,6 +201,11 @@ def make_loader(paths_or_dirs, seq_len: int, batch_size: int, *, seed: int = 0,
         ds = ds.shuffle(seed=seed)
     ds = ds.repeat(num_epochs)
     ds = ds.map(_Decode(seq_len, truncate)).filter(_Keep(stats)).map(_strip)
+    if batch_unit == "sequences":
+        out = ds.to_iter_dataset().batch(int(sequences), drop_remainder=drop_remainder,
+                                         batch_fn=list)
+        out = out.map(_PackGroup(seq_len, batch_size, micro_batches, strategy))
+        return _finish(out, stats, paths, worker_count)
     packer = gex.FirstFitPackIterDataset if strategy == "first_fit" else gex.BestFitPackIterDataset
     packed = packer(ds.to_iter_dataset(), length_struct={k: seq_len for k in ("input_ids", "loss_mask", "eligible_mask")},
                     num_packing_bins=num_packing_bins or max(batch_size, 8), seed=seed,
@@ -139,6 +213,12 @@ def make_loader(paths_or_dirs, seq_len: int, batch_size: int, *, seed: int = 0,
     out = packed.map(_rename).batch(batch_size, drop_remainder=drop_remainder)
     if not drop_remainder:
         out = out.map(_PadBatch(batch_size))
+    return _finish(out, stats, paths, worker_count)
+
+
+def _finish(out, stats, paths, worker_count: int) -> PackedLoader:
+    import grain
+
     if worker_count > 0:
         mark_absl_parsed()
         out = out.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))

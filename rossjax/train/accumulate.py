@@ -42,15 +42,23 @@ def split_batch(batch, n: int, partitioner=None):
     return jax.tree_util.tree_map_with_path(one, batch)
 
 
-def accumulate(loss_fn, params, micro, aux_zeros):
+def accumulate(loss_fn, params, micro, aux_zeros, active=None):
     """Sum over micro-batches of `loss_fn(params, mb) -> (value, aux)`: returns (float32 sum of
-    d value / d params, (sum of values, sum of aux)). `aux_zeros`: float32 zeros shaped like aux."""
-    def body(carry, mb):
-        (value, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
-        return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), carry, (g, (value, aux))), None
-
+    d value / d params, (sum of values, sum of aux)). `aux_zeros`: float32 zeros shaped like aux.
+    `active(mb) -> bool`: a micro-batch for which it is False adds zeros without running the
+    model (a `lax.cond`: the all-padding micro-batches of a sequence-count SFT batch)."""
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     carry0 = (zeros, (jnp.zeros((), jnp.float32), aux_zeros))
+
+    def grads(mb):
+        (value, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+        return jax.tree.map(lambda x: x.astype(jnp.float32), (g, (value, aux)))
+
+    def body(carry, mb):
+        out = grads(mb) if active is None else jax.lax.cond(active(mb), grads,
+                                                            lambda _: carry0, mb)
+        return jax.tree.map(lambda a, b: a + b, carry, out), None
+
     (g_sum, sums), _ = jax.lax.scan(body, carry0, micro)
     return g_sum, sums
 
