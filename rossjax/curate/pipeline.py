@@ -80,6 +80,13 @@ class Compiler:
         self.template_kwargs = template_kwargs or {}
         self._tok = None
 
+    @classmethod
+    def from_config(cls, cfg) -> "Compiler":
+        """The compile step config (tokenizer, template, max_length, mask_mode, template_kwargs)
+        asks for; both runners build it here."""
+        return cls(cfg.tokenizer, cfg.template, cfg.max_length or None, cfg.mask_mode,
+                   template_kwargs(cfg))
+
     def __getstate__(self):
         return {**self.__dict__, "_tok": None}
 
@@ -276,7 +283,8 @@ def compile_rows(ready: list, compiler: Compiler, workers: int):
 def curate_chunk(chunk, cfg, rows_filter: str, pool: WorkerPool, compiler: Compiler,
                  lists: RowLists, shards: ShardWriter, seen: dict | None = None) -> None:
     """Read -> dedupe -> verify -> filter -> compile -> write for one chunk of input rows.
-    `seen` ({id: first row}, kept across chunks) finds duplicate ids; None skips the check."""
+    `seen` ({id: first row}: kept across chunks, or given whole by the Beam runner's global
+    pass) finds duplicate ids; None skips the check."""
     todo = []
     keep_dupes = cfg.get("duplicates", "withhold") == "keep"
     for row in chunk:
@@ -285,16 +293,13 @@ def curate_chunk(chunk, cfg, rows_filter: str, pool: WorkerPool, compiler: Compi
             continue
         rid = row.record["id"]
         lists.report.ids["derived"] += bool(row.derived_id)
-        if seen is not None:
-            if rid in seen:
-                lists.report.ids["duplicate"] += 1
-                if not keep_dupes:
-                    lists.add("withheld", row.row, rid, "duplicate_id",
-                              f"row {seen[rid]} already has id {rid!r} (the first row with an id "
-                              f"is kept; config.duplicates=keep keeps every one)")
-                    continue
-            else:
-                seen[rid] = row.row
+        if seen is not None and seen.setdefault(rid, row.row) != row.row:
+            lists.report.ids["duplicate"] += 1
+            if not keep_dupes:
+                lists.add("withheld", row.row, rid, "duplicate_id",
+                          f"row {seen[rid]} already has id {rid!r} (the first row with an id "
+                          f"is kept; config.duplicates=keep keeps every one)")
+                continue
         todo.append((row.row, row.record))
     if cfg.verify != "stored":
         fresh_verdicts(todo, cfg.verify, pool, lists.report)
@@ -320,8 +325,7 @@ def curate(cfg, output: str | None = None) -> dict:
     config = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
     report = Report({**config, "output": out_dir})
     report.tokenizer_vocab_size = int(load_tokenizer(cfg.tokenizer).vocab_size)
-    compiler = Compiler(cfg.tokenizer, cfg.template, cfg.max_length or None, cfg.mask_mode,
-                        template_kwargs(cfg))
+    compiler = Compiler.from_config(cfg)
     shards = ShardWriter(stage, cfg.examples_per_shard, report.shards)
     fields, seen = field_mapping(cfg), {}
     t0 = time.perf_counter()
@@ -337,12 +341,19 @@ def curate(cfg, output: str | None = None) -> dict:
     finally:
         bar.close()
         shards.close()
+    out = report.write(stage, time.perf_counter() - t0)
+    publish(stage, out_dir)
+    announce(report, cfg, out_dir)
+    return out
+
+
+def announce(report: Report, cfg, out_dir: str, runner: str = "") -> None:
+    """The run's closing lines on stderr (both runners): the summary, and notes on empty input,
+    derived ids and duplicate ids."""
     if report.input_rows == 0:
         print(f"rossjax curate: warning: {cfg.input} holds no rows; the output is empty",
               file=sys.stderr)
-    out = report.write(stage, time.perf_counter() - t0)
-    publish(stage, out_dir)
-    print(f"rossjax curate: {report.summary()} -> {out_dir}", file=sys.stderr)
+    print(f"rossjax curate: {report.summary()} -> {out_dir}{runner}", file=sys.stderr)
     if report.ids["derived"]:
         print(f"rossjax curate: note: {report.ids['derived']} rows had no id; each was given one "
               f"derived from its content (sha- and 16 hex of the SHA-256 of its messages, tools, "
@@ -351,7 +362,6 @@ def curate(cfg, output: str | None = None) -> dict:
         print(f"rossjax curate: note: {report.ids['duplicate']} rows repeat an earlier row's id "
               f"({'kept' if cfg.get('duplicates') == 'keep' else 'withheld as duplicate_id'})",
               file=sys.stderr)
-    return out
 
 
 def check_kept(report: dict, cfg, out_dir: str) -> None:
