@@ -75,7 +75,8 @@ def test_curate_sample_accounting_adds_up(tmp_path):
     elig = sum(int(e["eligible_mask"].sum()) for e in examples)
     assert rep["tokens"]["kept_supervised"] == sup > 0
     assert rep["tokens"]["kept_eligible"] == elig
-    assert rep["ter"] == pytest.approx((elig - sup) / elig)
+    t = rep["tokens"]  # TER: response content only, end-of-turn markers excluded
+    assert rep["ter"] == pytest.approx(t["kept_excluded_content"] / t["kept_content"])
     for e in examples:
         assert e["input_ids"].dtype == np.int32 and len(e["loss_mask"]) == len(e["input_ids"])
         assert not (e["loss_mask"] & ~e["eligible_mask"]).any()  # supervised implies eligible

@@ -8,8 +8,13 @@ report.json holds
   input_rows                      rows read (valid or not)
   buckets   {kept, withheld, invalid}   -> sum == input_rows (checked before writing)
   reasons   {withheld: {code: n}, invalid: {code: n}}
-  tokens    {kept_total, kept_eligible, kept_supervised, kept_excluded_eligible}
-  ter       excluded eligible / eligible tokens over kept rows (token-weighted TER)
+  tokens    {kept_total, kept_eligible, kept_supervised, kept_excluded_eligible, kept_content,
+             kept_excluded_content}: eligible counts include the end-of-turn markers, content
+             counts are the response content alone (content, reasoning, tool calls)
+  ter       target exclusion rate: unsupervised / all response-content tokens over kept rows,
+            token-weighted, end-of-turn markers excluded
+  ter_by_step {step: {content, excluded, ter}}: the same per RL step of origin (the row's
+            source.step, as an RL run's history.jsonl records it); {} when no row has one
   verify    {mode, unverified_policy, undecided_policy, passed, failed, undecided, unverified,
              rerun}: verdicts by outcome; `unverified` rows had no verdict at all (withheld as
              `unverified` unless config.unverified="keep"); `rerun` verdicts were computed in
@@ -82,7 +87,9 @@ class Report:
         self.buckets = Counter({"kept": 0, "withheld": 0, "invalid": 0})
         self.reasons = {"withheld": Counter(), "invalid": Counter()}
         self.tokens = Counter({"kept_total": 0, "kept_eligible": 0, "kept_supervised": 0,
-                               "kept_excluded_eligible": 0})
+                               "kept_excluded_eligible": 0, "kept_content": 0,
+                               "kept_excluded_content": 0})
+        self.ter_steps: dict = {}  # step of origin -> Counter(content, excluded)
         self.verify = Counter({"passed": 0, "failed": 0, "undecided": 0, "unverified": 0,
                                "rerun": 0})
         self.kept_by_review = Counter({"accept": 0, "revise": 0, "drop": 0, "none": 0})
@@ -113,6 +120,12 @@ class Report:
             self.tokens["kept_eligible"] += int(example.n_eligible)
             self.tokens["kept_supervised"] += int(example.n_supervised)
             self.tokens["kept_excluded_eligible"] += int(example.n_excluded_eligible)
+            content, excluded = int(example.n_content), int(example.n_excluded_content)
+            self.tokens["kept_content"] += content
+            self.tokens["kept_excluded_content"] += excluded
+            step = (getattr(example, "provenance", None) or {}).get("step")
+            if step is not None:
+                self.ter_steps.setdefault(step, Counter()).update(content=content, excluded=excluded)
 
     def _length(self, lo, hi):
         if lo is not None:
@@ -129,6 +142,8 @@ class Report:
                              (self.ids, getattr(other, "ids", Counter())),
                              *((self.reasons[k], other.reasons[k]) for k in self.reasons)):
             mine.update(theirs)
+        for step, c in getattr(other, "ter_steps", {}).items():
+            self.ter_steps.setdefault(step, Counter()).update(c)
         self.max_token_id = max(self.max_token_id, getattr(other, "max_token_id", -1))
         self._length(*getattr(other, "lengths", [None, 0]))
         return self
@@ -138,8 +153,15 @@ class Report:
 
     @property
     def ter(self) -> float:
-        e = self.tokens["kept_eligible"]
-        return self.tokens["kept_excluded_eligible"] / e if e else 0.0
+        c = self.tokens["kept_content"]
+        return self.tokens["kept_excluded_content"] / c if c else 0.0
+
+    def ter_by_step(self) -> dict:
+        def key(s):  # numeric steps in order, any other label after them
+            return (0, s, "") if isinstance(s, (int, float)) else (1, 0, str(s))
+        return {str(s): {"content": c["content"], "excluded": c["excluded"],
+                         "ter": c["excluded"] / c["content"] if c["content"] else 0.0}
+                for s, c in sorted(self.ter_steps.items(), key=lambda kv: key(kv[0]))}
 
     def to_dict(self, elapsed_s: float = 0.0) -> dict:
         total = sum(self.buckets.values())
@@ -151,6 +173,7 @@ class Report:
             "reasons": {k: dict(sorted(v.items())) for k, v in self.reasons.items()},
             "tokens": dict(self.tokens),
             "ter": self.ter,
+            "ter_by_step": self.ter_by_step(),
             "kept_by_review": dict(self.kept_by_review),
             "ids": {**self.ids, "duplicates_policy": self.config.get("duplicates", "withhold")},
             "token_ids": {"max": self.max_token_id if self.max_token_id >= 0 else None,

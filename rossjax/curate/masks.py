@@ -48,7 +48,9 @@ class CompiledExample:
     provenance: dict = field(default_factory=dict)
     n_eligible: int = 0
     n_supervised: int = 0
-    n_excluded_eligible: int = 0  # eligible but not supervised (numerator of TER)
+    n_excluded_eligible: int = 0  # eligible but not supervised (end-of-turn markers included)
+    n_content: int = 0  # eligible response-content tokens: eligible, end-of-turn marker excluded
+    n_excluded_content: int = 0  # response content not supervised (numerator of TER)
     turn_spans: list = field(default_factory=list)  # (start_token, end_token) per assistant turn
     text: str | None = None  # the rendered text the tokens spell (for inspection)
 
@@ -177,8 +179,13 @@ def compile_rollout(record, tokenizer, template: str = "chatml", max_length: int
         n_sup = n_elig
     else:
         n_sup_annotated = n_sup
+    # TER counts response content only: tokens of content/reasoning/tool calls, not the marker
+    content = eligible & token_overlap(interval_mask(len(text), [
+        (p.start, p.end) for p in r.parts if p.eligible and p.kind != "end" and p.end > p.start]),
+        starts, ends)
     spans = _turn_spans(r, starts, ends)
     counts = dict(n_eligible=n_elig, n_supervised=n_sup, n_excluded_eligible=n_elig - n_sup,
+                  n_content=int(content.sum()), n_excluded_content=int((content & ~loss).sum()),
                   turn_spans=spans, text=text)
     el, lo = eligible.astype(np.uint8), loss.astype(np.uint8)
     if n_sup_annotated == 0:
