@@ -14,6 +14,13 @@ pair it with `--config.grpo.is_mode=token`, the truncated-IS correction).
 Every candidate is appended to WORKDIR/history.jsonl (the input of ROSS relearning, see
 rossjax/train/history.py).
 
+The upstream RL run of ROSS (its history is what ROSS relearns), with the paper's settings:
+Dr. GRPO advantages r - mean(group) (no std), weight decay 0.1, the IcePop correction on
+(`is_mode=token, is_how=mask`: tokens whose trainer/sampler probability ratio leaves the two-sided
+band [is_low, is_high] = [0.5, 2.0] get no gradient), and `grpo.minibatches=4` updates per step
+so that the later minibatches are off-policy and the clipped surrogate can bind. The response
+length is `grpo.max_new_tokens` = 512 tokens per candidate; 16 contexts x 8 candidates a step.
+
 Time: `:runlocal` (tiny Qwen2 from scratch, ASCII tokenizer, 4 x 4 candidates of 32 tokens, 20
 steps) ~15 s on this 2-core CPU; its reward stays ~0 (a random 0.1M model does not do
 arithmetic): it exercises the machinery. The full config (16 contexts x 8 samples x 512 tokens)
@@ -37,8 +44,12 @@ def get_config(arg: str | None = None):
     c.grpo.contexts = 16
     c.grpo.group_size = 8
     c.grpo.max_new_tokens = 512
-    c.grpo.advantages = "mean"
+    c.grpo.advantages = "mean"       # Dr. GRPO: r - mean(group)
+    c.grpo.minibatches = 4           # updates per step (num_iterations passes of these)
+    c.grpo.is_mode, c.grpo.is_how = "token", "mask"   # IcePop
+    c.grpo.is_low, c.grpo.is_high = 0.5, 2.0          # its two-sided band
     c.optim.peak_lr = c.optim.end_lr = 1e-6
+    c.optim.weight_decay = 0.1
     for v in [a for a in (arg or "").split(",") if a]:
         if v == "runlocal":
             c.tokenizer = "ascii"

@@ -32,7 +32,8 @@ def default_config():
     c.data.induction = mlc.ConfigDict(dict(n_inputs=10, n_visible=5, split="first"))
     c.grpo = mlc.ConfigDict(dict(
         steps=200, contexts=16, group_size=8, max_new_tokens=512, temperature=1.0, top_p=1.0,
-        top_k=0, num_iterations=1, minibatch=0, micro_batches=1, shuffle_minibatches=True,
+        top_k=0, num_iterations=1, minibatch=0, minibatches=1, micro_batches=1,
+        shuffle_minibatches=True,
         advantages="mean",
         eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean", is_mode="none", is_how="truncate",
         is_low=0.0, is_high=2.0, loss_chunk=512, async_sampling=False, max_bad_steps=5,
@@ -65,9 +66,17 @@ def check_config(cfg):
     if g.group_size < 2:
         raise ConfigError(f"config.grpo.group_size is {g.group_size}; it must be at least 2 (a lone "
                          f"candidate's group-relative advantage is always 0).")
-    for field in ("steps", "contexts", "max_new_tokens", "num_iterations", "micro_batches"):
+    for field in ("steps", "contexts", "max_new_tokens", "num_iterations", "micro_batches",
+                  "minibatches"):
         if g[field] < 1:
             raise ConfigError(f"config.grpo.{field} is {g[field]}; it must be at least 1.")
+    rows = g.contexts * g.group_size
+    if g.minibatch <= 0 and rows % g.minibatches:
+        raise ConfigError(f"config.grpo.minibatches {g.minibatches} does not divide the {rows} "
+                          f"rows of a step (contexts x group_size).")
+    if g.is_mode != "none" and not 0 <= g.is_low < 1 < g.is_high:
+        raise ConfigError(f"config.grpo.is_low {g.is_low} and is_high {g.is_high} must bracket 1 "
+                          f"(0 <= is_low < 1 < is_high).")
     kinds = (*rewards.CPU_REWARDS, "probe")
     unknown = [f for f in r.functions if f not in kinds]
     if unknown or not r.functions or len(r.functions) != len(r.weights):

@@ -103,7 +103,8 @@ class Run:
         """Minibatch plan, optimizer, state shardings and the (cached) compiled step functions."""
         cfg, g = self.cfg, self.cfg.grpo
         rows = g.contexts * g.group_size
-        self.minibatch = g.minibatch if g.minibatch > 0 else rows
+        # minibatch 0: the step's rows split into `minibatches` equal updates per pass
+        self.minibatch = g.minibatch if g.minibatch > 0 else rows // max(1, g.get("minibatches", 1))
         if rows % self.minibatch:
             raise ConfigError(f"config.grpo.minibatch {self.minibatch} does not divide the "
                               f"{rows} rows of a step (contexts x group_size).")
