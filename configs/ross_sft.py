@@ -51,6 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.dtype = "bfloat16"        # compute dtype; logits and the loss are float32
     c.model.param_dtype = "float32"   # master weights
     c.model.remat_policy = "full"     # none | full | dots | dots_no_batch
+    c.model.attention_impl = "auto"   # auto | dense | blockwise | xla | cudnn | splash
     c.model.vocab_size = -1           # > 0 overrides the preset's vocabulary (from-scratch only)
 
     c.data = ml_collections.ConfigDict()

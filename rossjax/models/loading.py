@@ -39,7 +39,7 @@ def section_from_spec(spec: str, dtype: str = "float32", *, where: str = "config
 def abstract_model(section, *, field: str = "config.model"):
     """(ModelConfig, source) without reading weights; source is "hf" | "orbax" | "scratch"."""
     path, preset = _get(section, "path", ""), _get(section, "preset", "")
-    over = {k: _get(section, k) for k in ("param_dtype", "dtype", "remat_policy")}
+    over = {k: _get(section, k) for k in ("param_dtype", "dtype", "remat_policy", "attention_impl")}
     over = {k: v for k, v in over.items() if v is not None and v != ""}
     if path:
         path = os.fspath(path)

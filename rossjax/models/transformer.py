@@ -56,6 +56,15 @@ def shard_activations(mesh, batch_axes=("data", "fsdp")):
         _ACTIVATIONS.reset(token)
 
 
+def under_mesh(fn, mesh):
+    """`fn` traced inside `shard_activations(mesh)` (wrap a step before jax.jit)."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kw):
+        with shard_activations(mesh):
+            return fn(*args, **kw)
+    return wrapped
+
+
 def _rows(x, act):
     """x [b, ...] constrained to rows over the context's batch axes (when they divide b)."""
     if act is None:

@@ -25,7 +25,7 @@ def default_config():
     c.template = "chatml"
     c.system = ""              # optional system message before each task prompt
     c.model = mlc.ConfigDict(dict(path="", preset="", dtype="bfloat16", param_dtype="float32",
-                                  remat_policy="none", vocab_size=-1))
+                                  remat_policy="none", attention_impl="auto", vocab_size=-1))
     c.train = mlc.ConfigDict(dict(seed=0))
     c.data = mlc.ConfigDict(dict(tasks="gen:arith", seed=0))
     # gen:induction (PROPEL/AZR): inputs per task, how many the solver sees, which ones

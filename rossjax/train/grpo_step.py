@@ -91,7 +91,8 @@ class StepFns:
         self.merge = jax.jit(lambda t, b: policy_params(t, b, lora_alpha),
                              in_shardings=(train_sh, base_shardings), out_shardings=param_shardings)
         lp = functools.partial(logp_entropy, model_cfg, chunk=chunk)
-        self.logp = jax.jit(lambda p, batch: lp(p, batch),
+        self.logp = jax.jit(models.transformer.under_mesh(lambda p, batch: lp(p, batch),
+                                                          part.mesh),
                             in_shardings=(param_shardings, {k: rows for k in BATCH_KEYS}),
                             out_shardings=(rows, rows))
         c = loss_cfg
@@ -124,7 +125,8 @@ class StepFns:
                                "skipped": 1 - finite.astype(jnp.int32),
                                "bad_steps": new_state["bad_steps"], **m}
 
-        self.update = jax.jit(step, in_shardings=(state_shardings, base_shardings, bsh),
+        self.update = jax.jit(models.transformer.under_mesh(step, part.mesh),
+                              in_shardings=(state_shardings, base_shardings, bsh),
                               out_shardings=(state_shardings, repl), donate_argnums=0)
 
     def put_rows(self, arrays: dict) -> dict:

@@ -97,8 +97,8 @@ def make_train_step(model_cfg, optimizer, schedule, *, mesh, shardings, batch_sh
         return new_state, metrics
 
     ins = (shardings, batch_sharding) + ((base_shardings,) if lora_alpha is not None else ())
-    return jax.jit(step, in_shardings=ins, out_shardings=(shardings, part.replicated()),
-                   donate_argnums=0)
+    return jax.jit(models.transformer.under_mesh(step, part.mesh), in_shardings=ins,
+                   out_shardings=(shardings, part.replicated()), donate_argnums=0)
 
 
 def make_eval_step(model_cfg, *, mesh, params_shardings, batch_sharding, chunk_size: int = 1024,
@@ -108,7 +108,8 @@ def make_eval_step(model_cfg, *, mesh, params_shardings, batch_sharding, chunk_s
     def ev(params, batch, base=None):
         return batch_nll(model_cfg, _model_params(params, base, lora_alpha), batch, chunk_size)
 
-    replicated = sharding.as_partitioner(mesh).replicated()
+    part = sharding.as_partitioner(mesh)
     ins = (params_shardings, batch_sharding) + ((base_shardings,) if lora_alpha is not None else ())
-    return jax.jit(ev, in_shardings=ins, out_shardings=(replicated, replicated))
+    return jax.jit(models.transformer.under_mesh(ev, part.mesh), in_shardings=ins,
+                   out_shardings=(part.replicated(), part.replicated()))
 
