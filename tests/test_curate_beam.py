@@ -106,6 +106,114 @@ def test_worker_crash_mid_bundle_is_retried(tmp_path, monkeypatch, capfd):
     assert report["input_rows"] == 30
 
 
+OK = {"name": "math", "passed": True}
+POSITIVE = dict(rows="verifier_positive", mask_mode="eligible", verify="stored", unverified="keep")
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def test_duplicate_ids_and_trl_rows_equal_local(tmp_path):
+    """Ids repeated within and across files, and TRL rows without ids (their ids derived from
+    content, two of them identical): the same rows are withheld as duplicate_id, first row kept,
+    though the repeats land in other bundles than their first row."""
+    sample = []
+    for line in open(SAMPLE, encoding="utf-8"):
+        try:
+            sample.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # the sample's one line that is not JSON
+    trl = [{"prompt": f"{i}+1?", "completion": f"{i + 1}", "verifier": OK} for i in range(3)]
+    trl.append({"messages": [{"role": "user", "content": "2+2?"},
+                             {"role": "assistant", "content": "4"}], "verifier": OK})
+    (tmp_path / "in").mkdir()
+    _write(tmp_path / "in" / "a.jsonl", sample[:12] + trl + [trl[1]] + sample[3:5])
+    _write(tmp_path / "in" / "b.jsonl", sample[10:] + [sample[0], trl[0], trl[3]] + sample[:2])
+    kw = dict(POSITIVE, chunk_rows=8)  # local chunks of 8: repeats span chunks there too
+    pipeline.curate(_cfg(tmp_path / "in", tmp_path / "local", **kw))
+    curate_beam.curate(_cfg(tmp_path / "in", tmp_path / "beam", runner="beam", **kw))
+    report = assert_same_curation(tmp_path / "local", tmp_path / "beam")
+    assert report["ids"]["derived"] == 7
+    assert report["ids"]["duplicate"] == report["reasons"]["withheld"]["duplicate_id"] == 10
+    ids = [e["id"] for e in read_compiled(tmp_path / "beam")]
+    assert len(ids) == len(set(ids)) and sum(i.startswith("sha-") for i in ids) == 4
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather.",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string"}}}}}]
+# A chat template that shows its tools and its enable_thinking kwarg in the rendered text.
+TEMPLATE = ("{%- if tools %}{{- 'TOOLS:' + tools | length | string + '\\n' }}{%- endif %}"
+            "{%- if enable_thinking is false %}{{- 'NO-THINK\\n' }}{%- endif %}"
+            "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"
+            "{%- if m.role == 'assistant' %}{% generation %}{{- m.content + '<|im_end|>' }}"
+            "{% endgeneration %}{{- '\\n' }}{%- else %}{{- m.content + '<|im_end|>\\n' }}"
+            "{%- endif %}{%- endfor %}"
+            "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def _byte_tokenizer(path) -> str:
+    """A Hugging Face tokenizer folder: byte-level tokens, ChatML specials, TEMPLATE."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from rossjax.tokenizers.base import bytes_to_unicode
+
+    alphabet = list(bytes_to_unicode().values())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
+    path.mkdir()
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": TEMPLATE}))
+    return str(path)
+
+
+def test_field_mapping_template_kwargs_and_tools_equal_local(tmp_path):
+    """config.fields maps other columns (id, reward with a threshold); the tokenizer's template
+    gets config.template_kwargs and each row's tools, in the Beam workers as in the local run."""
+    from rossjax.tokenizers import load_tokenizer
+
+    rows = [{"q": f"{i}+1?", "a": f"{i + 1}", "r": 0.9 if i % 3 else 0.1, "uid": i}
+            for i in range(20)]
+    rows[4]["tools"] = TOOLS
+    rows[7].pop("r")  # no reward: invalid, naming config.fields.reward_key
+    rows[9]["uid"] = 2  # a repeated id through the mapping
+    _write(tmp_path / "m.jsonl", rows)
+    kw = dict(POSITIVE, tokenizer=_byte_tokenizer(tmp_path / "tok"), template="tokenizer",
+              template_kwargs='{"enable_thinking": false}',
+              fields=dict(input_key="q", label_key="a", reward_key="r", reward_threshold=0.5,
+                          id_key="uid"))
+    pipeline.curate(_cfg(tmp_path / "m.jsonl", tmp_path / "local", **kw))
+    curate_beam.curate(_cfg(tmp_path / "m.jsonl", tmp_path / "beam", runner="beam", **kw))
+    report = assert_same_curation(tmp_path / "local", tmp_path / "beam")
+    assert report["buckets"] == {"kept": 12, "withheld": 7, "invalid": 1}
+    assert report["reasons"]["withheld"] == {"duplicate_id": 1, "verifier_failed": 6}
+    tok = load_tokenizer(kw["tokenizer"])
+    texts = {e["id"]: tok.decode(e["input_ids"].tolist()) for e in read_compiled(tmp_path / "beam")}
+    assert texts["1"].startswith("NO-THINK\n<|im_start|>user\n1+1?")
+    assert texts["4"].startswith("TOOLS:1\nNO-THINK\n")
+
+
+def test_outputs_staged_and_kept_nothing_exits(tmp_path):
+    """The Beam run writes into DIR/.partial and moves into DIR at the end, replacing the last
+    run's files; a run that keeps no row is the local run's one sentence (the CLI's exit 2)."""
+    from rossjax.errors import InputError
+
+    out = tmp_path / "out"
+    kw = dict(POSITIVE, beam_args="--runner=DirectRunner")
+    curate_beam.curate(_cfg(SAMPLE, out, runner="beam", examples_per_shard=4, **kw))
+    assert len(compiled_paths(out)) > 2 and not (out / ".partial").exists()
+    cfg = _cfg(SAMPLE, out, runner="beam", max_length=3, **kw)
+    with pytest.raises(InputError, match="none of the 30 rows was kept: .* withheld as too_long"):
+        pipeline.finish(cfg, curate_beam.curate(cfg), str(out))
+    assert compiled_paths(out) == [] and sorted(os.listdir(out)) == [
+        "invalid.jsonl", "report.json", "withheld.jsonl"]
+    assert json.load(open(out / "report.json"))["buckets"]["kept"] == 0
+
+
 def _synthetic_pool(dir_, n: int) -> str:
     """n rows cycling through the sample (invalid lines included), fresh ids, mostly stored
     verdicts (passed, failed, undecided) and some math rows left for the verifier; three files:

@@ -5,11 +5,16 @@ fleet, chosen by `config.beam_args`, Beam's own pipeline options).
 No second copy of the curation logic: the workers call pipeline.curate_chunk (verify, the verdict
 and row-filter policy, compile) on batches of rows, with the ledger's Report and list lines.
 Beam adds only the plumbing, and every output equals the local run's:
-  read      one file per task (schema.iter_records; a remote file is copied to local disk first);
+  read      one file per task (schema.iter_records with config.fields, so formats.normalize and
+            the derived ids are the local ones; a remote file is copied to local disk first);
             each file's last row number goes to a side input, so rows count on across files
             exactly as in the local run;
-  curate    rows are reshuffled over the workers and batched; a DoFn holds, from setup(), the
-            compiler (tokenizer loaded once) and one verifier process (math-verify's timeouts need
+  ids       a global pass: valid rows grouped by id, each row paired with the first (lowest) row
+            number of its id; curate_chunk gets these as its `seen`, so the same rows are
+            withheld as duplicate_id as in the local run, wherever they land;
+  curate    rows are batched over the workers; a DoFn holds, from setup(), the compiler
+            (Compiler.from_config: template, template_kwargs; tokenizer loaded once) and one
+            verifier process (math-verify's timeouts need
             a main thread, which Beam's bundle threads are not; sandboxes start from there);
   shards    kept examples are grouped by row block, ranked in row order (block counts as a side
             input), and grouped again by shard: compiled-NNNNN.array_record holds the same
@@ -17,6 +22,9 @@ Beam adds only the plumbing, and every output equals the local run's:
   lists     withheld/invalid lines are sorted per row block into part files, then concatenated;
   report    the per-batch Reports are combined (Report.merge, a CombineFn), so a retried bundle's
             partial counts are never added twice; the driver writes report.json.
+As in the local run everything is written into DIR/.partial/ and moved into DIR at the end
+(report.json last; pipeline.publish), and pipeline.finish (the CLI calls it after either runner)
+adds the Parquet export and refuses a run that kept no row.
 Every file is written whole under a deterministic name, so a retried bundle (Dataflow retries a
 failed one up to 4 times) overwrites its own output. Beam's DirectRunner retries no bundle
 (apache/beam#18640): a failed run is rerun whole, up to `config.beam_retries` times, into the
@@ -93,8 +101,9 @@ def run_with_retries(build, beam_args: str, retries: int, what: str):
                   file=sys.stderr)
 
 
-def read_rows(p, files: list[str]):
-    """PCollection of schema.Row with the local run's row numbers (counting on across files)."""
+def read_rows(p, files: list[str], fields: dict | None = None, spread: bool = True):
+    """PCollection of schema.Row with the local run's row numbers (counting on across files),
+    each normalized with the field mapping `fields` (config.fields); `spread` reshuffles them."""
     beam = import_beam()
 
     class ReadFile(beam.DoFn):
@@ -104,7 +113,7 @@ def read_rows(p, files: list[str]):
             i, path = item
             last = 0
             with beam_io.local_copy(path) as local:
-                for r in iter_records([local]):
+                for r in iter_records([local], fields):
                     last = r.row
                     yield i, r._replace(source=path)
             yield beam.pvalue.TaggedOutput("last", (i, last))
@@ -115,8 +124,28 @@ def read_rows(p, files: list[str]):
 
     read = (p | "files" >> beam.Create(list(enumerate(files)))
             | "read" >> beam.ParDo(ReadFile()).with_outputs("last", main="rows"))
-    return (read.rows | "number" >> beam.Map(globalize, lasts=beam.pvalue.AsDict(read.last))
-            | "spread" >> beam.Reshuffle())
+    rows = read.rows | "number" >> beam.Map(globalize, lasts=beam.pvalue.AsDict(read.last))
+    return rows | "spread" >> beam.Reshuffle() if spread else rows
+
+
+def first_rows(rows):
+    """(Row, first row number of its id) for every row; None for a row that could not be read
+    (it has no id to repeat). Grouping by id spreads the rows over the workers as well."""
+    beam = import_beam()
+
+    def pair(item):
+        _, members = item
+        members = list(members)
+        first = min(r.row for r in members)
+        for r in members:
+            yield r, first
+
+    valid = (rows | "valid" >> beam.Filter(lambda r: r.record is not None)
+             | "by id" >> beam.Map(lambda r: (r.record["id"], r))
+             | "group ids" >> beam.GroupByKey() | "first row" >> beam.FlatMap(pair))
+    unread = (rows | "unread" >> beam.Filter(lambda r: r.record is None)
+              | "no id" >> beam.Map(lambda r: (r, None)) | "spread unread" >> beam.Reshuffle())
+    return (valid, unread) | "rows" >> beam.Flatten()
 
 
 def _curate_fn(cfg_dict: dict, rows_filter: str):
@@ -154,17 +183,21 @@ def _curate_fn(cfg_dict: dict, rows_filter: str):
             self.cfg = ConfigDict(cfg_dict)
             self.cfg.workers = 0  # compile in this worker: Beam is the parallelism
             c = self.cfg
-            self.compiler = Compiler(c.tokenizer, c.template, c.max_length or None, c.mask_mode)
+            self.compiler = Compiler.from_config(c)
             self.pool = WorkerPool(1 if c.verify != "stored" else 0)  # spawned on first use
             self.counters = {k: beam.metrics.Metrics.counter("rossjax", f"rows_{k}")
                              for k in ("kept", *LISTS)}
 
-        def process(self, batch):
+        def process(self, pairs):
             from rossjax.curate.pipeline import curate_chunk
 
+            batch = sorted((r for r, _ in pairs), key=lambda r: r.row)
+            # Every id's first row, found by the global pass: the local run's duplicate rule.
+            seen = {r.record["id"]: first for r, first in pairs if first is not None}
             _crash_once({r.row for r in batch})
             lines, blobs = Lines(), Blobs()
-            curate_chunk(batch, self.cfg, rows_filter, self.pool, self.compiler, lines, blobs)
+            curate_chunk(batch, self.cfg, rows_filter, self.pool, self.compiler, lines, blobs,
+                         seen)
             # Every row is listed or kept, and kept examples come out in batch order.
             kept = [r.row for r in batch if r.row not in lines.listed]
             if len(kept) != len(blobs.blobs):
@@ -271,56 +304,46 @@ def _finish(_, report, shards, parts, out_dir: str):
     beam_io.write_bytes(beam_io.join(out_dir, _REPORT), pickle.dumps(report))
 
 
-def clear_outputs(out_dir: str) -> None:
-    from rossjax.curate.compiled import SHARD_GLOB
-
-    beam_io.delete(beam_io.matching(beam_io.join(out_dir, SHARD_GLOB))
-                   + beam_io.matching(beam_io.join(out_dir, _TMP) + "/*")
-                   + [beam_io.join(out_dir, n) for n in
-                      ("report.json", "invalid.jsonl", "withheld.jsonl", _REPORT)])
-
-
 def curate(cfg, output: str | None = None) -> dict:
     """Run curation on Beam (same checks, outputs and report as pipeline.curate)."""
     import json
 
-    from rossjax.curate.pipeline import check_config
+    from rossjax.curate.pipeline import STAGE, announce, check_config, field_mapping
+    from rossjax.tokenizers import load_tokenizer
 
     beam = import_beam()
     out_dir = output or cfg.output
     rows_filter, files = check_config(cfg, out_dir, list_inputs=beam_io.input_files)
-    beam_io.makedirs(out_dir)
-    beam_io.makedirs(beam_io.join(out_dir, _TMP))
-    clear_outputs(out_dir)
+    stage = beam_io.join(out_dir, STAGE)
+    beam_io.clear_dir(stage)  # a stopped run's leftovers
+    tmp_dir = beam_io.join(stage, _TMP)
+    beam_io.makedirs(tmp_dir)
     config = {**(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)), "output": out_dir}
-    tmp_dir = beam_io.join(out_dir, _TMP)
+    fields = field_mapping(cfg)
 
     def build(p):
-        rows = read_rows(p, files)
+        rows = first_rows(read_rows(p, files, fields, spread=False))
         batches = rows | "batch" >> beam.BatchElements(min_batch_size=8,
                                                         max_batch_size=max(8, cfg.chunk_rows))
         out = batches | "curate" >> beam.ParDo(_curate_fn(config, rows_filter)).with_outputs(
             "lists", "report", main="kept")
-        shards = write_shards(out.kept, out_dir, cfg.examples_per_shard)
+        shards = write_shards(out.kept, stage, cfg.examples_per_shard)
         parts = write_list_parts(out.lists, tmp_dir)
         report = out.report | "combine reports" >> beam.CombineGlobally(_merge_reports())
         (p | "once" >> beam.Create([None])
          | "finish" >> beam.Map(_finish, report=beam.pvalue.AsSingleton(report),
                                 shards=beam.pvalue.AsList(shards),
-                                parts=beam.pvalue.AsList(parts), out_dir=out_dir))
+                                parts=beam.pvalue.AsList(parts), out_dir=stage))
 
     t0 = time.perf_counter()
     run_with_retries(build, cfg.beam_args, cfg.get("beam_retries", 1), "curate")
-    report = pickle.loads(beam_io.read_bytes(beam_io.join(out_dir, _REPORT)))
+    report = pickle.loads(beam_io.read_bytes(beam_io.join(stage, _REPORT)))
     report.config = config
-    if report.input_rows == 0:
-        print(f"rossjax curate: warning: {cfg.input} holds no rows; the output is empty",
-              file=sys.stderr)
+    report.tokenizer_vocab_size = int(load_tokenizer(cfg.tokenizer).vocab_size)
     out = report.to_dict(time.perf_counter() - t0)
-    beam_io.write_bytes(beam_io.join(out_dir, "report.json"),
+    beam_io.delete([beam_io.join(stage, _REPORT)])
+    beam_io.write_bytes(beam_io.join(stage, "report.json"),
                         (json.dumps(out, indent=2, default=str) + "\n").encode("utf-8"))
-    beam_io.delete([beam_io.join(out_dir, _REPORT)])
-    beam_io.remove_dir(tmp_dir)
-    print(f"rossjax curate: {report.summary()} -> {out_dir} (beam)", file=sys.stderr)
+    beam_io.publish_dir(stage, out_dir)
+    announce(report, cfg, out_dir, " (beam)")
     return out
-

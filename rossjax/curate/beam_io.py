@@ -123,10 +123,40 @@ def makedirs(path: str) -> None:
     os.makedirs(path, exist_ok=True)
 
 
-def remove_dir(path: str) -> None:
-    """Remove an (empty) local directory; object stores have none."""
-    if not is_remote(path) and os.path.isdir(path):
-        os.rmdir(path)
+def clear_dir(path: str) -> None:
+    """Make `path` an empty directory (on an object store: delete every object under it)."""
+    if is_remote(path):
+        delete(matching(join(path, "**")))
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+
+
+def publish_dir(stage: str, out_dir: str) -> None:
+    """Move a complete run's files from `stage` into `out_dir` as pipeline.publish does (the old
+    outputs go first, report.json comes last); a crashed attempt's temp files and folders stay
+    behind and are deleted with `stage`."""
+    from rossjax.curate.compiled import SHARD_GLOB
+    from rossjax.curate.pipeline import OUTPUTS, publish
+
+    if not is_remote(stage):
+        for n in os.listdir(stage):
+            p = os.path.join(stage, n)
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            elif ".tmp-" in n:
+                os.remove(p)
+        publish(stage, out_dir)
+        return
+    from apache_beam.io.filesystems import FileSystems
+
+    delete([join(out_dir, "report.json")])
+    delete(matching(join(out_dir, SHARD_GLOB)) + [join(out_dir, n) for n in OUTPUTS])
+    names = sorted((m.rsplit("/", 1)[-1] for m in matching(join(stage, "*"))),
+                   key=lambda n: n == "report.json")
+    for n in names:  # one at a time: report.json strictly after the rest
+        FileSystems.rename([join(stage, n)], [join(out_dir, n)])
+    delete(matching(join(stage, "**")))
 
 
 def delete(paths: list[str]) -> None:
