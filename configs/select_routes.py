@@ -6,7 +6,8 @@ Run:
   `configs/select_routes.py:runlocal` selects 12 of the shipped sample (data/select/sample.jsonl).
 
 Needs: rollout records (.jsonl, .jsonl.gz or .parquet), or a curated output dir plus
---config.tokenizer. The route of a record is its own `steps` list when present, else its
+--config.tokenizer. The pool is the verifier-passed rows (`only_passed=True`; the others are
+counted as skipped `not_passed`); a curated dir holds verifier-positive rows already. The route of a record is its own `steps` list when present, else its
 assistant turns (reasoning, content, tool calls). Writes to `output`: selected.jsonl[.gz] /
 selected.parquet / compiled-*.array_record (the chosen rows, verbatim, same format as the input),
 report.json (per method: mean pairwise distance, distinct label sequences, clusters covered,
@@ -32,10 +33,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.budget = 1000
     c.method = "diverse"         # diverse | similar | random | topology: the subset written
     c.compare = "diverse,similar,random,topology"   # methods measured in the report
-    c.clusters = config_dict.placeholder(int)       # None: round(sqrt(budget))
+    c.clusters = config_dict.placeholder(int)       # None: round(3 * sqrt(budget)), at least 1,
+                                                    # at most pool and budget (default_clusters)
     c.group_by = "task.id"       # dotted field holding the problem id ("" for none)
     c.per_group = config_dict.placeholder(int)      # None: no per-problem quota
-    c.only_passed = False        # keep only rows whose verifier.passed is true
+    c.only_passed = True         # the pool is verifier-passed rows (False: every row)
     c.tokenizer = ""             # for a curated-dir input: decodes the token ids (e.g. "qwen")
     c.plot = True
     c.workers = 0                # processes for fingerprinting (0: this process; 2 on 2 cores)

@@ -197,7 +197,7 @@ def test_select_cli_parquet_and_errors(tmp_path):
     run(_cfg(input=str(src), output=str(out), budget=5, compare="random", plot=False))
     got = pq.read_table(out / "selected.parquet").to_pylist()
     assert len(got) == 5 and {g["id"] for g in got} <= {r["id"] for r in recs}
-    with pytest.raises(ValueError, match="budget 50 is larger than the 20 usable records"):
+    with pytest.raises(ValueError, match="budget 50 is larger than the 18 usable records"):  # passed
         run(_cfg(input=str(src), output=str(out), budget=50))
     with pytest.raises(ValueError, match="unknown selection method 'best'"):
         run(_cfg(input=str(src), output=str(out), method="best"))
@@ -261,3 +261,25 @@ def test_fingerprint_many_equals_one_call_in_chunks_and_workers():
         with pytest.raises(ValueError, match=r"texts\[9\] is empty"):
             fingerprint_many(given, chunk=4)
     assert fingerprint_many([], dim=8)[0].shape == (0, 8)
+
+
+def test_default_pool_is_verifier_passed_rows_and_cluster_rule_matches(tmp_path):
+    """Without any override the pool is the verifier-passed rows (the paper's), and the
+    config's stated cluster-count rule is the one the code applies."""
+    import re
+
+    from rossjax.curate.subset import run
+    from rossjax.routes.selection import default_clusters
+
+    cfg = _cfg("runlocal", output=str(tmp_path / "o"), plot=False, compare="diverse",
+               progress=False)
+    assert cfg.only_passed is True
+    report = run(cfg)
+    assert report["pool"]["skipped"] == {"not_passed": 4}
+    # the comment on config.clusters names the rule default_clusters implements
+    with open("configs/select_routes.py", encoding="utf-8") as f:
+        comment = re.search(r"c\.clusters = .*# (.*)", f.read()).group(1)
+    assert "round(3 * sqrt(budget))" in comment
+    for n, budget in ((10**6, 100), (10**6, 1000), (50, 1000), (5, 3)):
+        assert default_clusters(n, budget) == max(1, min(n, budget, round(3 * budget ** 0.5)))
+    assert report["clusters"] == default_clusters(56, cfg.budget) == 10

@@ -54,7 +54,7 @@ class PoolMeta:
         return len(self.rows)
 
 
-def stream_pool(path: str, meta: PoolMeta, only_passed: bool = False):
+def stream_pool(path: str, meta: PoolMeta, only_passed: bool = True):
     """Yield the route (trace_text) of each usable row of `path`, recording it in `meta`."""
     from rossjax.curate.schema import iter_records
 
@@ -67,7 +67,7 @@ def stream_pool(path: str, meta: PoolMeta, only_passed: bool = False):
         yield t
 
 
-def pool_trace(record: dict | None, only_passed: bool = False):
+def pool_trace(record: dict | None, only_passed: bool = True):
     """(route, None) for a usable record (None: an invalid row), else (None, skip reason)."""
     if record is None:
         return None, "invalid"
