@@ -24,11 +24,7 @@ import time
 
 import numpy as np
 
-
-def _flops_per_step(cfg, batch: int, seq: int) -> float:
-    matmul_params = cfg.num_params() - (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model)
-    attn = 12 * batch * seq * seq * cfg.n_heads * cfg.head_dim * cfg.n_layers
-    return 6.0 * matmul_params * batch * seq + attn
+from rossjax.bench.flops import flops_per_step
 
 
 def _matmul_timer(n: int):
@@ -147,7 +143,7 @@ def main(argv=None) -> int:
     params = init_params(cfg, jax.random.key(0))
     tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (args.batch, args.seq + 1))
     n_tok = args.batch * args.seq
-    flops = _flops_per_step(cfg, args.batch, args.seq)
+    flops = flops_per_step(cfg, args.batch, args.seq)
     print(f"model: {args.preset} {cfg.num_params() / 1e6:.1f}M params, {cfg.n_layers} layers, "
           f"d {cfg.d_model}; batch {args.batch} x {args.seq} tokens; {jax.devices()[0].platform} "
           f"x{jax.device_count()}; {flops / 1e9:.1f} GFLOP/step")

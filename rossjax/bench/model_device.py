@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from rossjax.bench.flops import flops_per_step
+
 # Peak dense bf16 FLOP/s per chip, by a substring of jax's device_kind (lower case).
 PEAK_BF16 = (("v6", 918e12), ("v5p", 459e12), ("v5", 197e12), ("v4", 275e12),
              ("h200", 989e12), ("h100", 989e12), ("gh200", 989e12), ("a100", 312e12),
@@ -96,7 +98,6 @@ def _torch(model, tokens, steps, warmup):
 def run(args) -> int:
     import jax
 
-    from rossjax.bench.model import _flops_per_step
     from rossjax.models import init_params, save_hf
 
     backend = jax.default_backend()
@@ -108,7 +109,7 @@ def run(args) -> int:
     cfg = qwen2_half_b(args.remat if args.remat != "none" else "full", args.attention)
     params = jax.device_put(init_params(cfg, jax.random.key(0)), dev)
     tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (args.batch, args.seq + 1))
-    n_tok, flops = args.batch * args.seq, _flops_per_step(cfg, args.batch, args.seq)
+    n_tok, flops = args.batch * args.seq, flops_per_step(cfg, args.batch, args.seq)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(dev.device_kind)
     print(f"device: {dev.device_kind} ({backend}, jax {jax.__version__}); model: Qwen2-0.5B shape "
           f"{cfg.num_params() / 1e6:.0f}M params, bf16 compute / fp32 params, remat "

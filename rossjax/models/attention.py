@@ -281,7 +281,8 @@ def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 512, window
     else:
         from rossjax.models import kernels
 
-        out = kernels.attend(kind, qg, k, v, m, tuple(windows))
+        visible = mask_array(m) if kind in ("xla", "cudnn") else None
+        out = kernels.attend(kind, qg, k, v, m, tuple(windows), visible)
     return out.reshape(b, s, h, hd)
 
 

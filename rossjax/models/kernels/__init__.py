@@ -33,17 +33,16 @@ def platform_default(dtype) -> str | None:
     return None
 
 
-def attend(kind: str, qg, k, v, mask, windows: tuple[int, ...]):
+def attend(kind: str, qg, k, v, mask, windows: tuple[int, ...], visible=None):
     """Self-attention with a fused backend. qg [b, s, K, G, hd], k/v [b, s, K, hd], `mask` an
     attention.MaskSpec whose `window` (maybe traced: the layer scan carries it) is one of the
-    static `windows` -> [b, s, K, G, hd]."""
-    from rossjax.models.attention import mask_array
-
+    static `windows`; `visible` its boolean [b, s, t] array (what xla/cudnn read; the caller
+    builds it so this package never imports attention) -> [b, s, K, G, hd]."""
     b, s, nkv, g, hd = qg.shape
     if kind in ("xla", "cudnn"):
         from rossjax.models.kernels import dpa
 
-        out = dpa.attend(qg.reshape(b, s, nkv * g, hd), k, v, mask_array(mask), implementation=kind)
+        out = dpa.attend(qg.reshape(b, s, nkv * g, hd), k, v, visible, implementation=kind)
         return out.reshape(qg.shape)
     if kind != "splash":
         raise ValueError(f"attention backend {kind!r} is not one of {', '.join(FUSED)}.")
