@@ -112,9 +112,15 @@ def test_bad_config():
 def test_serialize_json_form(records):
     msgs = serialize(records[0], "json", system="You are a careful analyst.")
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
-    assert msgs[1]["content"] == records[0]["task"]
+    # task, then its evidence (included by default)
+    ev = "\n".join(f"- {e}" for e in records[0]["evidence"])
+    assert msgs[1]["content"] == records[0]["task"] + "\n\nEvidence:\n" + ev
     first = msgs[2]["content"]
-    assert first.startswith("I need sources")
+    # each tool call is followed by its note (the paper's order); before_call is the option
+    assert first.startswith("<tool_call>\n") and first.endswith("\nI need sources about Acme for 2015.")
+    before = serialize(records[0], "json", note_position="before_call", evidence_in_prompt=False)
+    assert before[0]["content"] == records[0]["task"]
+    assert before[1]["content"].startswith("I need sources") and before[1]["content"].endswith("</tool_call>")
     call = json.loads(first.split("<tool_call>\n")[1].split("\n</tool_call>")[0])
     assert call == {"name": "search", "arguments": {"query": records[0]["trace"][1]["arguments"]["query"]}}
     assert msgs[3]["content"].startswith("<tool_response>\n") and msgs[3]["content"].endswith("</tool_response>")
@@ -160,11 +166,20 @@ def test_rollouts_are_valid_records_that_compile(records):
     assert len(rows) == 18
     assert {"json", "react"} == {r["verifier"]["evidence"].rsplit(" ", 1)[-1] for r in rows}
     tok = load_tokenizer("qwen")
-    for r in rows[:6]:
-        assert validate_record(r) is None
+    assistant = to_rollouts(res.kept, seed=1, react_prob=0.5, loss="assistant")
+    for r, a in zip(rows[:6], assistant[:6]):
+        assert validate_record(r) is None and r["loss_scope"] == "sequence"
         ex = compile_rollout(r, tok, template="chatml")
         assert ex.status == "kept", (ex.reason, getattr(ex, "detail", None))
-        assert 0 < ex.n_supervised < len(ex.input_ids)
+        # Eq. 7: the whole serialized sample is supervised (task, evidence, observations too)
+        assert ex.n_supervised == len(ex.input_ids) > ex.n_content
+        ea = compile_rollout(a, tok, template="chatml")
+        assert np.array_equal(ea.input_ids, ex.input_ids)
+        assert 0 < ea.n_supervised < len(ea.input_ids)  # assistant-only
+    with pytest.raises(ValueError, match="loss must be one of"):
+        to_rollouts(res.kept, loss="everything")
+    bad = dict(rows[0], loss_scope="everything")
+    assert compile_rollout(bad, tok).reason == "invalid_record"
     rows_a = to_rollouts(res.kept, seed=1, react_prob=0.5, artifact_only=True)
     assert all(len(r["messages"]) == 2 for r in rows_a)
 
@@ -184,7 +199,11 @@ def test_run_writes_outputs(tmp_path):
     assert rep["rows"] == 24 and len(kept) == rep["kept"] == len(res.kept)
     assert len(kept) + len(disc) == 24
     assert set(rep["domains"]) == {"finance", "health", "software"}
-    assert all(d["threshold_mode"] == "quantile 0.5" for d in rep["domains"].values())
+    # finance has the paper's calibrated threshold; the sample's other domains are calibrated
+    assert rep["domains"]["finance"]["threshold"] == 0.48
+    assert rep["domains"]["finance"]["threshold_mode"] == "fixed (domain)"
+    assert all(rep["domains"][d]["threshold_mode"] == "quantile 0.5" for d in ("health", "software"))
+    assert rep["loss"] == "sequence"
     assert rep["discarded"] == {k: sum(json.loads(x)["reason"] == k for x in disc)
                                 for k in rep["discarded"]}
     assert sum(rep["discarded"].values()) == len(disc)
@@ -224,3 +243,17 @@ def test_run_buckets_unreadable_lines_and_reads_gz(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main([f"--config.input={bad}", f"--config.output={tmp_path / 'o2'}"]) == 0
     assert (tmp_path / "o2" / "report.json").exists()
+
+
+def test_config_ships_the_paper_defaults():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("retrogen_cfg3", "configs/retrogen.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config()
+    assert dict(c.domain_thresholds) == {"science": 0.52, "finance": 0.48, "legal": 0.63}
+    assert c.evidence_in_prompt is True and c.note_position == "after_call"
+    assert c.loss == "sequence"
+    res = score_traces([], domain_thresholds=dict(c.domain_thresholds))
+    assert res.kept == []

@@ -16,6 +16,8 @@ annotation, so exactly the same rows are kept as in "annotated" mode. A record w
 annotation supervises every eligible token; which rows reach the compiler at all (reviewed rows
 only, or every verifier-positive row with its annotation removed) is the pipeline's `rows` filter.
 Keep spans must come in source order and be disjoint (else `anchor_order`).
+A record with `loss_scope: "sequence"` (RetroGen's whole-sample loss) makes every token eligible,
+context and template included; "assistant" (or no field) is the rule above.
 Reasons come in this order: verifier_failed, annotation_drop, selector/anchor codes, token_mismatch,
 no_supervised_tokens, too_long.
 """
@@ -33,6 +35,7 @@ from rossjax.templates import Rendered, TemplateError, render_chat
 from rossjax.tokenizers import byte_to_char_offsets
 
 MASK_MODES = ("annotated", "eligible")
+LOSS_SCOPES = ("assistant", "sequence")  # a record's optional `loss_scope`
 _EMPTY = np.zeros(0, np.int32)
 
 
@@ -134,6 +137,11 @@ def compile_rollout(record, tokenizer, template: str = "chatml", max_length: int
         return CompiledExample(rid, _EMPTY, _EMPTY.astype(np.uint8), _EMPTY.astype(np.uint8),
                                "invalid", "invalid_record", err)
     prov = provenance(record)
+    scope = record.get("loss_scope", "assistant")
+    if scope not in LOSS_SCOPES:
+        return CompiledExample(rid, _EMPTY, _EMPTY.astype(np.uint8), _EMPTY.astype(np.uint8),
+                               "invalid", "invalid_record",
+                               f"loss_scope {scope!r} is not one of {', '.join(LOSS_SCOPES)}")
 
     def withheld(code, detail, ids=_EMPTY, elig=None, loss=None, **kw):
         z = np.zeros(len(ids), np.uint8)
@@ -168,6 +176,8 @@ def compile_rollout(record, tokenizer, template: str = "chatml", max_length: int
     n = len(ids)
     elig_chars = interval_mask(len(text), r.eligible_intervals())
     eligible = token_overlap(elig_chars, starts, ends)
+    if scope == "sequence":
+        eligible = np.ones(n, bool)
     loss = eligible.copy()
     if ann.get("keep"):
         loss &= token_overlap(interval_mask(len(text), keep), starts, ends)

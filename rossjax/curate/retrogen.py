@@ -14,12 +14,19 @@ Input record (one JSON object per line):
    and a final draft exist; the four scores are finite numbers in [0, 1]. A failure discards the
    row with a reason code and a detail sentence.
 2. Score = sum_k w_k * score_k (default 0.25 each; weights are used as given, not renormalized).
-   Per domain, the threshold is fixed (`threshold`, or `domain_thresholds[domain]`) or the
-   `quantile` of that domain's gated scores; a row is kept when score >= threshold.
-3. Serialization into rollout records (messages) for `rossjax curate`: per trajectory a seeded,
-   order-independent coin picks JSON tool calls (`<tool_call>{...}</tool_call>`, results in the
-   next user turn as `<tool_response>...</tool_response>`) or ReAct (`Thought:` / `Action:` /
-   `Action Input:`, then `Observation:`). `artifact_only` keeps task + draft only (the ablation).
+   Per domain, the threshold is fixed (`threshold`, or `domain_thresholds[domain]`: the paper's
+   calibrated PAPER_THRESHOLDS for science, finance and legal ship as the config's defaults) or
+   the `quantile` of that domain's gated scores; a row is kept when score >= threshold.
+3. Serialization into rollout records (messages) for `rossjax curate`, in the order task,
+   evidence (listed after the task in the user turn unless `evidence_in_prompt=False`), trace,
+   draft: per trajectory a seeded, order-independent coin picks JSON tool calls
+   (`<tool_call>{...}</tool_call>`, each followed by its note with `note_position="after_call"`,
+   results in the next user turn as `<tool_response>...</tool_response>`) or ReAct (`Thought:`
+   before `Action:` / `Action Input:`, as that format defines, then `Observation:`).
+   `artifact_only` keeps task (+ evidence) and draft only (the ablation).
+4. Loss scope (`loss`): "sequence" (the paper's Eq. 7) marks each rollout `loss_scope:
+   "sequence"`, so the compiler supervises every token of the serialized sample (task, evidence,
+   observations and template included); "assistant" leaves the usual assistant-only mask.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ from rossjax.errors import ConfigError, InputError
 SIGNALS = ("rubric", "quality", "grounding", "consistency")
 DEFAULT_WEIGHTS = {k: 0.25 for k in SIGNALS}
 FORMS = ("json", "react")
+NOTE_POSITIONS = ("after_call", "before_call")
+LOSS_SCOPES = ("sequence", "assistant")
+# The paper's per-domain calibrated thresholds for its three domains.
+PAPER_THRESHOLDS = {"science": 0.52, "finance": 0.48, "legal": 0.63}
 
 
 @dataclasses.dataclass
@@ -199,11 +210,14 @@ def _args(step) -> dict:
 
 
 def serialize(record: dict, form: str = "json", *, artifact_only: bool = False,
-              system: str | None = None, evidence_in_prompt: bool = False) -> list[dict]:
-    """Chat messages for one gated trajectory: user task, assistant turns with notes and tool
-    calls, user turns with the observations, and a final assistant turn with the draft."""
+              system: str | None = None, evidence_in_prompt: bool = True,
+              note_position: str = "after_call") -> list[dict]:
+    """Chat messages for one gated trajectory: user task (+ evidence), assistant turns with
+    tool calls and their notes, user turns with the observations, a final assistant draft."""
     if form not in FORMS:
         raise InputError(f"serialization form must be one of {FORMS}, got {form!r}.")
+    if note_position not in NOTE_POSITIONS:
+        raise InputError(f"note_position must be one of {NOTE_POSITIONS}, got {note_position!r}.")
     msgs = [{"role": "system", "content": system}] if system else []
     prompt = record["task"].strip()
     ev = record.get("evidence") or []
@@ -221,7 +235,8 @@ def serialize(record: dict, form: str = "json", *, artifact_only: bool = False,
                 call = {"name": step["name"], "arguments": _args(step)}
                 if form == "json":
                     tag = "<tool_call>\n" + json.dumps(call, ensure_ascii=False) + "\n</tool_call>"
-                    body = "\n".join(notes + [tag])
+                    body = "\n".join([tag] + notes if note_position == "after_call"
+                                     else notes + [tag])
                 else:
                     body = "\n".join([f"Thought: {n}" for n in notes] +
                                      [f"Action: {call['name']}",
@@ -248,10 +263,13 @@ def pick_form(record_id: str, seed: int, react_prob: float) -> str:
 
 
 def to_rollouts(kept: list, *, seed: int = 0, react_prob: float = 0.5, artifact_only: bool = False,
-                system: str | None = None, evidence_in_prompt: bool = False) -> list[dict]:
+                system: str | None = None, evidence_in_prompt: bool = True,
+                note_position: str = "after_call", loss: str = "sequence") -> list[dict]:
     """Rollout records (docs/data.md) for the kept trajectories, ready for `rossjax curate`."""
     if not 0 <= react_prob <= 1:
         raise InputError(f"react_prob must be in [0, 1], got {react_prob!r}.")
+    if loss not in LOSS_SCOPES:
+        raise InputError(f"loss must be one of {LOSS_SCOPES}, got {loss!r}.")
     out = []
     for k in kept:
         rec = k["record"]
@@ -262,7 +280,9 @@ def to_rollouts(kept: list, *, seed: int = 0, react_prob: float = 0.5, artifact_
                      "domain": str(rec.get("domain") or "default"), "prompt": rec["task"]},
             "source": {"run": "retrogen", "step": 0},
             "messages": serialize(rec, form, artifact_only=artifact_only, system=system,
-                                  evidence_in_prompt=evidence_in_prompt),
+                                  evidence_in_prompt=evidence_in_prompt,
+                                  note_position=note_position),
+            "loss_scope": loss,
             "reward": float(k["score"]),
             "verifier": {"name": "retrogen", "passed": True,
                          "evidence": f"score {k['score']:.4f} >= threshold {k['threshold']:.4f}; "
@@ -303,7 +323,9 @@ def run(cfg, workdir: str | None = None) -> Scored:
     res.discarded[:0] = unreadable
     rows = to_rollouts(res.kept, seed=cfg.seed, react_prob=cfg.react_prob,
                        artifact_only=cfg.artifact_only, system=cfg.system or None,
-                       evidence_in_prompt=cfg.evidence_in_prompt)
+                       evidence_in_prompt=cfg.evidence_in_prompt,
+                       note_position=cfg.get("note_position", "after_call"),
+                       loss=cfg.get("loss", "sequence"))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "retrogen.jsonl"), "w") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
@@ -317,5 +339,6 @@ def run(cfg, workdir: str | None = None) -> Scored:
         json.dump({"input": cfg.input, "rows": n_in, "kept": len(rows),
                    "discarded": dict(sorted(Counter(d["reason"] for d in res.discarded).items())),
                    "forms": {x: forms.count(x) for x in FORMS}, "artifact_only": cfg.artifact_only,
+                   "loss": cfg.get("loss", "sequence"),
                    "domains": res.report}, f, indent=2)
     return res
