@@ -1,10 +1,13 @@
-"""Token-budgeted mixture of curated sources.
+"""Token-budgeted mixture of curated sources (RetroGen's SFT mixture by default).
 
 Run:
   rossjax mix --config=configs/mixture.py --config.output=runs/mix \
-      --config.sources.math.path=CURATED_MATH --config.sources.code.path=CURATED_CODE \
-      --config.sources.agentic.path=CURATED_AGENT --config.sources.retrogen.path=CURATED_RG
-  (shares 40/20/20/20 by default; change with --config.sources.math.share=0.5 etc.).
+      --config.sources.science.path=CURATED_SCIENCE --config.sources.finance.path=CURATED_FIN \
+      --config.sources.legal.path=CURATED_LEGAL --config.sources.general.path=CURATED_GENERAL
+  The paper's mixture: science / finance / legal / general = 40 / 20 / 20 / 20 % of a
+  50M-token budget, rows longer than 32,768 tokens dropped. Change a share with
+  --config.sources.science.share=0.5. `configs/mixture.py:by_recipe` is the other layout
+  (math / code / agentic / retrogen = 40 / 20 / 20 / 20 of 100M tokens).
 
 Needs: curated output dirs written by `rossjax curate` (read with compiled.read_compiled).
 Writes DIR/compiled-NNNNN.array_record (the drawn examples, curated format: train on DIR
@@ -15,20 +18,28 @@ stops the run with an error naming it. Takes about as long as reading the source
 
 import ml_collections
 
+PAPER_SHARES = {"science": 0.4, "finance": 0.2, "legal": 0.2, "general": 0.2}
+BY_RECIPE_SHARES = {"math": 0.4, "code": 0.2, "agentic": 0.2, "retrogen": 0.2}
 
-def _source(share: float) -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict({"path": "", "share": share})
+
+def _sources(shares: dict) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict({k: {"path": "", "share": v} for k, v in shares.items()})
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.output = ""
-    c.sources = ml_collections.ConfigDict({
-        "math": _source(0.4), "code": _source(0.2), "agentic": _source(0.2), "retrogen": _source(0.2)})
-    c.budget_tokens = 100_000_000
+    c.sources = _sources(PAPER_SHARES)
+    c.budget_tokens = 50_000_000
     c.max_length = 32768     # rows longer than this are dropped (0: keep all)
     c.seed = 0
     c.tolerance_pp = 0.5
     c.examples_per_shard = 4096
     c.progress = True        # tqdm bars on stderr (reading the sources, writing the mixture)
+    for v in [a for a in (arg or "").split(",") if a]:
+        if v == "by_recipe":
+            c.sources = _sources(BY_RECIPE_SHARES)
+            c.budget_tokens = 100_000_000
+        else:
+            raise ValueError(f"configs/mixture.py: variant {v!r} is not by_recipe.")
     return c

@@ -129,7 +129,7 @@ def test_run_reads_curated_dirs_and_writes_a_curated_mixture(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("mixture_cfg", "configs/mixture.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    cfg = mod.get_config()
+    cfg = mod.get_config("by_recipe")
     for k, v in src.items():
         _curated_dir(tmp_path / k, k, v)
         cfg.sources[k].path = str(tmp_path / k)
@@ -155,3 +155,36 @@ def test_run_reads_curated_dirs_and_writes_a_curated_mixture(tmp_path, capsys):
     total = sum(tokens.values())
     for k, share in (("math", 0.4), ("code", 0.2), ("agentic", 0.2), ("retrogen", 0.2)):
         assert abs(tokens[k] / total - share) <= 0.005
+
+
+def test_default_config_is_the_papers_mixture(tmp_path):
+    """science / finance / legal / general = 40 / 20 / 20 / 20 of 50M tokens, rows over 32,768
+    tokens dropped: the shipped default, and it runs as such."""
+    import importlib.util
+
+    from rossjax.curate.mixture import run
+
+    spec = importlib.util.spec_from_file_location("mixture_cfg2", "configs/mixture.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg = mod.get_config()
+    assert {k: v.share for k, v in cfg.sources.items()} == {
+        "science": 0.4, "finance": 0.2, "legal": 0.2, "general": 0.2}
+    assert cfg.budget_tokens == 50_000_000 and cfg.max_length == 32768
+    rng = np.random.default_rng(5)
+    for k in cfg.sources:
+        lens = rng.integers(20, 400, 300)
+        lens[0] = 32769  # just over the limit: dropped
+        lens[1] = 32768  # at the limit: kept if drawn
+        _curated_dir(tmp_path / k, k, lens)
+        cfg.sources[k].path = str(tmp_path / k)
+    cfg.output, cfg.budget_tokens, cfg.max_length = str(tmp_path / "mix"), 60_000, 32768
+    cfg.progress = False
+    mix = run(cfg)
+    rep = json.loads((tmp_path / "mix" / "report.json").read_text())
+    assert rep["within_tolerance"]
+    lines = [json.loads(x) for x in (tmp_path / "mix" / "mixture.jsonl").read_text().splitlines()]
+    assert all(line["n_tokens"] <= 32768 for line in lines) and 32769 not in \
+        {line["n_tokens"] for line in lines}
+    assert set(mix.selected) == set(cfg.sources)
+    assert all(p["dropped_too_long"] == 1 for p in rep["sources"].values())  # > 32,768 only
