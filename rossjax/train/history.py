@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
+
+from rossjax.monitor import RunFile
 
 
 def _clean(x):
@@ -34,19 +35,18 @@ def _clean(x):
 
 
 class HistoryWriter:
+    """A fresh history (resume_bytes None) or one cut back to a checkpoint's size; the path may be
+    remote (gs://, via rossjax.monitor.RunFile)."""
+
     def __init__(self, path: str, *, resume_bytes: int | None = None, enabled: bool = True):
         self.path = path
         self.enabled = enabled
         self._f = None
         if not enabled:
             return
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        if resume_bytes is None:
-            open(path, "w").close()  # a fresh run starts a fresh history
-        elif os.path.exists(path) and os.path.getsize(path) > resume_bytes:
-            with open(path, "r+b") as f:
-                f.truncate(resume_bytes)
-        self._f = open(path, "a", encoding="utf-8")
+        self._f = RunFile(path, fresh=resume_bytes is None)
+        if resume_bytes is not None:
+            self._f.rewind_bytes(resume_bytes)
 
     def append(self, records):
         if self._f is None:
