@@ -1,11 +1,13 @@
-"""Orbax checkpoints of a training run, and SIGTERM-triggered saves (TPU VM preemption).
+"""Orbax checkpoints of a training run, and saves triggered by SIGTERM (TPU VM preemption) or
+SIGHUP (the terminal or SSH session that started the run went away).
 
 A checkpoint step holds two items:
   * `state`: the train-state pytree (params, optimizer state, step, RNG, guard counters), saved
     sharded and asynchronously where orbax allows;
   * `data`: the data iterator's state as JSON (bytes are base64-encoded), so a resumed run
     reads exactly the batches the interrupted one would have read next.
-Shared by SFT and GRPO; nothing here knows what the state contains.
+Shared by SFT and GRPO; nothing here knows what the state contains. The directory may be
+`gs://...` (etils.epath; orbax writes there itself).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import signal
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 # The model-folder format (model_config.json, params/) is the models package's; workdirs use it too.
 from rossjax.errors import InputError
@@ -57,7 +60,8 @@ class Checkpointer:
 
     def __init__(self, directory: str, *, save_every: int = 1000, keep: int = 3,
                  async_save: bool = True):
-        self.directory = os.path.abspath(directory)
+        self.directory = (epath.Path(directory) if "://" in os.fspath(directory)
+                          else epath.Path(os.path.abspath(directory)))
         self.save_every = max(int(save_every), 1)
         opts = ocp.CheckpointManagerOptions(
             max_to_keep=max(int(keep), 1), create=True,
@@ -114,20 +118,18 @@ def write_lora_manifest(path: str, *, rank: int, alpha: float, targets, base_sou
                         base_path: str, seed: int):
     """lora.json beside model_config.json: what `rossjax export` needs to merge the adapters a
     LoRA run checkpoints back into its base (where the base came from, alpha / rank)."""
-    with open(os.path.join(path, "lora.json"), "w") as f:
-        json.dump({"rank": int(rank), "alpha": float(alpha), "targets": list(targets),
-                   "base_source": base_source,
-                   "base_path": os.path.abspath(base_path) if base_path else "",
-                   "seed": int(seed)}, f, indent=1)
+    base = base_path if not base_path or "://" in base_path else os.path.abspath(base_path)
+    (epath.Path(path) / "lora.json").write_text(json.dumps(
+        {"rank": int(rank), "alpha": float(alpha), "targets": list(targets),
+         "base_source": base_source, "base_path": base, "seed": int(seed)}, indent=1))
 
 
 def read_lora_manifest(path: str):
     """The LoRA manifest of a run dir, or None for a full-parameter run."""
-    file = os.path.join(path, "lora.json")
-    if not os.path.exists(file):
+    file = epath.Path(path) / "lora.json"
+    if not file.exists():
         return None
-    with open(file) as f:
-        d = json.load(f)
+    d = json.loads(file.read_text())
     missing = [k for k in ("rank", "alpha", "base_source", "base_path", "seed") if k not in d]
     if missing:
         raise InputError(f"{file}: field {missing[0]!r} is missing.")
@@ -135,25 +137,32 @@ def read_lora_manifest(path: str):
 
 
 class PreemptionGuard:
-    """Turns SIGTERM into a flag the training loop polls, so it can save and exit cleanly."""
+    """Turns SIGTERM and SIGHUP into a flag the training loop polls, so it can save and exit
+    cleanly (`signal_name` says which came first)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self):
         self.requested = False
-        self._old = None
+        self.signal_name = ""
+        self._old = {}
 
     def __enter__(self):
-        try:
-            self._old = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread: no handler, rely on periodic saves
-            self._old = None
+        for sig in self.SIGNALS:
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: no handler, rely on periodic saves
+                pass
         return self
 
     def _handle(self, signum, frame):
         self.requested = True
+        self.signal_name = self.signal_name or signal.Signals(signum).name
 
     def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}
         return False
 
 

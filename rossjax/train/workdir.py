@@ -1,0 +1,121 @@
+"""A run's workdir before step 1 (shared by `rossjax train` and `rossjax grpo`): is it writable,
+is there room for a checkpoint, stale temporary checkpoint folders of a killed save removed, and
+the run's full config written beside the checkpoints (config.json, and config.py that `--config=`
+reads back). Paths go through etils.epath, so a workdir may be `gs://...`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pprint
+import shutil
+import sys
+
+from etils import epath
+
+from rossjax.errors import InputError
+from rossjax.monitor import is_remote
+
+STALE_GLOB = "*.orbax-checkpoint-tmp*"
+
+
+def check_writable(workdir, command: str = ""):
+    """One sentence (InputError; the CLI prefixes the command) when the workdir cannot be
+    created or written to."""
+    path = epath.Path(workdir)
+    probe = path / f".rossjax-write-test-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise InputError(f"--workdir {workdir} is not writable ({why}); give "
+                         f"a directory this user can write to.") from None
+
+
+def tree_bytes(tree) -> int:
+    """Bytes of the arrays (or shape/dtype structs) of a pytree: a checkpoint's size, about."""
+    import jax
+    import numpy as np
+
+    return int(sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree.leaves(tree) if hasattr(x, "shape")))
+
+
+def check_free_space(workdir, need: int, keep: int, command: str, *, free: int | None = None):
+    """One sentence before step 1 when the workdir's disk cannot hold one checkpoint of `need`
+    bytes (orbax writes the new step before deleting an old one); a note on stderr when it
+    cannot hold the `keep` + 1 copies a long run reaches. Remote workdirs are not checked."""
+    if is_remote(workdir):
+        return
+    if free is None:
+        free = shutil.disk_usage(os.fspath(workdir)).free
+    if free < need * 1.05:
+        raise InputError(f"--workdir {workdir} has {_mb(free)} free but one "
+                         f"checkpoint of this run takes about {_mb(need)}; free some space or "
+                         f"give another --workdir.")
+    if free < need * (keep + 1):
+        print(f"rossjax {command}: note: --workdir {workdir} has {_mb(free)} free, less than the "
+              f"{keep + 1} checkpoints of {_mb(need)} a run keeping {keep} may hold at once.",
+              file=sys.stderr)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def clean_stale(checkpoint_dir) -> list[str]:
+    """Remove temporary checkpoint folders a killed or failed save left (never a finished step)."""
+    root = epath.Path(checkpoint_dir)
+    if not root.exists():
+        return []
+    gone = []
+    for p in sorted(root.glob(STALE_GLOB)):
+        if p.is_dir():
+            p.rmtree()
+        else:
+            p.unlink()
+        gone.append(p.name)
+    return gone
+
+
+def prepare(workdir, command: str, checkpoint_dir, *, lead: bool):
+    """The checks that need no model: writable workdir, stale temporary checkpoints removed."""
+    check_writable(workdir, command)
+    if lead:
+        gone = clean_stale(checkpoint_dir)
+        if gone:
+            print(f"rossjax {command}: removed {len(gone)} unfinished checkpoint folder(s) of an "
+                  f"interrupted save: {', '.join(gone)}.", file=sys.stderr)
+
+
+def save_config(workdir, cfg):
+    """WORKDIR/config.json (the full config, overrides applied) and WORKDIR/config.py, which
+    `--config=WORKDIR/config.py` reads back to rerun or inspect the run."""
+    d = cfg.to_dict()
+    root = epath.Path(workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(d, indent=1, sort_keys=True, default=str) + "\n")
+    (root / "config.py").write_text(
+        '"""The full config of the run in this workdir (written at its start, overrides applied).\n'
+        'Rerun or inspect it with --config=THIS_FILE."""\n\n'
+        "import ml_collections\n\n\n"
+        "def get_config():\n"
+        f"    return ml_collections.ConfigDict({_literal(d)})\n")
+
+
+def _literal(d: dict) -> str:
+    """A Python literal of the config dict (NaN/inf floats written as float('...'))."""
+    text = pprint.pformat(d, indent=1, width=92, sort_dicts=True)
+    for bad in ("nan", "inf"):
+        text = text.replace(f": {bad},", f": float('{bad}'),").replace(f": -{bad},",
+                                                                       f": float('-{bad}'),")
+    return "\n        ".join(text.splitlines())
+
+
+def finished_step(checkpointer, total: int) -> int | None:
+    """The latest checkpoint step when it already reaches `total` (a finished run), else None."""
+    last = checkpointer.latest_step()
+    return last if last is not None and last >= total else None
