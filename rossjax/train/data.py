@@ -1,7 +1,8 @@
 """Training-side data glue: per-host packed loaders, global batch assembly, a dataset scan.
 
 Each host reads its own shard (`shard_index = jax.process_index()`) of the packed rows and
-contributes `global_batch / process_count` rows to every step; the rows become one global
+contributes `global_batch / process_count` rows to every step (batch_mode "sequences": that many
+rollouts, packed into at most that many rows, the rest padding); the rows become one global
 array whose leading dim is split over the mesh's batch axes.
 """
 
