@@ -79,6 +79,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.optim = optim.default_config()
 
+    c.log = ml_collections.ConfigDict()
+    c.log.wandb = ""                  # PROJECT: also log metrics to Weights & Biases
+
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.save_every = 200
     c.checkpoint.keep = 3

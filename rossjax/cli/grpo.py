@@ -13,6 +13,12 @@ def main(argv=None) -> int:
                                      "configs/grpo_verifier.py (or another GRPO config)")
     t0 = time.time()
     out = grpo.run(cfg, workdir)
+    if out.get("complete"):
+        print(f"rossjax grpo: {workdir} is already complete (checkpoint at step {out['step']} of "
+              f"{cfg.grpo.steps}; last logged reward "
+              f"{out['metrics'].get('reward_mean', float('nan')):.3f}); nothing to do. Raise "
+              f"--config.grpo.steps or give a new --workdir to train more. History: {out['history']}.")
+        return 0
     print(f"rossjax grpo: done in {time.time() - t0:.0f} s, reward "
           f"{out['metrics'].get('reward_mean', float('nan')):.3f}; history {out['history']} "
           f"(relearn: rossjax curate --config.input={out['history']} "

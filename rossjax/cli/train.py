@@ -17,6 +17,13 @@ def main(argv=None) -> int:
                                      "configs/ross_sft.py (or another SFT config)")
     t0 = time.time()
     out = loop.run(cfg, workdir)
+    if out.get("complete"):
+        if jax.process_index() == 0:
+            print(f"rossjax train: {workdir} is already complete (checkpoint at step {out['step']}, "
+                  f"the run's last step; last logged loss {out.get('loss', float('nan')):.4f}); "
+                  f"nothing to do. Raise --config.train.num_steps or give a new --workdir to "
+                  f"train more.", file=sys.stdout)
+        return 0
     if jax.process_index() == 0:
         print(f"rossjax train: step {out['step']}, loss {out.get('loss', float('nan')):.4f}, "
               f"{time.time() - t0:.0f} s; checkpoints in {os.path.join(workdir, 'checkpoints')}.",

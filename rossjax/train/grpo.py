@@ -6,8 +6,13 @@ trainer's log-probs (old policy, and the frozen reference when beta > 0) on the 
 and, with `async_sampling`, already sample the next step's batch. Then group advantages,
 `num_iterations` passes of minibatch updates (clipped surrogate + beta x k3 KL; each minibatch
 split into `micro_batches` with exact gradient accumulation), metrics, history records and
-checkpoints. Resume restores state, task index and history; without `async_sampling` a resumed
-run is bit-exact (sampling seeds and minibatch order follow the step).
+checkpoints. Resume restores state, task index and history, and rewinds metrics.jsonl,
+samples.jsonl and TensorBoard to the restored step; without `async_sampling` a resumed run is
+bit-exact (sampling seeds and minibatch order follow the step). A workdir whose checkpoint already
+reaches `grpo.steps` is reported as complete. Before the model loads, the workdir is checked
+writable and stale temporary checkpoint folders are removed; before step 1, that a checkpoint
+fits on its disk; the full config is saved as config.json/config.py, and metrics.png is drawn at
+the end. The workdir may be `gs://...` (etils.epath).
 
 Deviation: with `async_sampling` the next batch is sampled before this step's update, so it is
 one update behind the policy it trains (the usual one-step-off-policy pipelining); the sampler
@@ -38,10 +43,11 @@ import numpy as np
 from rossjax import sharding
 from rossjax.errors import ConfigError
 from rossjax.models import lora
-from rossjax.monitor import MetricsWriter, Progress
+from rossjax.monitor import MetricsWriter, Progress, RunFile, read_metrics, step_at_most, write_plot
 from rossjax.train import checkpoint as ckpt_lib
 from rossjax.train import grpo_losses, grpo_step, history, rollout
 from rossjax.train import state as state_lib
+from rossjax.train import workdir as workdir_lib
 from rossjax.train.grpo_config import check_config, default_config  # noqa: F401 (configs use it)
 from rossjax.train.grpo_setup import Run
 from rossjax.train.loop import Diverged
@@ -85,20 +91,30 @@ class Loop:
                               f"this job has {jax.process_count()} processes.")
         self.cfg, self.workdir = cfg, workdir
         self.lead = jax.process_index() == 0  # the process that writes files
-        os.makedirs(workdir, exist_ok=True)
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        workdir_lib.prepare(workdir, "grpo", ckpt_dir, lead=self.lead)
         self.source = rollout.TaskSource(cfg.data.tasks, cfg.data.seed,  # a bad task file fails first
                                          induction=cfg.data.get("induction"))
-        self.R = Run(cfg, workdir, cpu_scorer)
-        self.ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                          save_every=cfg.checkpoint.save_every,
+        self.ckpt = ckpt_lib.Checkpointer(ckpt_dir, save_every=cfg.checkpoint.save_every,
                                           keep=cfg.checkpoint.keep,
                                           async_save=cfg.checkpoint.async_save)
         self.pending = None   # the next step's batch, sampled ahead with async_sampling
         self.metrics: dict = {}
+        self.R = None
+        # A finished workdir: say so (run() returns its last metrics) without loading a model.
+        self.complete = workdir_lib.finished_step(self.ckpt, cfg.grpo.steps)
+        if self.complete is not None:
+            return
+        self.R = Run(cfg, workdir, cpu_scorer)
+        R = self.R
+        workdir_lib.check_free_space(workdir, workdir_lib.tree_bytes(state_lib.abstract_state(
+            R.s_shard, R.optimizer, R.abstract_t)), cfg.checkpoint.keep, "grpo")
 
     def start(self):
         """Restore the latest checkpoint (state, task index, history) or start fresh; open files."""
         cfg, R, lead = self.cfg, self.R, self.lead
+        if lead:
+            workdir_lib.save_config(self.workdir, cfg)
         hist_path = os.path.join(self.workdir, "history.jsonl")
         self.start_step = self.ckpt.latest_step()
         if self.start_step is not None:
@@ -118,8 +134,14 @@ class Loop:
                                          targets=lora.resolve_targets(cfg.lora.targets),
                                          base_source=R.base_source, base_path=cfg.model.path,
                                          seed=cfg.train.seed)
-        self.writer = MetricsWriter(self.workdir)
-        self.samples_f = open(os.path.join(self.workdir, "samples.jsonl") if lead else os.devnull, "a")
+        log = cfg.get("log") or {}
+        self.writer = MetricsWriter(self.workdir, resume_step=self.start_step,
+                                    wandb=log.get("wandb", ""), config=cfg.to_dict())
+        if lead:
+            self.samples_f = RunFile(os.path.join(self.workdir, "samples.jsonl"))
+            self.samples_f.rewind_lines(step_at_most(self.start_step))
+        else:
+            self.samples_f = open(os.devnull, "a")
         self.consumed = self.source.index
         self.announce()
         self.bar = Progress(cfg.grpo.steps, initial=self.start_step, desc="grpo")
@@ -244,18 +266,23 @@ class Loop:
                 self.ckpt.save(done, self.state, ds)
                 if ckpt_lib.any_process(guard.requested) or done == g.stop_after:
                     self.ckpt.save(done, self.state, ds, force=True)
-                    self.bar.write(f"rossjax grpo: {'SIGTERM' if guard.requested else 'stop_after'} "
-                                   f"at step {done}; checkpoint saved, exiting.")
+                    why = (guard.signal_name or "SIGTERM") if guard.requested else "stop_after"
+                    self.bar.write(f"rossjax grpo: {why} at step {done}; checkpoint saved, exiting.")
                     return
             self.ckpt.save(g.steps, self.state, _data_state(self.consumed, self.hist.tell()),
                            force=True)
 
     def close(self):
-        self.R.workers.close()
+        if self.R is not None:
+            self.R.workers.close()
         self.ckpt.close()
         for name in ("bar", "writer", "hist", "samples_f"):
             if hasattr(self, name):
                 getattr(self, name).close()
+        if hasattr(self, "writer"):
+            write_plot(self.workdir, [("reward_mean", ("train",)), ("loss", ("train",)),
+                                      ("kl", ("train",))], out="metrics.png",
+                       title=f"rossjax grpo {self.cfg.run_name}")
 
 
 def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
@@ -265,6 +292,10 @@ def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
     history path and the run's model/step holder."""
     loop = Loop(cfg, workdir, cpu_scorer)
     try:
+        if loop.complete is not None:  # nothing to run: the last logged metrics
+            return {"state": None, "metrics": (read_metrics(workdir) or [{}])[-1],
+                    "tokenizer": None, "history": os.path.join(workdir, "history.jsonl"),
+                    "run": None, "complete": True, "step": loop.complete}
         loop.start()
         loop.fit()
     finally:

@@ -4,7 +4,11 @@
 (plan_data, the model via rossjax.models.loading, state, compiled steps) and `fit()`s.
 
 Resume is automatic: if `WORKDIR/checkpoints` holds a step, params, optimizer state, step, RNG
-and the data iterator state are restored from it and the run continues bit-for-bit.
+and the data iterator state are restored from it and the run continues bit-for-bit; metrics.jsonl
+and TensorBoard are rewound to that step. A workdir whose checkpoint already reaches the last step
+is reported as complete. Before step 1: the workdir is writable and has room for a checkpoint,
+stale temporary checkpoint folders are removed, and the full config is saved (config.json/.py).
+The workdir may be `gs://...` (etils.epath throughout).
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from rossjax import sharding
 from rossjax.errors import ConfigError, InputError
 from rossjax.models import loading, lora
 from rossjax.models import shardings as model_shardings
-from rossjax.monitor import MetricsWriter, Progress
+from rossjax.monitor import MetricsWriter, Progress, read_metrics, write_plot
 from rossjax.train import checkpoint as ckpt_lib
 from rossjax.train import data as data_lib
 from rossjax.train import metrics as metrics_lib
 from rossjax.train import optim, sft
 from rossjax.train import state as state_lib
+from rossjax.train import workdir as workdir_lib
 
 
 class Diverged(ValueError):
@@ -128,8 +133,14 @@ class Trainer:
     def __init__(self, cfg, workdir: str):
         sharding.initialize_distributed(cfg.distributed)
         self.cfg, self.workdir = cfg, workdir
+        lead = jax.process_index() == 0
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        workdir_lib.prepare(workdir, "train", ckpt_dir, lead=lead)
         data_lib.check_fits_model(cfg, loading.abstract_model(cfg.model)[0].vocab_size)
         self.plan = plan_data(cfg)
+        self.ckpt = ckpt_lib.Checkpointer(ckpt_dir, save_every=cfg.checkpoint.save_every,
+                                          keep=cfg.checkpoint.keep,
+                                          async_save=cfg.checkpoint.async_save)
         self.part = sharding.partitioner_from_config(cfg)
         self.model_cfg, self.source = loading.abstract_model(cfg.model)
         self.optimizer, self.schedule = optim.make_optimizer(cfg.optim, self.plan.total)
@@ -142,14 +153,17 @@ class Trainer:
                                                    self.abstract_t, self.part)
         self.batch_shard = self.part.rows(2, (self.plan.global_rows, cfg.data.seq_len),
                                           name="the training batch (config.train.global_batch)")
-        self.ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                          save_every=cfg.checkpoint.save_every,
-                                          keep=cfg.checkpoint.keep,
-                                          async_save=cfg.checkpoint.async_save)
+        # A finished workdir (of this model): say so, run() returns its last metrics.
+        self.complete = workdir_lib.finished_step(self.ckpt, self.plan.total)
+        if self.complete is not None:
+            self.ckpt.check_compatible(self.complete, self.abstract_t)
+            return
+        workdir_lib.check_free_space(workdir, workdir_lib.tree_bytes(state_lib.abstract_state(
+            self.shardings, self.optimizer, self.abstract_t)), cfg.checkpoint.keep, "train")
         self.it = iter(open_train(cfg, self.plan.train_paths, self.plan.rows))
         self.start, self.state = self.restore_or_init()
-        if jax.process_index() == 0:
-            os.makedirs(workdir, exist_ok=True)
+        if lead:
+            workdir_lib.save_config(workdir, cfg)
             ckpt_lib.write_model_config(workdir, self.model_cfg)
             if self.lora_alpha is not None:  # checkpoints hold adapters; export merges them
                 ckpt_lib.write_lora_manifest(workdir, rank=cfg.lora.rank, alpha=cfg.lora.alpha,
@@ -157,7 +171,9 @@ class Trainer:
                                              base_source=self.source, base_path=cfg.model.path,
                                              seed=cfg.train.seed)
         self.step_fn, self.eval_step = self.compile_steps()
-        self.writer = MetricsWriter(workdir)
+        log = cfg.get("log") or {}
+        self.writer = MetricsWriter(workdir, resume_step=self.start, wandb=log.get("wandb", ""),
+                                    config=cfg.to_dict())
         # Simulated CPU devices share one machine's cores: the yardstick is one matmul, not n.
         peak = metrics_lib.measure_matmul_flops(512) * (
             1 if jax.default_backend() == "cpu" else jax.device_count())
@@ -270,7 +286,8 @@ class Trainer:
                 self.after_step(done, m)
                 if ckpt_lib.any_process(guard.requested):
                     self.ckpt.save(done, self.state, self.data_state(), force=True)
-                    self.bar.write(f"rossjax train: SIGTERM at step {done}; checkpoint saved, exiting.")
+                    self.bar.write(f"rossjax train: {guard.signal_name or 'SIGTERM'} at step "
+                                   f"{done}; checkpoint saved, exiting.")
                     stopped = True
                     break
                 last = done
@@ -282,14 +299,22 @@ class Trainer:
 
     def close(self):
         self.ckpt.close()
+        if self.complete is not None:
+            return
         self.bar.close()
         self.writer.close()
+        write_plot(self.workdir, [("loss", ("train", "eval"))], out="metrics.png",
+                   title=f"rossjax train {self.cfg.recipe}")
 
 
 def run(cfg, workdir: str) -> dict:
-    """`rossjax train`: returns {"step", "stopped", **the last step's metrics}."""
+    """`rossjax train`: returns {"step", "stopped", **the last step's metrics}; for a workdir
+    already trained to its last step also "complete": True (and its last logged metrics)."""
     trainer = Trainer(cfg, workdir)
     try:
+        if trainer.complete is not None:
+            last = (read_metrics(workdir) or [{}])[-1]
+            return {**last, "step": trainer.complete, "stopped": False, "complete": True}
         return trainer.fit()
     finally:
         trainer.close()
