@@ -41,6 +41,7 @@ def default_config():
     c.lora = mlc.ConfigDict(dict(enabled=False, rank=16, alpha=32.0, targets="all"))
     c.reward = mlc.ConfigDict(dict(functions=("verifier",), weights=(1.0,), workers=2,
                                    success_threshold=0.5))
+    c.reward.fn = ""  # module:function, (prompt, completion, task) -> float (verify/rewards.py)
     c.reward.probe = mlc.ConfigDict(dict(path="", ensemble="", auxiliary="", gate="hard_gate",
                                          invalid_reward=-0.2, validity="validity", render="task"))
     c.optim = optim_lib.default_config()
@@ -48,6 +49,7 @@ def default_config():
     c.optim.schedule = "constant"
     c.checkpoint = mlc.ConfigDict(dict(save_every=50, keep=3, async_save=True))
     c.log_every = 1
+    c.log = mlc.ConfigDict(dict(wandb=""))  # wandb=PROJECT: also log to Weights & Biases
     c.sample_every = 10
     c.mesh = mlc.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))
     c.sharding_rules = ()
@@ -77,6 +79,7 @@ def check_config(cfg):
     if g.is_mode != "none" and not 0 <= g.is_low < 1 < g.is_high:
         raise ConfigError(f"config.grpo.is_low {g.is_low} and is_high {g.is_high} must bracket 1 "
                           f"(0 <= is_low < 1 < is_high).")
+    rewards.check_custom(r)  # reward.fn: importable; alone, it is the run's reward
     kinds = (*rewards.CPU_REWARDS, "probe")
     unknown = [f for f in r.functions if f not in kinds]
     if unknown or not r.functions or len(r.functions) != len(r.weights):

@@ -5,6 +5,7 @@ reward machinery (CPU workers, probe reward). Also how a batch is sampled and sc
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -139,7 +140,8 @@ class Run:
         self.cpu_kinds = tuple(f for f in cfg.reward.functions if f in rewards.CPU_REWARDS)
         if self._uses_probe() and cfg.reward.probe.gate != "probe_only":
             self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.probe.validity,)))
-        self.workers = WorkerPool(cfg.reward.workers, cpu_scorer or rewards.score_batch)
+        self.workers = WorkerPool(cfg.reward.workers, cpu_scorer or functools.partial(
+            rewards.score_batch, custom=cfg.reward.get("fn", "")))
         self.probe_reward = None
         if self._uses_probe():
             p = cfg.reward.probe
