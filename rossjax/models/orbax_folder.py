@@ -11,6 +11,7 @@ import os
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from rossjax.errors import InputError
 from rossjax.models.config import ModelConfig
@@ -51,15 +52,16 @@ def restore_params(path: str, abstract_params):
 
 
 def write_model_config(path: str, model_cfg):
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "model_config.json"), "w") as f:
-        json.dump(dataclasses.asdict(model_cfg), f, indent=1, default=list)
+    """model_config.json into `path` (local or gs://, through etils.epath)."""
+    root = epath.Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "model_config.json").write_text(
+        json.dumps(dataclasses.asdict(model_cfg), indent=1, default=list))
 
 
 def read_model_config(path: str):
-    file = os.path.join(path, "model_config.json")
-    with open(file) as f:
-        d = json.load(f)
+    file = epath.Path(path) / "model_config.json"
+    d = json.loads(file.read_text())
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = sorted(set(d) - fields)
     if unknown:
