@@ -10,6 +10,7 @@ import json
 import os
 import pprint
 import shutil
+import socket
 import sys
 
 from etils import epath
@@ -24,7 +25,7 @@ def check_writable(workdir, command: str = ""):
     """One sentence (InputError; the CLI prefixes the command) when the workdir cannot be
     created or written to."""
     path = epath.Path(workdir)
-    probe = path / f".rossjax-write-test-{os.getpid()}"
+    probe = path / f".rossjax-write-test-{socket.gethostname()}-{os.getpid()}"  # one per process
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe.write_text("ok")
