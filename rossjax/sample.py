@@ -33,6 +33,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from rossjax import models, sharding
+from rossjax.errors import ConfigError, InputError
 from rossjax.models import ModelConfig
 from rossjax.models import shardings as model_shardings
 
@@ -223,16 +224,16 @@ def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], max_new
     part = sharding.as_partitioner(partitioner if partitioner is not None else mesh)
     prompts = [list(map(int, p)) for p in prompts]
     if not prompts:
-        raise ValueError("generate: field 'prompts' is empty.")
+        raise InputError("generate: field 'prompts' is empty.")
     for i, p in enumerate(prompts):
         if not p:
-            raise ValueError(f"generate: prompts row {i} is empty; every prompt needs at least one token.")
+            raise InputError(f"generate: prompts row {i} is empty; every prompt needs at least one token.")
         if min(p) < 0 or max(p) >= cfg.vocab_size:
-            raise ValueError(f"generate: prompts row {i} holds a token id outside [0, {cfg.vocab_size}).")
+            raise InputError(f"generate: prompts row {i} holds a token id outside [0, {cfg.vocab_size}).")
     if max_new_tokens < 1 or num_samples < 1:
-        raise ValueError("generate: fields 'max_new_tokens' and 'num_samples' must be >= 1.")
+        raise ConfigError("generate: fields 'max_new_tokens' and 'num_samples' must be >= 1.")
     if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-        raise ValueError("generate: need temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
+        raise ConfigError("generate: need temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
 
     n = len(prompts)
     # Pad the batch so each prompt's copies split evenly over the batch shards; dummy rows

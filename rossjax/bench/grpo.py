@@ -33,6 +33,8 @@ import zlib
 
 import numpy as np
 
+from rossjax.errors import UsageError
+
 # (program, [(stdin, expected stdout)]): the pool the code reward judges; the sieve and the
 # sort are the compute-heavy members, the last two fail (wrong answer, runtime error).
 _PROGRAMS = [
@@ -98,7 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reward", choices=("code", "math"), default="code")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.workers < 1:
-        raise ValueError("rossjax bench grpo: --steps and --workers must be at least 1.")
+        raise UsageError("rossjax bench grpo: --steps and --workers must be at least 1.")
     keys = ("time_sample_s", "time_logp_s", "time_ref_s", "time_reward_wait_s", "time_update_s",
             "time_step_s", "accelerator_idle_frac")
     out = {}

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from rossjax.errors import ConfigError
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -30,7 +32,7 @@ def canonical_dtype(value, *, source: str = "dtype", field: str = "dtype") -> st
     except TypeError:
         pass
     if name not in _DTYPES:
-        raise ValueError(f"{source}: field {field!r} is {value!r}, which is not a floating dtype "
+        raise ConfigError(f"{source}: field {field!r} is {value!r}, which is not a floating dtype "
                          f"(use one of float32, bfloat16, float16).")
     return _DTYPES[name]
 
@@ -74,19 +76,19 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"ModelConfig: field 'model_type' is {self.model_type!r}; supported: "
+            raise ConfigError(f"ModelConfig: field 'model_type' is {self.model_type!r}; supported: "
                              f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"ModelConfig: field 'n_heads' ({self.n_heads}) must be a multiple of "
+            raise ConfigError(f"ModelConfig: field 'n_heads' ({self.n_heads}) must be a multiple of "
                              f"'n_kv_heads' ({self.n_kv_heads}).")
         if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(f"ModelConfig: field 'remat_policy' is {self.remat_policy!r}; use one of "
+            raise ConfigError(f"ModelConfig: field 'remat_policy' is {self.remat_policy!r}; use one of "
                              f"{', '.join(REMAT_POLICIES)}.")
         if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(f"ModelConfig: field 'attention_impl' is {self.attention_impl!r}; use one "
+            raise ConfigError(f"ModelConfig: field 'attention_impl' is {self.attention_impl!r}; use one "
                              f"of {', '.join(ATTENTION_IMPLS)}.")
         if self.attention_block < 1:
-            raise ValueError(f"ModelConfig: field 'attention_block' must be >= 1, got "
+            raise ConfigError(f"ModelConfig: field 'attention_block' must be >= 1, got "
                              f"{self.attention_block}.")
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype, source="ModelConfig"))
         object.__setattr__(self, "param_dtype",
@@ -98,7 +100,7 @@ class ModelConfig:
         if self.layer_types is not None:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
             if len(self.layer_types) != self.n_layers:
-                raise ValueError(f"ModelConfig: field 'layer_types' has {len(self.layer_types)} entries "
+                raise ConfigError(f"ModelConfig: field 'layer_types' has {len(self.layer_types)} entries "
                                  f"for {self.n_layers} layers.")
 
     def replace(self, **kw) -> "ModelConfig":
@@ -139,7 +141,7 @@ class ModelConfig:
             smoothed = (1 - smooth) * scaled / factor + smooth * scaled
             medium = ~(wavelen < hi_wl) & ~(wavelen > lo_wl)
             return np.where(medium, smoothed, scaled).astype(np.float32)
-        raise ValueError(f"ModelConfig: field 'rope_scaling.rope_type' is {kind!r}; supported: "
+        raise ConfigError(f"ModelConfig: field 'rope_scaling.rope_type' is {kind!r}; supported: "
                          "default, linear, llama3.")
 
     def num_params(self) -> int:
@@ -157,7 +159,7 @@ def _get(cfg: dict, key: str, source: str, default=dataclasses.MISSING):
         return cfg[key]
     if default is not dataclasses.MISSING:
         return default
-    raise ValueError(f"{source}: required field {key!r} is missing.")
+    raise ConfigError(f"{source}: required field {key!r} is missing.")
 
 
 def _rope(cfg: dict, source: str) -> tuple[float, dict | None]:
@@ -171,13 +173,13 @@ def _rope(cfg: dict, source: str) -> tuple[float, dict | None]:
     if kind == "default":
         return float(theta), None
     if kind not in ("linear", "llama3"):
-        raise ValueError(f"{source}: field 'rope_scaling.rope_type' is {kind!r}; supported: default, "
+        raise ConfigError(f"{source}: field 'rope_scaling.rope_type' is {kind!r}; supported: default, "
                          "linear, llama3.")
     need = ("factor",) if kind == "linear" else (
         "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     for k in need:
         if k not in merged:
-            raise ValueError(f"{source}: field 'rope_scaling.{k}' is missing for rope_type {kind!r}.")
+            raise ConfigError(f"{source}: field 'rope_scaling.{k}' is missing for rope_type {kind!r}.")
     out = {"rope_type": kind, **{k: merged[k] for k in need}}
     return float(theta), out
 
@@ -185,14 +187,14 @@ def _rope(cfg: dict, source: str) -> tuple[float, dict | None]:
 def from_hf_config(hf: dict, *, source: str = "config") -> ModelConfig:
     """Build a ModelConfig from a Hugging Face config dict (config.json contents)."""
     if not isinstance(hf, dict):
-        raise ValueError(f"{source}: expected a JSON object, got {type(hf).__name__}.")
+        raise ConfigError(f"{source}: expected a JSON object, got {type(hf).__name__}.")
     mt = hf.get("model_type")
     if mt not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"{source}: field 'model_type' is {mt!r}; supported: "
+        raise ConfigError(f"{source}: field 'model_type' is {mt!r}; supported: "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
     act = hf.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
-        raise ValueError(f"{source}: field 'hidden_act' is {act!r}; only silu (SwiGLU) is supported.")
+        raise ConfigError(f"{source}: field 'hidden_act' is {act!r}; only silu (SwiGLU) is supported.")
     d = int(_get(hf, "hidden_size", source))
     n_heads = int(_get(hf, "num_attention_heads", source))
     theta, scaling = _rope(hf, source)
@@ -243,13 +245,13 @@ def from_hf_config(hf: dict, *, source: str = "config") -> ModelConfig:
 def to_hf_config(cfg: ModelConfig) -> dict:
     """The config.json dict that transformers loads back into the same architecture."""
     if cfg.model_type == "qwen2" and (not cfg.qkv_bias or cfg.o_bias):
-        raise ValueError("ModelConfig: field 'qkv_bias' must be True and 'o_bias' False for qwen2.")
+        raise ConfigError("ModelConfig: field 'qkv_bias' must be True and 'o_bias' False for qwen2.")
     if cfg.model_type in ("llama", "qwen3") and cfg.qkv_bias != cfg.o_bias:
-        raise ValueError(f"ModelConfig: fields 'qkv_bias' and 'o_bias' must match for {cfg.model_type}.")
+        raise ConfigError(f"ModelConfig: fields 'qkv_bias' and 'o_bias' must match for {cfg.model_type}.")
     if cfg.mlp_bias and cfg.model_type != "llama":
-        raise ValueError(f"ModelConfig: field 'mlp_bias' is only supported for llama.")
+        raise ConfigError("ModelConfig: field 'mlp_bias' is only supported for llama.")
     if cfg.qk_norm != (cfg.model_type == "qwen3"):
-        raise ValueError(f"ModelConfig: field 'qk_norm' must be {cfg.model_type == 'qwen3'} for "
+        raise ConfigError(f"ModelConfig: field 'qk_norm' must be {cfg.model_type == 'qwen3'} for "
                          f"{cfg.model_type}.")
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling:
@@ -296,7 +298,7 @@ def to_hf_config(cfg: ModelConfig) -> dict:
             out["max_window_layers"] = next((i for i, t in enumerate(types) if t == "sliding_attention"),
                                             cfg.n_layers)
     elif cfg.sliding_window is not None and cfg.model_type == "llama":
-        raise ValueError("ModelConfig: field 'sliding_window' is not supported for llama.")
+        raise ConfigError("ModelConfig: field 'sliding_window' is not supported for llama.")
     return out
 
 
@@ -318,5 +320,5 @@ PRESETS = {
 
 def get_preset(name: str, **overrides) -> ModelConfig:
     if name not in PRESETS:
-        raise ValueError(f"ModelConfig: preset {name!r} is unknown; presets: {', '.join(PRESETS)}.")
+        raise ConfigError(f"ModelConfig: preset {name!r} is unknown; presets: {', '.join(PRESETS)}.")
     return PRESETS[name].replace(**overrides)

@@ -34,6 +34,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from rossjax.errors import InputError
 from rossjax.models.config import ModelConfig, canonical_dtype, from_hf_config, to_hf_config
 from rossjax.models.transformer import init_params, logical_axes
 from rossjax.sharding import as_partitioner
@@ -121,11 +122,11 @@ def _weight_map(path: str) -> tuple[dict[str, str], str]:
             with open(index) as f:
                 wm = json.load(f)["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{index}: field 'weight_map' could not be read ({e}).") from None
+            raise InputError(f"{index}: field 'weight_map' could not be read ({e}).") from None
         return {k: os.path.join(path, v) for k, v in wm.items()}, index
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
-        raise ValueError(f"{path}: no *.safetensors file (only safetensors checkpoints are supported).")
+        raise InputError(f"{path}: no *.safetensors file (only safetensors checkpoints are supported).")
     wm = {}
     for fn in files:
         full = os.path.join(path, fn)
@@ -138,14 +139,14 @@ def _weight_map(path: str) -> tuple[dict[str, str], str]:
 def read_hf_config(path: str) -> ModelConfig:
     cfg_file = os.path.join(path, "config.json")
     if not os.path.isdir(path):
-        raise ValueError(f"{path}: not a directory (expected a Hugging Face model folder).")
+        raise InputError(f"{path}: not a directory (expected a Hugging Face model folder).")
     if not os.path.exists(cfg_file):
-        raise ValueError(f"{cfg_file}: file 'config.json' is missing from the model folder.")
+        raise InputError(f"{cfg_file}: file 'config.json' is missing from the model folder.")
     try:
         with open(cfg_file) as f:
             hf = json.load(f)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{cfg_file}: not valid JSON ({e}).") from None
+        raise InputError(f"{cfg_file}: not valid JSON ({e}).") from None
     return from_hf_config(hf, source=cfg_file)
 
 
@@ -181,11 +182,11 @@ def load_hf(path, dtype="float32", mesh=None, rules=None, *, partitioner=None):
             want = _hf_shape(kind, tuple(layer_shape))
             for name in names:  # validate everything before reading any data
                 if name not in weight_map:
-                    raise ValueError(f"{where}: tensor {name!r} is missing (needed for "
+                    raise InputError(f"{where}: tensor {name!r} is missing (needed for "
                                      f"params/{'/'.join(ppath)}).")
                 got = tuple(tensor(name).get_shape())
                 if got != want:
-                    raise ValueError(f"{weight_map[name]}: tensor {name!r} has shape {list(got)}, "
+                    raise InputError(f"{weight_map[name]}: tensor {name!r} has shape {list(got)}, "
                                      f"expected {list(want)} from config.json.")
 
             def read(idx, names=names, kind=kind, stacked=stacked, shape=leaf.shape):
@@ -228,7 +229,7 @@ def save_hf(cfg: ModelConfig, params, path, max_shard_bytes: int = 2 << 30):
         leaf = params
         for k in ppath:
             if k not in leaf:
-                raise ValueError(f"save_hf: params/{'/'.join(ppath)} is missing for this config.")
+                raise InputError(f"save_hf: params/{'/'.join(ppath)} is missing for this config.")
             leaf = leaf[k]
         for i in range(cfg.n_layers if stacked else 1):
             x = np.asarray(jax.device_get(leaf[i] if stacked else leaf))

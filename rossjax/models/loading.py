@@ -76,7 +76,7 @@ def load_params(section, model_cfg, source: str, partitioner=None, *, seed: int 
         return orbax_folder.restore_params(_get(section, "path"),
                                        shardings.sharded_abstract_params(model_cfg, sh))
     if source != "scratch":
-        raise ValueError(f"load_params: source {source!r} is not one of {', '.join(SOURCES)}.")
+        raise ConfigError(f"load_params: source {source!r} is not one of {', '.join(SOURCES)}.")
     rng = jax.random.PRNGKey(seed)
     if partitioner is None:
         return transformer.init_params(model_cfg, rng)

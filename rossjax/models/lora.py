@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from rossjax.errors import ConfigError
 from rossjax.sharding import as_partitioner
 
 # target name -> (module, kernel name, number of input dims of the (unstacked) kernel)
@@ -35,12 +36,12 @@ def resolve_targets(targets) -> tuple[str, ...]:
     for t in targets:
         for name in GROUPS.get(t, (t,)):
             if name not in TARGETS:
-                raise ValueError(f"lora: field 'targets' entry {t!r} is not one of "
+                raise ConfigError(f"lora: field 'targets' entry {t!r} is not one of "
                                  f"{', '.join([*TARGETS, *GROUPS])}.")
             if name not in out:
                 out.append(name)
     if not out:
-        raise ValueError("lora: field 'targets' is empty.")
+        raise ConfigError("lora: field 'targets' is empty.")
     return tuple(out)
 
 
@@ -53,7 +54,7 @@ def _kernel_shapes(cfg):
 def init_lora(cfg, rng, rank: int = 16, targets=("q", "k", "v", "o"), dtype=jnp.float32):
     """Adapters for `targets`: a ~ N(0, 1/rank) (Kaiming-like), b = 0."""
     if rank < 1:
-        raise ValueError(f"lora: field 'rank' must be >= 1, got {rank}.")
+        raise ConfigError(f"lora: field 'rank' must be >= 1, got {rank}.")
     layers = _kernel_shapes(cfg)
     out: dict = {"layers": {}}
     for i, name in enumerate(resolve_targets(targets)):

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from rossjax.errors import ConfigError
 from rossjax.models.attention import MaskSpec
 from rossjax.models.config import ModelConfig
 from rossjax.models.layers import Block, Embed, LMHead, RMSNorm, fuse_kernels, rope_cos_sin
@@ -236,7 +237,7 @@ def _check_layers(cfg: ModelConfig, hidden_layers) -> tuple[int, ...]:
     out = []
     for i in hidden_layers:
         if not isinstance(i, int) or not -(n + 1) <= i <= n:
-            raise ValueError(f"forward: field 'hidden_layers' entry {i!r} is not a layer index in "
+            raise ConfigError(f"forward: field 'hidden_layers' entry {i!r} is not a layer index in "
                              f"[0, {n}] (or a negative index).")
         out.append(i % (n + 1))
     return tuple(sorted(set(out)))

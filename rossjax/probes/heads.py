@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rossjax.errors import ConfigError, InputError
 from rossjax.probes import metrics
 
 HEADS = {"linear": (), "mlp": (512, 128), "deep_mlp": (1024, 512, 256, 128)}
@@ -134,7 +135,7 @@ def _epoch_fn(head: str, dropout: float, lr: float, weight_decay: float):
 def _balance(y: np.ndarray, how: str, rng: np.random.Generator):
     """Returns (row indices to train on, per-row loss weights)."""
     if how not in BALANCE:
-        raise ValueError(f"probe training: balance {how!r} is not one of {BALANCE}.")
+        raise ConfigError(f"probe training: balance {how!r} is not one of {BALANCE}.")
     idx = np.arange(len(y))
     w = np.ones(len(y), np.float32)
     counts = np.bincount(y, minlength=2)
@@ -155,7 +156,7 @@ def train_probe(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_v
     are checked to be disjoint so a leaky split fails loudly instead of inflating the score.
     """
     if cfg.head not in HEADS:
-        raise ValueError(f"probe training: head {cfg.head!r} is not one of {tuple(HEADS)}.")
+        raise ConfigError(f"probe training: head {cfg.head!r} is not one of {tuple(HEADS)}.")
     if train_ids is not None and val_ids is not None:
         overlap = set(map(str, train_ids)) & set(map(str, val_ids))
         if overlap:  # an explicit raise: `assert` would vanish under python -O
@@ -167,7 +168,7 @@ def train_probe(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_v
     x_train = np.asarray(x_train, np.float32)
     y_train = np.asarray(y_train, np.int32)
     if len(x_train) == 0 or len(x_val) == 0:
-        raise ValueError("probe training: the train and validation splits must both be non-empty.")
+        raise InputError("probe training: the train and validation splits must both be non-empty.")
     rng = np.random.default_rng(cfg.seed)
     mean = x_train.mean(0)
     std = x_train.std(0) + 1e-6
@@ -223,7 +224,7 @@ def group_kfold(groups: Sequence, k: int = 5, fold: int = 0, seed: int = 0):
     groups = [str(g) for g in groups]
     uniq = sorted(set(groups))
     if len(uniq) < 3 or k < 3:
-        raise ValueError(f"group k-fold: need k >= 3 and at least 3 groups, got k={k}, {len(uniq)} groups.")
+        raise InputError(f"group k-fold: need k >= 3 and at least 3 groups, got k={k}, {len(uniq)} groups.")
     k = min(k, len(uniq))
     sizes = {g: 0 for g in uniq}
     for g in groups:
@@ -262,7 +263,7 @@ def load_probe(path: str) -> tuple[Probe, dict]:
 
     path = os.path.abspath(path)
     if not os.path.exists(path + ".json"):
-        raise ValueError(f"{path}.json: the probe manifest is missing.")
+        raise InputError(f"{path}.json: the probe manifest is missing.")
     manifest = json.load(open(path + ".json"))
     tree = ocp.PyTreeCheckpointer().restore(path)
     probe = Probe(manifest["head"], tree["params"], np.asarray(tree["mean"]),

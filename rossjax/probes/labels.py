@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from rossjax.errors import ConfigError, InputError
+
 BANDS = ("closed", "open")
 
 
@@ -33,16 +35,16 @@ def _as_trial(v, where: str):
         return None
     if isinstance(v, bool) or (isinstance(v, (int, float)) and v in (0, 1)):
         return bool(v)
-    raise ValueError(f"{where}: trial value {v!r} is not true/false/1/0/null.")
+    raise InputError(f"{where}: trial value {v!r} is not true/false/1/0/null.")
 
 
 def utility_labels(trials: Sequence[Sequence], *, lo: float = 1 / 8, hi: float = 3 / 8,
                    band: str = "closed", min_valid: int = 2, where: str = "trials") -> Labels:
     """U_S per row. band="closed": lo <= rate <= hi; band="open": 0 < rate < 1 (the K=3 variant)."""
     if band not in BANDS:
-        raise ValueError(f"{where}: band {band!r} is not one of {BANDS}.")
+        raise ConfigError(f"{where}: band {band!r} is not one of {BANDS}.")
     if band == "closed" and not 0.0 <= lo <= hi <= 1.0:
-        raise ValueError(f"{where}: band bounds must satisfy 0 <= lo <= hi <= 1, got lo={lo}, hi={hi}.")
+        raise ConfigError(f"{where}: band bounds must satisfy 0 <= lo <= hi <= 1, got lo={lo}, hi={hi}.")
     ys, rates, nv, kept = [], [], [], []
     for i, row in enumerate(trials):
         vals = [_as_trial(v, f"{where} row {i + 1}") for v in row]
@@ -71,21 +73,21 @@ def read_label_file(path: str) -> list[dict]:
     rows, seen = [], set()
     for n, obj, reason, *_ in iter_json_lines(path):
         if reason:
-            raise ValueError(f"{reason}.")
+            raise InputError(f"{reason}.")
         if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
-            raise ValueError(f"{path} row {n}: field 'id' is missing or not a string.")
+            raise InputError(f"{path} row {n}: field 'id' is missing or not a string.")
         if "trials" not in obj and "label" not in obj:
-            raise ValueError(f"{path} row {n}: needs field 'trials' or 'label'.")
+            raise InputError(f"{path} row {n}: needs field 'trials' or 'label'.")
         if "trials" in obj and not isinstance(obj["trials"], list):
-            raise ValueError(f"{path} row {n}: field 'trials' is not a list.")
+            raise InputError(f"{path} row {n}: field 'trials' is not a list.")
         if "label" in obj and obj["label"] not in (0, 1):
-            raise ValueError(f"{path} row {n}: field 'label' is {obj['label']!r}, not 0 or 1.")
+            raise InputError(f"{path} row {n}: field 'label' is {obj['label']!r}, not 0 or 1.")
         if obj["id"] in seen:
-            raise ValueError(f"{path} row {n}: field 'id' {obj['id']!r} repeats an earlier row.")
+            raise InputError(f"{path} row {n}: field 'id' {obj['id']!r} repeats an earlier row.")
         seen.add(obj["id"])
         rows.append(obj)
     if not rows:
-        raise ValueError(f"{path}: the label file has no rows.")
+        raise InputError(f"{path}: the label file has no rows.")
     return rows
 
 
@@ -99,7 +101,7 @@ def align_labels(rows: list[dict], store_ids: Iterable[str], *, path: str = "lab
     index = {k: i for i, k in enumerate(store_ids)}
     missing = [r["id"] for r in rows if r["id"] not in index]
     if missing:
-        raise ValueError(f"{path}: field 'id' {missing[0]!r} (and {len(missing) - 1} more) is not in "
+        raise InputError(f"{path}: field 'id' {missing[0]!r} (and {len(missing) - 1} more) is not in "
                          "the activation store; the label file does not match the store.")
     if all("trials" in r for r in rows):
         lab = utility_labels([r["trials"] for r in rows], where=path, **band_kw)
@@ -108,7 +110,7 @@ def align_labels(rows: list[dict], store_ids: Iterable[str], *, path: str = "lab
                      np.asarray([r.get("label", 0) for r in rows], np.float64),
                      np.ones(len(rows), np.int32), np.arange(len(rows)))
         if any("label" not in r for r in rows):
-            raise ValueError(f"{path}: rows mix 'label' and 'trials'; use one form for the whole file.")
+            raise InputError(f"{path}: rows mix 'label' and 'trials'; use one form for the whole file.")
     kept_rows = [rows[i] for i in lab.kept]
     store_index = np.asarray([index[r["id"]] for r in kept_rows], np.int64)
     groups = [r.get("group", r["id"]) for r in kept_rows]

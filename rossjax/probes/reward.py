@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rossjax.errors import ConfigError
+
 GATES = ("probe_only", "hard_gate", "soft_gate")
 
 
@@ -52,21 +54,21 @@ def gate(kind: str, s, valid=None, invalid_reward: float = -0.2):
     if kind == "probe_only":
         return probe_only(s)
     if valid is None:
-        raise ValueError(f"reward gate {kind!r} needs a validity check; configure one.")
+        raise ConfigError(f"reward gate {kind!r} needs a validity check; configure one.")
     if kind == "hard_gate":
         return hard_gate(s, valid, invalid_reward)
     if kind == "soft_gate":
         return soft_gate(s, valid)
-    raise ValueError(f"reward gate {kind!r} is not one of {', '.join(GATES)}.")
+    raise ConfigError(f"reward gate {kind!r} is not one of {', '.join(GATES)}.")
 
 
 def combine(rewards: dict, weights: dict):
     """sum_i w_i r_i over the named reward functions (each [n])."""
     if not rewards:
-        raise ValueError("combine: no reward functions.")
+        raise ConfigError("combine: no reward functions.")
     missing = [k for k in rewards if k not in weights]
     if missing:
-        raise ValueError(f"combine: reward function {missing[0]!r} has no weight.")
+        raise ConfigError(f"combine: reward function {missing[0]!r} has no weight.")
     return sum(float(weights[k]) * np.asarray(r, np.float64) for k, r in rewards.items())
 
 
@@ -98,11 +100,11 @@ class ProbeReward:
     def __init__(self, model_cfg, ref_params, probes, render, *, auxiliary=None,
                  batch_tokens: int = 8192):
         if not probes:
-            raise ValueError("ProbeReward: no probe given (config.reward.probe.path).")
+            raise ConfigError("ProbeReward: no probe given (config.reward.probe.path).")
         for p in [*probes, *([auxiliary] if auxiliary is not None else [])]:
             dim = np.shape(p.probe.mean)[-1]
             if p.layer > model_cfg.n_layers or dim != model_cfg.d_model:
-                raise ValueError(f"config.reward.probe: a probe reads layer {p.layer} of width {dim}, "
+                raise ConfigError(f"config.reward.probe: a probe reads layer {p.layer} of width {dim}, "
                                  f"but the reference model has {model_cfg.n_layers} layers of width "
                                  f"{model_cfg.d_model}.")
         self.model_cfg, self.ref_params, self.render = model_cfg, ref_params, render

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from rossjax.errors import ConfigError
+from rossjax.errors import ConfigError, InputError
 from rossjax.probes import activations
 
 
@@ -66,9 +66,9 @@ def write_store(out_dir, cfg, params, ids, token_lists, layers, pooling="mean", 
 
     ids = [str(i) for i in ids]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"{out_dir}: field 'id' repeats; activation rows need unique ids.")
+        raise InputError(f"{out_dir}: field 'id' repeats; activation rows need unique ids.")
     if len(ids) != len(token_lists):
-        raise ValueError(f"{out_dir}: {len(ids)} ids for {len(token_lists)} token lists.")
+        raise InputError(f"{out_dir}: {len(ids)} ids for {len(token_lists)} token lists.")
     layers = activations.check_inputs(cfg, token_lists, layers, pooling, turn_pooling, turn_spans)
     n, shape = len(ids), (len(ids), len(layers), cfg.d_model)
     manifest = {"model": model_name, "model_config": dataclasses.asdict(cfg), "layers": list(layers),
@@ -83,14 +83,14 @@ def write_store(out_dir, cfg, params, ids, token_lists, layers, pooling="mean", 
             f.write(b"x")
         os.remove(probe_file)
     except OSError as e:
-        raise ValueError(f"{out_dir}: the activation store directory is not writable ({e.strerror}).") from None
+        raise InputError(f"{out_dir}: the activation store directory is not writable ({e.strerror}).") from None
     done = np.zeros(n, bool)
     if os.path.exists(paths["manifest"]):
         old = json.load(open(paths["manifest"]))
         same = {k: v for k, v in old.items() if k != "complete"} == \
                {k: v for k, v in json.loads(json.dumps(manifest)).items() if k != "complete"}
         if not same:
-            raise ValueError(f"{paths['manifest']}: an existing store was written with other settings "
+            raise InputError(f"{paths['manifest']}: an existing store was written with other settings "
                              "(model, layers, pooling or ids); use a new output directory.")
         if old["complete"]:
             return old
@@ -101,14 +101,14 @@ def write_store(out_dir, cfg, params, ids, token_lists, layers, pooling="mean", 
         need = int(np.prod(shape)) * 4
         free = shutil.disk_usage(out_dir).free
         if need > free:
-            raise ValueError(f"{out_dir}: the activation store needs {need} bytes but the disk has "
+            raise InputError(f"{out_dir}: the activation store needs {need} bytes but the disk has "
                              f"{free} free.")
         try:
             arr = ts.open(_ts_spec(paths["array"], shape), create=True, delete_existing=True).result()
             _atomic_write(paths["ids"], json.dumps(ids).encode())
             _atomic_write(paths["manifest"], json.dumps(manifest, indent=1).encode())
         except (OSError, ValueError) as e:
-            raise ValueError(f"{out_dir}: could not create the activation store ({e}).") from None
+            raise InputError(f"{out_dir}: could not create the activation store ({e}).") from None
     bar = tqdm(total=n, initial=int(done.sum()), desc="extract", unit="row", disable=not progress)
     writer = MetricsWriter(out_dir)
     rate = _Rate(writer, bar)
@@ -122,7 +122,7 @@ def write_store(out_dir, cfg, params, ids, token_lists, layers, pooling="mean", 
                 done[rows] = True
                 _atomic_write(paths["done"], np.packbits(done).tobytes())
             except (OSError, ValueError) as e:
-                raise ValueError(f"{out_dir}: writing activations failed ({e}); rerun to resume.") from None
+                raise InputError(f"{out_dir}: writing activations failed ({e}); rerun to resume.") from None
             bar.update(len(rows))
             rate.add(int(done.sum()), len(rows), sum(len(token_lists[i]) for i in rows), padded)
         rate.flush(int(done.sum()), force=True)
@@ -170,7 +170,7 @@ class ActivationStore:
         a = self.array
         if layer is not None:
             if layer not in self.manifest["layers"]:
-                raise ValueError(f"{self.path}: layer {layer} is not in the store (layers "
+                raise InputError(f"{self.path}: layer {layer} is not in the store (layers "
                                  f"{self.manifest['layers']}).")
             a = a[:, self.manifest["layers"].index(layer)]
         if rows is not None:
@@ -184,14 +184,14 @@ def open_store(path) -> ActivationStore:
 
     paths = _store_paths(path)
     if not os.path.exists(paths["manifest"]):
-        raise ValueError(f"{path}: no manifest.json; this is not an activation store.")
+        raise InputError(f"{path}: no manifest.json; this is not an activation store.")
     manifest = json.load(open(paths["manifest"]))
     if not manifest.get("complete"):
-        raise ValueError(f"{path}: the activation store is unfinished (manifest 'complete' is false); "
+        raise InputError(f"{path}: the activation store is unfinished (manifest 'complete' is false); "
                          "rerun `rossjax extract` to resume it.")
     ids = json.load(open(paths["ids"]))
     if _ids_digest(ids) != manifest["ids_sha256"] or len(ids) != manifest["n"]:
-        raise ValueError(f"{paths['ids']}: field 'ids' does not match the manifest's ids digest.")
+        raise InputError(f"{paths['ids']}: field 'ids' does not match the manifest's ids digest.")
     return ActivationStore(path, ids, manifest, ts.open(_ts_spec(paths["array"]), open=True).result())
 
 

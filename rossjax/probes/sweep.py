@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rossjax.errors import ConfigError
+from rossjax.errors import ConfigError, InputError
 from rossjax.monitor import MetricsWriter
 from rossjax.probes import heads, metrics
 from rossjax.probes import labels as labels_mod
@@ -54,7 +54,7 @@ def make_reward(kind: str = "probe_only", invalid_reward: float = -0.2) -> Calla
     scores `others` (reward.wco), through the gate the RL loop applies (`reward.gate`:
     probe_only | hard_gate | soft_gate), so RVP measures exactly its reward."""
     if kind not in reward_lib.GATES:
-        raise ValueError(f"configs/probe_sweep.py: field 'reward' is {kind!r}, not one of "
+        raise ConfigError(f"configs/probe_sweep.py: field 'reward' is {kind!r}, not one of "
                          f"{', '.join(reward_lib.GATES)}.")
 
     def fn(probe, x, valid, others=()):
@@ -86,7 +86,7 @@ def _split(c, n, groups, fold):
         return heads.random_split(n, seed=c.split_seed)
     if c.split == "group_kfold":
         return heads.group_kfold(groups, k=c.folds, fold=fold, seed=c.split_seed)
-    raise ValueError(f"configs/probe_sweep.py: field 'split' is {c.split!r}, not random or group_kfold.")
+    raise ConfigError(f"configs/probe_sweep.py: field 'split' is {c.split!r}, not random or group_kfold.")
 
 
 def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool = True) -> dict:
@@ -94,21 +94,21 @@ def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool
 
 
     if not c.stores or not all(c.stores):
-        raise ValueError("configs/probe_sweep.py: field 'stores' is empty; give the directories "
+        raise ConfigError("configs/probe_sweep.py: field 'stores' is empty; give the directories "
                          "written by `rossjax extract`.")
     if not os.path.isfile(c.labels):
-        raise ValueError(f"configs/probe_sweep.py: field 'labels' is {c.labels!r}, which is not a file.")
+        raise ConfigError(f"configs/probe_sweep.py: field 'labels' is {c.labels!r}, which is not a file.")
     stores = [open_store(p) for p in c.stores]
     ids = stores[0].ids
     for s in stores[1:]:
         if s.ids != ids:
-            raise ValueError(f"{s.path}: its ids differ from {stores[0].path}; sweep stores must "
+            raise InputError(f"{s.path}: its ids differ from {stores[0].path}; sweep stores must "
                              "hold the same rows in the same order.")
     rows = labels_mod.read_label_file(c.labels)
     idx, lab, groups = labels_mod.align_labels(rows, ids, path=c.labels, lo=c.lo, hi=c.hi,
                                                band=c.band, min_valid=c.min_valid)
     if len(np.unique(lab.y)) < 2:
-        raise ValueError(f"{c.labels}: all {len(lab.y)} labelled rows (after min_valid) fall in class "
+        raise InputError(f"{c.labels}: all {len(lab.y)} labelled rows (after min_valid) fall in class "
                          f"{int(lab.y[0]) if len(lab.y) else '-'}; a probe needs both in-band and "
                          "out-of-band rows.")
     splits = {f: _split(c, len(idx), groups, f) for f in folds(c)}

@@ -10,6 +10,7 @@ wording is asked afresh.
 
 from __future__ import annotations
 
+from rossjax.errors import ConfigError
 from rossjax.review.render import context, render_transcript
 
 PROMPT_VERSION = "ross-review-v2"
@@ -203,4 +204,5 @@ def response_format(stage: str, kind: str) -> dict | None:
     if kind == "json_schema":
         return {"type": "json_schema", "json_schema": {"name": f"ross_{stage}",
                                                        "schema": SCHEMAS[stage]}}
-    raise ValueError(f"response_format {kind!r} is not one of none, json_object, json_schema")
+    raise ConfigError(f"config.endpoint.response_format is {kind!r}, not one of none, json_object, "
+                      "json_schema.")

@@ -12,6 +12,8 @@ line numbers. Two procedures (docs/review.md):
 
 from __future__ import annotations
 
+from rossjax.errors import ConfigError
+
 MODES = ("auto", "keep", "exclude")  # config.mode: keep = single_turn, exclude = agentic
 
 
@@ -20,7 +22,7 @@ def review_mode(record: dict, mode: str = "auto") -> str:
     exclude when the rollout is agentic or multi-turn (a tool message, a tool call, or more than
     one assistant turn), keep otherwise."""
     if mode not in MODES:
-        raise ValueError(f"config.mode {mode!r} is not one of {', '.join(MODES)}")
+        raise ConfigError(f"config.mode is {mode!r}, not one of {', '.join(MODES)}.")
     if mode != "auto":
         return mode
     msgs = record["messages"]

@@ -20,7 +20,7 @@ from rossjax.train.sft import BATCH_KEYS
 def split_paths(spec: str, field: str) -> list[str]:
     paths = [p.strip() for p in str(spec or "").split(",") if p.strip()]
     if not paths:
-        raise ValueError(f"config.{field} is empty; give a curated dir written by `rossjax curate`.")
+        raise ConfigError(f"config.{field} is empty; give a curated dir written by `rossjax curate`.")
     for p in paths:
         if not os.path.exists(p):
             raise FileNotFoundError(f"config.{field}: {p} does not exist.")
@@ -87,7 +87,7 @@ def local_batch(batch, rows: int, seq_len: int) -> dict:
     for k in keys:
         x = np.asarray(batch[k], np.int32)
         if x.shape[1] != seq_len:
-            raise ValueError(f"the loader gave rows of {x.shape[1]} tokens for {k!r}, expected "
+            raise ConfigError(f"the loader gave rows of {x.shape[1]} tokens for {k!r}, expected "
                              f"data.seq_len = {seq_len}.")
         if x.shape[0] < rows:
             x = np.concatenate([x, np.zeros((rows - x.shape[0], seq_len), np.int32)])

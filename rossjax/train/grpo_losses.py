@@ -19,6 +19,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rossjax.errors import ConfigError
+
 ADVANTAGES = ("mean", "grpo", "rloo")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 IS_MODES = ("token", "sequence")
@@ -33,7 +35,7 @@ def group_advantages(rewards, group_size: int, method: str = "mean", eps: float 
     enter their group's statistics.
     """
     if method not in ADVANTAGES:
-        raise ValueError(f"advantages: method {method!r} is not one of {', '.join(ADVANTAGES)}.")
+        raise ConfigError(f"advantages: method {method!r} is not one of {', '.join(ADVANTAGES)}.")
     r = jnp.asarray(rewards, jnp.float32)
     shape = r.shape
     if r.size % group_size:
@@ -65,7 +67,7 @@ def importance_weights(trainer_logp, sampler_logp, mask, *, mode: str = "token",
     Returns (weights [B, T] float32, metrics).
     """
     if mode not in IS_MODES or how not in IS_HOW:
-        raise ValueError(f"importance sampling: mode {mode!r} / how {how!r} must be one of "
+        raise ConfigError(f"importance sampling: mode {mode!r} / how {how!r} must be one of "
                          f"{IS_MODES} / {IS_HOW}.")
     mask = jnp.asarray(mask, jnp.float32)
     d = jax.lax.stop_gradient(jnp.asarray(trainer_logp, jnp.float32)
@@ -102,7 +104,7 @@ def normalizers(mask, agg: str, max_len=None):
         denom = jnp.asarray(mask.shape[0] * (mask.shape[1] if max_len is None else max_len),
                             jnp.float32)
     else:
-        raise ValueError(f"grpo_loss: agg {agg!r} is not one of {', '.join(AGGREGATIONS)}.")
+        raise ConfigError(f"grpo_loss: agg {agg!r} is not one of {', '.join(AGGREGATIONS)}.")
     return denom, jnp.maximum(count, 1.0)
 
 
@@ -128,7 +130,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, eps_low: float = 0.2,
     Returns (loss, metrics) with pg_loss, kl, clip fractions (low/high), ratio mean.
     """
     if agg not in AGGREGATIONS:
-        raise ValueError(f"grpo_loss: agg {agg!r} is not one of {', '.join(AGGREGATIONS)}.")
+        raise ConfigError(f"grpo_loss: agg {agg!r} is not one of {', '.join(AGGREGATIONS)}.")
     logp = jnp.asarray(logp, jnp.float32)
     old_logp = jax.lax.stop_gradient(jnp.asarray(old_logp, jnp.float32))
     mask = jnp.asarray(mask, jnp.float32)

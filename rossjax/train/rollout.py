@@ -24,6 +24,7 @@ import random
 
 import numpy as np
 
+from rossjax.errors import ConfigError, InputError
 from rossjax.templates import render_chat
 from rossjax.verify import induction_task, math_task
 
@@ -45,7 +46,7 @@ class TaskSource:
         if not spec.startswith("gen:"):
             self._rows = read_tasks(spec, field)
         elif spec not in ("gen:contains", "gen:arith", "gen:induction", "gen:math_task"):
-            raise ValueError(f"{field} {spec!r} is not a task file or one of gen:contains, "
+            raise ConfigError(f"{field} {spec!r} is not a task file or one of gen:contains, "
                              f"gen:arith, gen:induction, gen:math_task.")
 
     def _make(self, i: int) -> dict:
@@ -91,14 +92,14 @@ def read_tasks(path: str, field: str = "config.data.tasks") -> list[dict]:
     rows = []
     for k, t, reason, *_ in iter_json_lines(path):
         if reason:
-            raise ValueError(f"{reason}.")
+            raise InputError(f"{reason}.")
         if not isinstance(t, dict) or not isinstance(t.get("id"), str):
-            raise ValueError(f"{path} row {k}: field 'id' must be a string.")
+            raise InputError(f"{path} row {k}: field 'id' must be a string.")
         if not isinstance(t.get("prompt"), str) and not isinstance(t.get("messages"), list):
-            raise ValueError(f"{path} row {k}: field 'prompt' (or 'messages') is missing.")
+            raise InputError(f"{path} row {k}: field 'prompt' (or 'messages') is missing.")
         rows.append(t)
     if not rows:
-        raise ValueError(f"{path}: the task file has no rows.")
+        raise InputError(f"{path}: the task file has no rows.")
     return rows
 
 

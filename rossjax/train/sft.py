@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from rossjax import models, sharding
+from rossjax.errors import ConfigError
 from rossjax.models import lora
 from rossjax.train import accumulate, losses
 from rossjax.train import state as state_lib
@@ -68,7 +69,7 @@ def make_train_step(model_cfg, optimizer, schedule, *, mesh, shardings, batch_sh
         batch = {k: batch[k] for k in BATCH_KEYS + (("eligible_mask",) if "eligible_mask" in batch else ())}
         rows = batch["input_ids"].shape[0]
         if rows % n:
-            raise ValueError(f"train.global_batch ({rows}) is not divisible by train.micro_batches ({n}).")
+            raise ConfigError(f"train.global_batch ({rows}) is not divisible by train.micro_batches ({n}).")
         micro = accumulate.split_batch(batch, n, part)
         g_sum, (nll_sum, count) = accumulate.accumulate(
             lambda p, mb: batch_nll(model_cfg, _model_params(p, base, lora_alpha), mb, chunk_size),

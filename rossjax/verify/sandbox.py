@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from rossjax.errors import InputError
 from rossjax.verify.verdict import Verdict
 
 _MARK = "\x1b[sandbox]\x1b "  # prefix of the bootstrap's own lines on stderr
@@ -317,7 +318,7 @@ def run_tests(program: str, tests: str, entry_point: str, timeout_s: float = 10.
               limits: Limits | None = None) -> Verdict:
     """HumanEval style: `program`, then `tests` (which define `check`), then check(entry_point)."""
     if not entry_point.isidentifier():
-        raise ValueError(f"entry_point {entry_point!r} is not a Python identifier")
+        raise InputError(f"entry_point {entry_point!r} is not a Python identifier")
     source = f"{program}\n\n{tests}\n\ncheck({entry_point})\n"
     res = run(source, timeout_s=timeout_s, limits=limits)
     if res.ok:
