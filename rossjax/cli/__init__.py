@@ -42,16 +42,16 @@ COMMANDS = {
     "grpo": "grpo",
     "eval-generator": "eval_generator",
     "bench": "bench",
+    "repro": "repro",
 }
 
 
 # Errors the user can fix are printed as one sentence and exit 2: an InputError (bad input,
 # command line or config; see rossjax.errors) or a path the user named that cannot be opened.
-# Anything else is a bug in rossjax or the environment and keeps its traceback.
-# TRANSITION (issue 11): ValueError is still caught while the library's input checks are being
-# converted to InputError subclasses (models, probes and train configs still raise ValueError);
-# drop it once the ValueErrors left in rossjax/ are genuine bugs.
-USER_ERRORS = (InputError, FileNotFoundError, PermissionError, ValueError)
+# Anything else (a plain ValueError included) is a bug in rossjax or the environment and keeps
+# its traceback.
+USER_ERRORS = (InputError, FileNotFoundError, PermissionError, IsADirectoryError,
+               NotADirectoryError)
 
 # Commands that do something useful with no arguments; any other prints its usage instead of
 # running on a default input into a default folder.

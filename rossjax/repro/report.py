@@ -1,0 +1,93 @@
+"""results.json, report.md, PNG plots and the one-screen summary of a repro experiment.
+
+Each experiment module provides `table(results) -> (headers, rows)`, `claims(results) -> [{claim,
+holds, evidence}]` and `plot(results, folder) -> [png names]`; this module only lays them out.
+A claim that does not hold is reported as such, with its numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def ms(x: dict, digits: int = 3) -> str:
+    """'mean ± std' of a {mean, std, n} summary."""
+    if x["n"] > 1:
+        return f"{x['mean']:.{digits}f} ± {x['std']:.{digits}f}"
+    return f"{x['mean']:.{digits}f}"
+
+
+def markdown_table(headers, rows) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def text_table(headers, rows) -> str:
+    cells = [list(map(str, headers))] + [[str(c) for c in r] for r in rows]
+    w = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "  ".join(c.ljust(w[i]) for i, c in enumerate(r))  # noqa: E731
+    return "\n".join([line(cells[0]), "  ".join("-" * x for x in w)] + [line(r) for r in cells[1:]])
+
+
+def write(folder: str, results: dict, module, command: str) -> str:
+    """Write results.json, the plots and report.md; return the one-screen summary text."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "results.json.tmp"), "w") as f:
+        json.dump(results, f, indent=1, default=float)
+    os.replace(os.path.join(folder, "results.json.tmp"), os.path.join(folder, "results.json"))
+    headers, rows = module.table(results)
+    claims = module.claims(results)
+    pngs = module.plot(results, folder)
+    size = "quick" if results.get("quick") else "full"
+    md = [f"# rossjax repro {results['experiment']} ({size} run, {results['seeds']} seed(s))", "",
+          module.__doc__.strip().split("\n\n")[0], "", f"Regenerate: `{command}`", "",
+          markdown_table(headers, rows), "", "## Claims", ""]
+    for c in claims:
+        md.append(f"- **{'shown' if c['holds'] else 'NOT shown'}**: {c['claim']} — {c['evidence']}")
+    md += ["", "## Plots", ""] + [f"![{p}]({p})" for p in pngs]
+    notes = module.notes(results) if hasattr(module, "notes") else []
+    if notes:
+        md += ["", "## Setup and notes", ""] + [f"- {n}" for n in notes]
+    with open(os.path.join(folder, "report.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    summary = [f"rossjax repro {results['experiment']} ({size}, {results['seeds']} seed(s)):",
+               text_table(headers, rows)]
+    summary += [f"  {'shown' if c['holds'] else 'NOT shown'}: {c['claim']} ({c['evidence']})"
+                for c in claims]
+    summary.append(f"  report: {os.path.join(folder, 'report.md')}")
+    return "\n".join(summary)
+
+
+def bars(ax, names, summaries, title: str, ylabel: str = ""):
+    """One bar per arm with its std as the error bar."""
+    means = [s["mean"] for s in summaries]
+    stds = [s["std"] for s in summaries]
+    colors = ["#2b6cb0", "#dd6b20", "#718096", "#38a169", "#805ad5"][:len(names)]
+    ax.bar(range(len(names)), means, yerr=stds, capsize=4, color=colors)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=15, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    if ylabel:
+        ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(axis="y", labelsize=8)
+
+
+def figure(n: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3.0))
+    return fig, list(axes) if n > 1 else [axes]
+
+
+def save(fig, folder: str, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(os.path.join(folder, name), dpi=90)
+    plt.close(fig)
+    return name
