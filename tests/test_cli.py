@@ -72,6 +72,9 @@ def _fake_command(monkeypatch, exc):
     (cli.UsageError("--config.x: no such field."), "rossjax boom: --config.x: no such field."),
     (FileNotFoundError(2, "No such file or directory", "in.jsonl"),
      "rossjax boom: in.jsonl: No such file or directory"),
+    (cli.InputError("in.jsonl row 3: field 'id' is missing."),
+     "rossjax boom: in.jsonl row 3: field 'id' is missing."),
+    (IsADirectoryError(21, "Is a directory", "out"), "rossjax boom: out: Is a directory"),
 ])
 def test_user_errors_are_one_line_exit_2(monkeypatch, capsys, exc, expected):
     _fake_command(monkeypatch, exc)
@@ -79,7 +82,10 @@ def test_user_errors_are_one_line_exit_2(monkeypatch, capsys, exc, expected):
     assert capsys.readouterr().err.strip() == expected
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("a bug"), KeyError("k"), TypeError("t")])
+# A plain ValueError is a bug in rossjax (user-input checks raise InputError, a ValueError
+# subclass), so it propagates: Python prints its traceback and exits 1.
+@pytest.mark.parametrize("exc", [RuntimeError("a bug"), KeyError("k"), TypeError("t"),
+                                 ValueError("a bug"), OSError(28, "No space left on device")])
 def test_other_errors_keep_their_traceback(monkeypatch, exc):
     _fake_command(monkeypatch, exc)
     with pytest.raises(type(exc)):
