@@ -124,3 +124,69 @@ def test_auto_picks_by_platform_and_cache_paths_stay_pure(monkeypatch):
     monkeypatch.setattr(kernels.jax, "default_backend", lambda: "cpu")
     assert att.backend("auto", 4096, 4096, 512, jnp.bfloat16) == "blockwise"
     assert att.backend("xla", 4096, 4096, 512, jnp.float32) == "xla"
+
+
+def _mesh_2x2x2():
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 (simulated) devices")
+    from rossjax import sharding
+    return sharding.Partitioner(sharding.make_mesh(data=2, fsdp=2, tensor=2))
+
+
+def test_splash_on_a_mesh_runs_per_shard_and_matches_dense():
+    """Rows split over data x fsdp, kv heads over tensor: forward and gradients equal the dense
+    reference, and the compiled program moves no q/k/v (or gradients) between devices."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from rossjax.models.transformer import shard_activations
+
+    part = _mesh_2x2x2()
+    q, k, v, m, ct = _inputs(11, b=4, s=128, window=0)
+    ref = _out_and_grads("dense", q, k, v, m, ct, (0,))
+    heads = NamedSharding(part.mesh, P(("data", "fsdp"), None, "tensor", None))
+    rows = NamedSharding(part.mesh, P(("data", "fsdp"), None))
+
+    def loss(q, k, v, seg, ct):
+        mm = m._replace(q_seg=seg, kv_seg=seg)
+        out, vjp = jax.vjp(lambda q, k, v: att.attend(q, k, v, mm, impl="splash", windows=(0,)),
+                           q, k, v)
+        return (out, *vjp(ct))
+
+    with shard_activations(part):
+        step = jax.jit(loss, in_shardings=(heads, heads, heads, rows, heads))
+        args = [jax.device_put(x, s) for x, s in zip((q, k, v, m.q_seg, ct),
+                                                      (heads, heads, heads, rows, heads))]
+        text = step.lower(*args).compile().as_text()
+        got = step(*args)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), ref, got):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-5, rtol=0, err_msg=name)
+        assert b.sharding.is_equivalent_to(heads, b.ndim), name
+    for op in ("all-gather", "all-to-all", "collective-permute", "all-reduce"):
+        assert op not in text, op
+
+
+def test_shard_activations_takes_the_batch_axes_from_the_rules():
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from rossjax import sharding
+    from rossjax.models import transformer
+    from rossjax.models.kernels import activations
+
+    base = _mesh_2x2x2()
+    with transformer.shard_activations(base):
+        act = activations.current()
+        assert (act.batch, act.kv_heads) == (("data", "fsdp"), ("tensor",))
+    rules = (("batch", "fsdp"), ("kv_heads", None)) + sharding.DEFAULT_RULES
+    part = sharding.Partitioner(base.mesh, rules)
+    with transformer.shard_activations(part):
+        act = activations.current()
+        assert (act.batch, act.kv_heads) == (("fsdp",), ())
+    with transformer.shard_activations(base.mesh, batch_axes=("data",)):
+        assert activations.current().batch == ("data",)
+    assert activations.current() is None
+    # the model's rows follow the custom rule (fsdp only: data holds replicas)
+    cfg = ModelConfig(attention_impl="dense")
+    params = init_params(cfg, jax.random.key(0))
+    tokens = np.zeros((4, 8), np.int32)
+    h = jax.jit(transformer.under_mesh(lambda p, t: hidden_states(cfg, p, t), part))(params, tokens)
+    assert h.sharding.is_equivalent_to(NamedSharding(part.mesh, P("fsdp")), 3), h.sharding

@@ -19,7 +19,6 @@ Masking: a token attends to earlier-or-equal positions in the row that carry the
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import math
 
@@ -28,9 +27,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from rossjax import sharding
 from rossjax.errors import ConfigError
 from rossjax.models.attention import MaskSpec
 from rossjax.models.config import ModelConfig
+from rossjax.models.kernels.activations import CURRENT as _ACTIVATIONS, Activations
 from rossjax.models.layers import Block, Embed, LMHead, RMSNorm, fuse_kernels, rope_cos_sin
 
 _REMAT = {"full": jax.checkpoint_policies.nothing_saveable,
@@ -38,19 +39,26 @@ _REMAT = {"full": jax.checkpoint_policies.nothing_saveable,
           "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}
 
 
-# (mesh, batch mesh axes) while a step is traced inside `shard_activations`, else None.
-_ACTIVATIONS = contextvars.ContextVar("rossjax_activation_sharding", default=None)
+def _rule_axes(part, logical: str) -> tuple[str, ...]:
+    axes = part.spec(P(logical))[0]
+    return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
 
 
 @contextlib.contextmanager
-def shard_activations(mesh, batch_axes=("data", "fsdp")):
+def shard_activations(mesh, batch_axes=None):
     """Trace model calls in this context to keep the residual stream's rows [b, ...] split over
-    `batch_axes` of `mesh` (those present). Without it, XLA's propagation meets an fsdp-sharded
-    embedding table ([vocab, embed] split over fsdp) and rows split over the same fsdp axis, and
-    may keep the table's split and gather every row onto every device (measured: the whole
-    global batch's activations on each device, 8x the compute and memory at fsdp=8)."""
-    axes = tuple(a for a in batch_axes if a in mesh.axis_names and mesh.shape[a] > 1)
-    token = _ACTIVATIONS.set((mesh, axes) if axes else None)
+    the batch axes of `mesh` (a Mesh, or a sharding.Partitioner whose rules say which): the mesh
+    axes of the rule for the logical axis "batch" (default data x fsdp), unless `batch_axes` names
+    them. Without it, XLA's propagation meets an fsdp-sharded embedding table ([vocab, embed]
+    split over fsdp) and rows split over the same fsdp axis, and may keep the table's split and
+    gather every row onto every device (measured: the whole global batch's activations on each
+    device, 8x the compute and memory at fsdp=8). The splash kernel runs per shard (shard_map)
+    on these axes, and on the "kv_heads" rule's axes where they divide the kv heads."""
+    part = sharding.as_partitioner(mesh)
+    live = lambda axes: tuple(a for a in axes if a in part.mesh.axis_names and part.mesh.shape[a] > 1)
+    batch = live(_rule_axes(part, "batch") if batch_axes is None else tuple(batch_axes))
+    heads = tuple(a for a in live(_rule_axes(part, "kv_heads")) if a not in batch)
+    token = _ACTIVATIONS.set(Activations(part.mesh, batch, heads) if batch or heads else None)
     try:
         yield
     finally:
@@ -58,7 +66,8 @@ def shard_activations(mesh, batch_axes=("data", "fsdp")):
 
 
 def under_mesh(fn, mesh):
-    """`fn` traced inside `shard_activations(mesh)` (wrap a step before jax.jit)."""
+    """`fn` traced inside `shard_activations(mesh)` (wrap a step before jax.jit); `mesh` may be a
+    Partitioner, whose rules then place the rows."""
     @functools.wraps(fn)
     def wrapped(*args, **kw):
         with shard_activations(mesh):
@@ -68,9 +77,9 @@ def under_mesh(fn, mesh):
 
 def _rows(x, act):
     """x [b, ...] constrained to rows over the context's batch axes (when they divide b)."""
-    if act is None:
+    if act is None or not act.batch:
         return x
-    mesh, axes = act
+    mesh, axes = act.mesh, act.batch
     if x.shape[0] % math.prod(mesh.shape[a] for a in axes):
         return x
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(axes, *[None] * (x.ndim - 1))))

@@ -91,8 +91,7 @@ class StepFns:
         self.merge = jax.jit(lambda t, b: policy_params(t, b, lora_alpha),
                              in_shardings=(train_sh, base_shardings), out_shardings=param_shardings)
         lp = functools.partial(logp_entropy, model_cfg, chunk=chunk)
-        self.logp = jax.jit(models.transformer.under_mesh(lambda p, batch: lp(p, batch),
-                                                          part.mesh),
+        self.logp = jax.jit(models.transformer.under_mesh(lambda p, batch: lp(p, batch), part),
                             in_shardings=(param_shardings, {k: rows for k in BATCH_KEYS}),
                             out_shardings=(rows, rows))
         c = loss_cfg
@@ -125,7 +124,7 @@ class StepFns:
                                "skipped": 1 - finite.astype(jnp.int32),
                                "bad_steps": new_state["bad_steps"], **m}
 
-        self.update = jax.jit(models.transformer.under_mesh(step, part.mesh),
+        self.update = jax.jit(models.transformer.under_mesh(step, part),
                               in_shardings=(state_shardings, base_shardings, bsh),
                               out_shardings=(state_shardings, repl), donate_argnums=0)
 

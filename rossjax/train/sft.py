@@ -98,7 +98,7 @@ def make_train_step(model_cfg, optimizer, schedule, *, mesh, shardings, batch_sh
         return new_state, metrics
 
     ins = (shardings, batch_sharding) + ((base_shardings,) if lora_alpha is not None else ())
-    return jax.jit(models.transformer.under_mesh(step, part.mesh), in_shardings=ins,
+    return jax.jit(models.transformer.under_mesh(step, part), in_shardings=ins,
                    out_shardings=(shardings, part.replicated()), donate_argnums=0)
 
 
@@ -111,6 +111,6 @@ def make_eval_step(model_cfg, *, mesh, params_shardings, batch_sharding, chunk_s
 
     part = sharding.as_partitioner(mesh)
     ins = (params_shardings, batch_sharding) + ((base_shardings,) if lora_alpha is not None else ())
-    return jax.jit(models.transformer.under_mesh(ev, part.mesh), in_shardings=ins,
+    return jax.jit(models.transformer.under_mesh(ev, part), in_shardings=ins,
                    out_shardings=(part.replicated(), part.replicated()))
 

@@ -11,6 +11,8 @@ prefill over a KV cache always use the pure-JAX kernels.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -46,11 +48,46 @@ def attend(kind: str, qg, k, v, mask, windows: tuple[int, ...], visible=None):
         return out.reshape(qg.shape)
     if kind != "splash":
         raise ValueError(f"attention backend {kind!r} is not one of {', '.join(FUSED)}.")
-    from rossjax.models.kernels import splash
+    from rossjax.models.kernels import activations, splash
 
-    # Splash bakes the window into the kernel's mask: one branch per window a layer can have.
-    branches = [lambda q, k, v, seg, w=w: splash.attend(q, k, v, seg, window=w) for w in windows]
-    if len(branches) == 1:
-        return branches[0](qg, k, v, mask.q_seg)
-    index = sum(jnp.where(mask.window == w, i, 0) for i, w in enumerate(windows))
-    return jax.lax.switch(index, branches, qg, k, v, mask.q_seg)
+    def run(q, k, v, seg, window):
+        # Splash bakes the window into the kernel's mask: one branch per window a layer can have.
+        branches = [lambda q, k, v, seg, w=w: splash.attend(q, k, v, seg, window=w) for w in windows]
+        if len(branches) == 1:
+            return branches[0](q, k, v, seg)
+        index = sum(jnp.where(window == w, i, 0) for i, w in enumerate(windows))
+        return jax.lax.switch(index, branches, q, k, v, seg)
+
+    act = activations.current()
+    if act is None:
+        return run(qg, k, v, mask.q_seg, mask.window)
+    return _per_shard(run, act, qg, k, v, mask.q_seg, mask.window)
+
+
+def _per_shard(run, act, qg, k, v, seg, window):
+    """`run` under shard_map: each device attends its own rows (and kv heads), as the residual
+    stream is split. A Pallas call is opaque to XLA's sharding propagation, which would otherwise
+    gather q/k/v (and the gradients) of every row onto every device."""
+    from jax.sharding import PartitionSpec as P
+
+    b, _, nkv = k.shape[:3]
+    size = lambda axes: math.prod(act.mesh.shape[a] for a in axes)
+    rows = act.batch if act.batch and b % size(act.batch) == 0 else None
+    heads = act.kv_heads if act.kv_heads and nkv % size(act.kv_heads) == 0 else None
+    if rows is None and heads is None:
+        return run(qg, k, v, seg, window)
+    q_spec = P(rows, None, heads, None, None)
+    f = _shard_map(run, mesh=act.mesh, in_specs=(q_spec, P(rows, None, heads, None),
+                                                 P(rows, None, heads, None), P(rows, None), P()),
+                   out_specs=q_spec)
+    return f(qg, k, v, seg, jnp.asarray(window, jnp.int32))
+
+
+def _shard_map(fn, *, mesh, in_specs, out_specs):
+    """jax.shard_map (jax >= 0.6), else jax.experimental.shard_map; replication checks off (the
+    Pallas call has no rule for them)."""
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    from jax.experimental.shard_map import shard_map
+
+    return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
