@@ -34,8 +34,8 @@ On this CPU the paper recipe is infeasible; use `:runlocal` or a preset-sized mo
 
 import ml_collections
 
-from rossjax.train import optim
 from rossjax.sharding import distributed_config
+from rossjax.train import optim
 from rossjax.train.sft import RECIPES
 
 

@@ -34,8 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from rossjax import models, sharding
 from rossjax.errors import ConfigError, InputError
-from rossjax.models import ModelConfig
-from rossjax.models import shardings as model_shardings
+from rossjax.models import ModelConfig, shardings as model_shardings
 
 # Prompt lengths round up to one of these (then to multiples of 512) so a stream of
 # different-length prompts compiles a handful of programs, not one per length.

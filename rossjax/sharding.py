@@ -26,8 +26,7 @@ from collections.abc import Mapping
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rossjax.errors import ConfigError
 

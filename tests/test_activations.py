@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from rossjax.models import forward, get_preset, init_params
-from rossjax.probes import activations as A
-from rossjax.probes import store as S
+from rossjax.probes import activations as A, store as S
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rossjax.models import ModelConfig, forward, hidden_states, init_params
-from rossjax.models import attention as att
-from rossjax.models import kernels
+from rossjax.models import (
+    ModelConfig,
+    attention as att,
+    forward,
+    hidden_states,
+    init_params,
+    kernels,
+)
 
 
 def _packed(b, s, rng, min_doc=3, max_doc=40):

@@ -5,8 +5,7 @@ import re
 
 import pytest
 
-from rossjax.bench import model as bench_model
-from rossjax.bench import sft as bench_sft
+from rossjax.bench import model as bench_model, sft as bench_sft
 
 
 def test_bench_model_smoke(capsys):

@@ -10,9 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from rossjax.train import checkpoint as ckpt_lib
-from rossjax.train import export as export_lib
-from rossjax.train import optim
+from rossjax.train import checkpoint as ckpt_lib, export as export_lib, optim
 
 
 def _state(scale=1.0, shape=(3, 4)):

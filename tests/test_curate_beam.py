@@ -13,8 +13,12 @@ import pytest
 
 pytest.importorskip("apache_beam", reason="the beam extra is not installed (make test adds it)")
 
-from rossjax.curate import beam as curate_beam  # noqa: E402
-from rossjax.curate import beam_select, pipeline, subset  # noqa: E402
+from rossjax.curate import (  # noqa: E402
+    beam as curate_beam,  # noqa: E402
+    beam_select,
+    pipeline,
+    subset,
+)
 from rossjax.curate.compiled import compiled_paths, read_compiled  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,8 +4,7 @@ infers f) must score 0; the validity gate, the GRPO validity reward and eval-gen
 
 import pytest
 
-from rossjax.verify import induction_task as it
-from rossjax.verify import rewards
+from rossjax.verify import induction_task as it, rewards
 from rossjax.verify.induction import verify
 
 PROG = "def f(a, b):\n    return a * b + 1\n"

@@ -15,8 +15,7 @@ import pytest
 
 from rossjax import models, sample, sharding
 from rossjax.models import shardings as model_shardings
-from rossjax.train import grpo_step, sft
-from rossjax.train import state as state_lib
+from rossjax.train import grpo_step, sft, state as state_lib
 
 LOSS_RTOL = 2e-3
 

@@ -6,8 +6,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rossjax.models import (ModelConfig, compute_logits, forward, get_preset, hidden_states,
-                            init_params, lm_head, logical_axes)
+from rossjax.models import (
+    ModelConfig,
+    compute_logits,
+    forward,
+    get_preset,
+    hidden_states,
+    init_params,
+    lm_head,
+    logical_axes,
+)
 
 BASE = ModelConfig(model_type="qwen3", qk_norm=True, head_dim=32, initializer_range=0.2)
 

@@ -5,8 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rossjax.models import ModelConfig, forward, hidden_states, init_params
-from rossjax.models import attention as att
+from rossjax.models import ModelConfig, attention as att, forward, hidden_states, init_params
 
 
 def _packed_ids(b, s, rng):

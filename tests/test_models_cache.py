@@ -5,8 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rossjax.models import (ModelConfig, decode_params, forward, forward_cached, init_cache,
-                            init_params)
+from rossjax.models import (
+    ModelConfig,
+    decode_params,
+    forward,
+    forward_cached,
+    init_cache,
+    init_params,
+)
 
 CONFIGS = {
     "qwen2": ModelConfig(model_type="qwen2", qkv_bias=True, tie_embeddings=True),

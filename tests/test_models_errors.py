@@ -5,9 +5,9 @@ import os
 
 import numpy as np
 import pytest
+from hf_tiny import make_tiny_hf
 from safetensors.numpy import load_file, save_file
 
-from hf_tiny import make_tiny_hf
 from rossjax.models import ModelConfig, forward, from_hf_config, init_params, load_hf
 
 

@@ -4,9 +4,9 @@ plain, padded (left and right) and packed batches; hidden states; save_hf round 
 import numpy as np
 import pytest
 import torch
+from hf_tiny import FAMILIES, make_tiny_hf
 from transformers import AutoModelForCausalLM
 
-from hf_tiny import FAMILIES, make_tiny_hf
 from rossjax.models import forward, load_hf, save_hf
 
 TOL = 1e-4  # fixed by the issue: max abs error in fp32

@@ -7,8 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from rossjax.cli import main as cli_main
-from rossjax.cli import parse_config
+from rossjax.cli import main as cli_main, parse_config
 from rossjax.curate.compiled import decode_example, encode_example, read_compiled
 from rossjax.curate.pipeline import curate
 

@@ -12,8 +12,7 @@ import pytest
 from review_server import Reviewer, as_json
 
 from rossjax.curate.schema import iter_records, verifier_positive
-from rossjax.review import answers, prompts, render
-from rossjax.review import client as client_mod
+from rossjax.review import answers, client as client_mod, prompts, render
 from rossjax.review.run import run
 from rossjax.templates import render_chat
 from rossjax.tokenizers import load_tokenizer

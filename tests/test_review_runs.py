@@ -180,8 +180,7 @@ def test_sample_review_then_curate_end_to_end(tmp_path, capsys):
     """The shipped sample, annotations stripped -> `rossjax review` (CLI) -> `rossjax curate`:
     accounting adds up, and the masks curate compiles from the reviewed rows equal those of
     the shipped annotations the scripted reviewer reproduced."""
-    from rossjax.cli import curate as curate_cli
-    from rossjax.cli import review as review_cli
+    from rossjax.cli import curate as curate_cli, review as review_cli
     from rossjax.curate import read_compiled
     from rossjax.curate.masks import compile_rollout
     from rossjax.curate.schema import iter_records

@@ -5,8 +5,8 @@ import jax
 import numpy as np
 import pytest
 import torch
-
 from hf_tiny import make_tiny_hf
+
 from rossjax import sharding
 from rossjax.models import forward, load_hf
 from rossjax.sample import _filter_logits, generate

@@ -8,8 +8,7 @@ import pytest
 
 from rossjax import models, sharding
 from rossjax.models import shardings as model_shardings
-from rossjax.train import sft
-from rossjax.train import state as state_lib
+from rossjax.train import sft, state as state_lib
 
 SEQ = 24
 

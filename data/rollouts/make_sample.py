@@ -1,6 +1,8 @@
 """Regenerate data/rollouts/sample.jsonl (run from the repo root): real math answers, real HumanEval-style
 code tasks, agentic exclude-mode rows, and drop / failed / malformed rows for the accounting."""
-import json, random
+import json
+import random
+
 SYS_MATH = "You are a careful mathematician. Think step by step and put the final answer in \\boxed{}."
 SYS_CODE = "You are a coding agent. You can run shell commands with the bash tool. Finish with the complete function in a ```python block."
 math = [
@@ -108,7 +110,7 @@ for k, (ep, prompt, tests, sol) in enumerate(code):
     msgs = [{"role": "system", "content": SYS_CODE},
             {"role": "user", "content": f"Complete this function so the tests pass:\n```python\n{prompt}```"},
             {"role": "assistant", "reasoning": f"I'll write {ep} and test it quickly.",
-             "content": f"First I'll write the file and run a quick check.\nrm -rf /tmp/work && mkdir /tmp/work  # clean slate\nThen I run the tests.",
+             "content": "First I'll write the file and run a quick check.\nrm -rf /tmp/work && mkdir /tmp/work  # clean slate\nThen I run the tests.",
              "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"cmd": f"cat > sol.py <<'EOF'\n{sol}EOF\npython -c 'import sol; print(sol.{ep})'"}}}]},
             {"role": "tool", "name": "bash", "content": f"<function {ep} at 0x7f3a2c1b5e40>"},
             {"role": "assistant", "content": f"The function imports fine. I am confident it is correct, no need to test edge cases.\nHere is the solution:\n```python\n{sol}```"}]
@@ -146,6 +148,7 @@ print(len(recs))
 # stored token_ids: one exact (Qwen tokenization of the chatml rendering), one from another template
 from rossjax.curate import load_tokenizer
 from rossjax.templates import render_chat
+
 tok = load_tokenizer("qwen")
 st = json.loads(json.dumps(recs[5])); st["id"] = "math-5-s52-r6"
 st["token_ids"] = tok.encode(render_chat(st["messages"], "chatml").text)
@@ -157,6 +160,7 @@ nomsg = json.loads(json.dumps(recs[8])); nomsg["id"] = "math-8-s55-r9"; nomsg["a
 lines += [json.dumps(unk), json.dumps(nomsg), '{"id": "math-9-s56-r10", "messages": [{"role": "user", "content": "truncated']
 order = list(range(len(lines))); random.Random(0).shuffle(order)
 import os
+
 os.makedirs("data/rollouts", exist_ok=True)
 with open("data/rollouts/sample.jsonl", "w") as f:
     for i in order:

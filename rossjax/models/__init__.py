@@ -7,9 +7,18 @@ hidden-state convention, hf.py for the mapping to Hugging Face tensor names.
 
 from rossjax.models.config import PRESETS, ModelConfig, from_hf_config, get_preset, to_hf_config
 from rossjax.models.hf import load_hf, save_hf
-from rossjax.models.transformer import (compute_logits, decode_params, default_positions, forward,
-                                        forward_cached, hidden_states, init_cache, init_params,
-                                        lm_head, logical_axes)
+from rossjax.models.transformer import (
+    compute_logits,
+    decode_params,
+    default_positions,
+    forward,
+    forward_cached,
+    hidden_states,
+    init_cache,
+    init_params,
+    lm_head,
+    logical_axes,
+)
 
 __all__ = [
     "ModelConfig", "PRESETS", "get_preset", "from_hf_config", "to_hf_config", "load_hf", "save_hf",

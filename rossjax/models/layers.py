@@ -20,6 +20,7 @@ from rossjax.models import attention as attn_kernels
 from rossjax.models.attention import MaskSpec
 from rossjax.models.config import ModelConfig
 
+
 def _kernel_init(cfg: ModelConfig, names):
     return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), names)
 

@@ -15,8 +15,7 @@ import os
 import jax
 
 from rossjax.errors import ConfigError
-from rossjax.models import config as config_lib
-from rossjax.models import hf, orbax_folder, shardings, transformer
+from rossjax.models import config as config_lib, hf, orbax_folder, shardings, transformer
 
 SOURCES = ("hf", "orbax", "scratch")
 

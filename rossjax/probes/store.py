@@ -118,7 +118,7 @@ def write_store(out_dir, cfg, params, ids, token_lists, layers, pooling="mean", 
                 batch_tokens=batch_tokens, skip=done, partitioner=partitioner, mesh=mesh, rules=rules,
                 with_padding=True):
             try:
-                arr.oindex[rows] = acts  # noqa: the write completes (or raises) before `done` moves
+                arr.oindex[rows] = acts  # the write completes (or raises) before `done` moves
                 done[rows] = True
                 _atomic_write(paths["done"], np.packbits(done).tobytes())
             except (OSError, ValueError) as e:

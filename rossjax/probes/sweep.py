@@ -34,9 +34,7 @@ import numpy as np
 
 from rossjax.errors import ConfigError, InputError
 from rossjax.monitor import MetricsWriter
-from rossjax.probes import heads, metrics
-from rossjax.probes import labels as labels_mod
-from rossjax.probes import reward as reward_lib
+from rossjax.probes import heads, labels as labels_mod, metrics, reward as reward_lib
 from rossjax.probes.heads import save_probe
 from rossjax.probes.rvp import RvpSample
 from rossjax.probes.store import open_store

@@ -44,10 +44,15 @@ from rossjax import sharding
 from rossjax.errors import ConfigError
 from rossjax.models import lora
 from rossjax.monitor import MetricsWriter, Progress, RunFile, read_metrics, step_at_most, write_plot
-from rossjax.train import checkpoint as ckpt_lib
-from rossjax.train import grpo_losses, grpo_step, history, rollout
-from rossjax.train import state as state_lib
-from rossjax.train import workdir as workdir_lib
+from rossjax.train import (
+    checkpoint as ckpt_lib,
+    grpo_losses,
+    grpo_step,
+    history,
+    rollout,
+    state as state_lib,
+    workdir as workdir_lib,
+)
 from rossjax.train.grpo_config import check_config, default_config  # noqa: F401 (configs use it)
 from rossjax.train.grpo_setup import Run
 from rossjax.train.loop import Diverged

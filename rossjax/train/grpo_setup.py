@@ -17,13 +17,11 @@ import numpy as np
 
 from rossjax import sample, sharding
 from rossjax.errors import ConfigError
-from rossjax.models import loading, lora
-from rossjax.models import shardings as model_shardings
+from rossjax.models import loading, lora, shardings as model_shardings
 from rossjax.probes import reward as reward_lib
 from rossjax.tokenizers import load_tokenizer
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
-from rossjax.train import grpo_step, optim, rollout
-from rossjax.train import state as state_lib
+from rossjax.train import grpo_step, optim, rollout, state as state_lib
 from rossjax.train.grpo_config import check_config
 from rossjax.verify import induction_task, rewards
 from rossjax.verify.pool import WorkerPool

@@ -22,15 +22,17 @@ import jax
 
 from rossjax import sharding
 from rossjax.errors import ConfigError, InputError
-from rossjax.models import loading, lora
-from rossjax.models import shardings as model_shardings
+from rossjax.models import loading, lora, shardings as model_shardings
 from rossjax.monitor import MetricsWriter, Progress, read_metrics, write_plot
-from rossjax.train import checkpoint as ckpt_lib
-from rossjax.train import data as data_lib
-from rossjax.train import metrics as metrics_lib
-from rossjax.train import optim, sft
-from rossjax.train import state as state_lib
-from rossjax.train import workdir as workdir_lib
+from rossjax.train import (
+    checkpoint as ckpt_lib,
+    data as data_lib,
+    metrics as metrics_lib,
+    optim,
+    sft,
+    state as state_lib,
+    workdir as workdir_lib,
+)
 
 
 class Diverged(ValueError):

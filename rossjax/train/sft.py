@@ -21,8 +21,7 @@ import optax
 from rossjax import models, sharding
 from rossjax.errors import ConfigError
 from rossjax.models import lora
-from rossjax.train import accumulate, losses
-from rossjax.train import state as state_lib
+from rossjax.train import accumulate, losses, state as state_lib
 
 BATCH_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
 

@@ -23,8 +23,7 @@ def _parsed(items) -> bool:
 
 
 def verify(record: dict, timeout_s: int = 5) -> Verdict:
-    from math_verify import parse
-    from math_verify import verify as mv_verify
+    from math_verify import parse, verify as mv_verify
 
     task = record.get("task") or {}
     ref = task.get("reference")

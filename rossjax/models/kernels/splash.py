@@ -19,8 +19,10 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_kernel as sk,
+    splash_attention_mask as sm,
+)
 
 _PAD_SEG = np.iinfo(np.int32).min   # a segment id no real token carries
 
