@@ -96,7 +96,7 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
         wd = os.path.join(workdir, "runs", f"{m}-s{s}")
         st.run(f"train_{m}_s{s}", lambda: stages.train(
             cur, wd, "positive_sft", seed=s, steps=size["steps"], init=warm["hf"],
-            tokens=rep["tokens"], **warmup.train_kw()))
+            rows=rep["kept"], **warmup.train_kw()))
         ev = st.run(f"eval_{m}_s{s}", lambda: evaluate(os.path.join(wd, "hf"), tok, test_p,
                                                        size["samples"], seed=s))
         runs[m].append({"seed": s, "selected": sel["families"], "select_report": sel["report"], **ev})

@@ -104,32 +104,41 @@ def curated_summary(rep: dict) -> dict:
 
 
 def train(curated: str, workdir: str, recipe: str, *, seed: int, steps: int, model: dict,
-          seq_len: int, batch: int, lr: float, vocab_size: int, tokens: int,
-          init: str = "") -> dict:
-    """`rossjax train` (configs/ross_sft.py:runlocal,<recipe>) on a tiny model; exports the last
-    step as a Hugging Face folder WORKDIR/hf. Returns the last logged metrics.
+          seq_len: int, batch: int, lr: float, vocab_size: int, rows: int, micro: int = 1,
+          init: str = "", warmup_frac: float = 0.05) -> dict:
+    """`rossjax train` (configs/ross_sft.py:runlocal,<recipe>) on a tiny model, `batch`
+    rollouts per step (batch_mode=sequences, the paper's batch semantics); exports the last step
+    as a Hugging Face folder WORKDIR/hf. Returns the last logged metrics. The step's rollouts
+    pack into at most `batch` rows of `seq_len`; with `micro` micro-batches the all-padding ones
+    are skipped, so short rollouts cost what they hold, not batch x seq_len.
 
-    `tokens` (the curated dir's token count) sets the epochs so that `steps` batches exist with
-    room to spare: the trainer reads its epochs once up front to count batches.
+    `rows` (the curated dir's kept rows) sets the epochs so that `steps` batches exist with room
+    to spare: the trainer reads its epochs once up front to count batches.
     """
     from rossjax.cli import repo_config
 
-    epochs = int(steps * batch * seq_len * 1.5 / max(tokens, 1)) + 2
+    epochs = int(steps * batch * 1.2 / max(rows, 1)) + 2
     over = [f"--config.model.{k}={v}" for k, v in model.items()]
     args = ["train", f"--config={repo_config('ross_sft.py')}:runlocal,{recipe}",
             f"--workdir={workdir}", f"--config.data.train={curated}",
-            f"--config.data.seq_len={seq_len}", f"--config.train.global_batch={batch}",
-            "--config.train.micro_batches=1", f"--config.train.epochs={epochs}",
+            f"--config.data.seq_len={seq_len}", "--config.train.batch_mode=sequences",
+            f"--config.train.global_batch={batch}",
+            f"--config.train.micro_batches={micro}", f"--config.train.epochs={epochs}",
             f"--config.train.num_steps={steps}", f"--config.train.seed={seed}",
             f"--config.train.loss_chunk={seq_len}", f"--config.train.log_every={max(1, steps // 20)}",
             "--config.train.eval_every=0", f"--config.checkpoint.save_every={steps}",
             "--config.checkpoint.keep=1", f"--config.optim.peak_lr={lr}",
+            f"--config.optim.warmup_frac={warmup_frac}",
             f"--config.optim.end_lr={lr / 10}"]
     if init:
         args.append(f"--config.model.path={init}")
     else:
         args.append(f"--config.model.vocab_size={vocab_size}")
     cli(args + over)
+    last = read_metrics(workdir)
+    if last.get("step", 0) < steps:  # stopped early (SIGTERM saves and exits 0): no marker
+        raise StageFailed(f"rossjax train in {workdir} stopped at step {last.get('step', 0)} of "
+                          f"{steps}; rerun to resume from its checkpoint.")
     hf = os.path.join(workdir, "hf")
     cli(["export", f"--checkpoint={workdir}", "--format=hf", hf])
     return read_metrics(workdir)

@@ -1,19 +1,25 @@
 """The ROSS experiment's task family, its noisy policy, programmatic reviewer and graders.
 
-Task: add several pairs of digits, "7+5 8+3 4+6", one trace line per pair, then the results:
+Task: add several labelled pairs of digits, "a:7+5 b:8+3 c:4+6", one trace line per pair:
 
-    7+5=12
-    8+3=11
-    4+6=10
-    Answer: 12 11 10
+    a:7+5=12
+    b:8+3=11
+    c:4+6=10
+
+(The labels let a line find its pair by content: without them a small model reads pair k at a
+fixed offset, which every inserted recovery line breaks.)
+
+The verifier checks outcomes only: each pair's last written value (a line restating the same
+pair replaces the one before it) must be its sum.
 
 The noisy policy (the "historical RL policy") has one systematic flaw: on a pair whose sum
 reaches 10 it forgets the carry with probability `forget` and writes the sum minus 10. After a
-planted error it recovers with probability `recover` on the next line ("wait, 7+5=12") and goes
-on; otherwise the wrong value stays, and with probability `lucky` the answer line still states
-the right results (the verifier passes a trace a careful reviewer would reject). A clean
-teacher (forget=0) writes the warm-up data. Truth is known by construction: every
-planted line is recorded, so the reviewer and the graders need no model.
+planted error it recovers with probability `recover` on the next line ("wait, a:7+5=12");
+otherwise, with probability `lucky`, it silently writes the pair again with the right sum (the
+verifier passes a trace that contradicts itself, which a careful reviewer drops), else the wrong
+value stands and the verifier fails the rollout. A clean teacher (forget=0) writes the warm-up
+data. Truth is known by construction: every planted line is recorded, so the reviewer and the
+graders need no model.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ import re
 import numpy as np
 
 RECOVERY = "wait, "
-_STEP = re.compile(r"^(?:wait, )?(\d)\+(\d)=(\d+)$")
-_ANSWER = re.compile(r"^Answer: ([\d ]+)$")
+_STEP = re.compile(r"^(?:wait, )?([a-z]):(\d)\+(\d)=(\d+)$")
+LABELS = "abcdefgh"
 
 
 def problem(rng: np.random.Generator, n_pairs: int) -> tuple[tuple[int, int], ...]:
@@ -32,7 +38,7 @@ def problem(rng: np.random.Generator, n_pairs: int) -> tuple[tuple[int, int], ..
 
 
 def prompt_text(pairs) -> str:
-    return " ".join(f"{a}+{b}" for a, b in pairs)
+    return " ".join(f"{LABELS[k]}:{a}+{b}" for k, (a, b) in enumerate(pairs))
 
 
 def answer_of(pairs) -> str:
@@ -56,33 +62,31 @@ def problem_split(n_pairs: int, sizes, seed: int):
 
 def clean_trace(pairs) -> str:
     """The clean teacher's trace (the `direct` route)."""
-    return "\n".join([f"{a}+{b}={a + b}" for a, b in pairs] + [f"Answer: {answer_of(pairs)}"])
+    return "\n".join(f"{LABELS[k]}:{a}+{b}={a + b}" for k, (a, b) in enumerate(pairs))
 
 
 def noisy_trace(rng: np.random.Generator, pairs, forget: float, recover: float, lucky: float):
-    """(text, planted, recovered, answer_ok): the noisy policy's trace for one problem.
+    """(text, planted, recovered, passed): the noisy policy's trace for one problem.
 
     `planted` are 1-based line numbers of forgotten-carry lines; `recovered` says whether each
     was followed by a recovery line.
     """
-    lines, planted, recovered, results = [], [], [], []
-    for a, b in pairs:
+    lines, planted, recovered = [], [], []
+    for k, (a, b) in enumerate(pairs):
+        lab = LABELS[k]
         if a + b >= 10 and rng.random() < forget:
-            lines.append(f"{a}+{b}={a + b - 10}")
+            lines.append(f"{lab}:{a}+{b}={a + b - 10}")
             planted.append(len(lines))
             ok = rng.random() < recover
             recovered.append(ok)
             if ok:
-                lines.append(f"{RECOVERY}{a}+{b}={a + b}")
-            results.append(a + b if ok else a + b - 10)
+                lines.append(f"{RECOVERY}{lab}:{a}+{b}={a + b}")
+            elif rng.random() < lucky:
+                lines.append(f"{lab}:{a}+{b}={a + b}")
         else:
-            lines.append(f"{a}+{b}={a + b}")
-            results.append(a + b)
-    answer = " ".join(map(str, results))
-    if answer != answer_of(pairs) and rng.random() < lucky:
-        answer = answer_of(pairs)
-    lines.append(f"Answer: {answer}")
-    return "\n".join(lines), planted, recovered, answer == answer_of(pairs)
+            lines.append(f"{lab}:{a}+{b}={a + b}")
+    text = "\n".join(lines)
+    return text, planted, recovered, grade(pairs, text)["correct"]
 
 
 def rollout_record(i: int, p, text: str, planted, recovered, step: int, run: str) -> dict:
@@ -108,7 +112,7 @@ def review(planted, recovered) -> dict:
 
     Clean trace -> accept. Every error recovered -> revise, excluding each wrong line (exclude
     selectors on the assistant message, the format an LLM reviewer writes for line-level
-    errors). An unrecovered error (right answer for a wrong reason) -> drop.
+    errors). An error never acknowledged (a silent rewrite the verifier passed) -> drop.
     """
     if not planted:
         return {"status": "accept"}
@@ -121,26 +125,30 @@ def review(planted, recovered) -> dict:
 def grade(pairs, text: str) -> dict:
     """Verifier and error detectors for one completion.
 
-    correct: the last line is "Answer: <the sums>"; sums_correct: the fraction of the sums the
-    answer line gets right (position by position). planted (the error-imitation signal): a line
-    writes a forgotten carry (the sum minus 10), the noisy policy's signature error. recovery: a
-    "wait, " line (not an error: ROSS keeps recoveries, conditioned on the error before them).
-    wrong_step: any step line with wrong arithmetic.
+    correct (the verifier): the trace works the pairs in order and each pair's last written
+    value is its sum (a line restating the pair's label replaces the one before it; nothing
+    else may follow). planted (the error-imitation signal): a line writes a forgotten carry (the sum
+    minus 10), the noisy policy's signature error. recovery: a "wait, " line (not an error:
+    ROSS keeps recoveries, conditioned on the error before them). wrong_step: any line with
+    wrong arithmetic. pairs_correct: the fraction of pairs whose last value is right.
     """
-    lines = [ln for ln in text.strip().split("\n") if ln]
-    m = _ANSWER.match(lines[-1]) if lines else None
-    correct = bool(m) and m.group(1).strip() == answer_of(pairs)
-    got = m.group(1).split() if m else []
-    sums_correct = sum(g == str(a + b) for g, (a, b) in zip(got, pairs)) / len(pairs)
-    planted = wrong = recovery = False
-    for ln in lines[:-1] if m else lines:
+    planted = wrong = recovery = junk = False
+    worked: list = []
+    for ln in (ln for ln in text.strip().split("\n") if ln):
         s = _STEP.match(ln)
         recovery |= ln.startswith(RECOVERY)
         if not s:
+            junk = True
             continue
-        a, b, c = int(s.group(1)), int(s.group(2)), int(s.group(3))
+        lab, a, b, c = s.group(1), int(s.group(2)), int(s.group(3)), int(s.group(4))
+        if worked and worked[-1][0] == lab:
+            worked[-1] = (lab, a, b, c)
+        else:
+            worked.append((lab, a, b, c))
         if c != a + b:
             wrong = True
             planted |= a + b >= 10 and c == a + b - 10
-    return {"correct": correct, "sums_correct": sums_correct, "planted": planted,
-            "recovery": recovery, "wrong_step": wrong}
+    want = [(LABELS[k], a, b, a + b) for k, (a, b) in enumerate(pairs)]
+    right = sum(w == x for w, x in zip(worked, want))
+    return {"correct": worked == want and not junk, "pairs_correct": right / len(pairs),
+            "planted": planted, "recovery": recovery, "wrong_step": wrong}

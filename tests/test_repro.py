@@ -1,0 +1,113 @@
+"""rossjax repro: the synthetic tasks, reviewer and graders (fast), and every quick experiment
+end to end through the real command (slow), asserting the direction of each effect."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rossjax.curate import compile_rollout, fingerprint, load_tokenizer
+from rossjax.repro import families, tasks
+
+PAIRS = ((8, 7), (7, 4), (8, 2))
+
+
+def test_grade_reads_recoveries_and_planted_errors():
+    ok = tasks.grade(PAIRS, "a:8+7=5\nwait, a:8+7=15\nb:7+4=11\nc:8+2=10")
+    assert ok["correct"] and ok["planted"] and ok["recovery"] and ok["wrong_step"]
+    bad = tasks.grade(PAIRS, "a:8+7=15\nb:7+4=1\nc:8+2=10")
+    assert not bad["correct"] and bad["planted"] and bad["pairs_correct"] == pytest.approx(2 / 3)
+    assert not tasks.grade(PAIRS, "a:8+7=15\nb:7+4=11")["correct"]  # a pair left out
+    assert not tasks.grade(PAIRS, "a:8+7=15\nb:7+4=11\nc:8+2=10\nhello")["correct"]
+    clean = tasks.grade(PAIRS, tasks.clean_trace(PAIRS))
+    assert clean["correct"] and not (clean["planted"] or clean["recovery"] or clean["wrong_step"])
+
+
+def test_noisy_policy_reviewer_and_curate_mask_exclude_exactly_the_planted_lines(tmp_path):
+    from rossjax.tokenizers.ascii import write_ascii_tokenizer
+
+    tok = load_tokenizer(write_ascii_tokenizer(str(tmp_path / "tok")))
+    rng = np.random.default_rng(0)
+    seen = set()
+    for i, p in enumerate(tasks.problem_split(3, [300], seed=1)[0]):
+        text, planted, recovered, passed = tasks.noisy_trace(rng, p, 0.7, 0.8, 0.5)
+        rec = tasks.rollout_record(i, p, text, planted, recovered, step=0, run="t")
+        assert rec["verifier"]["passed"] == passed
+        if not passed:
+            assert "annotation" not in rec
+            continue
+        status = rec["annotation"]["status"]
+        seen.add(status)
+        ex = compile_rollout(rec, tok, template="chatml")
+        if status == "drop":
+            assert ex.reason == "annotation_drop"
+            continue
+        assert ex.status == "kept"
+        # ASCII tokens are characters: the rendered text with unsupervised characters blanked.
+        seen_text = "".join(tok.decode([t]) if m else "\0" * len(tok.decode([t]))
+                            for t, m in zip(ex.input_ids.tolist(), ex.loss_mask.tolist()))
+        pos = ex.text.index(text)
+        for ln, line in enumerate(text.split("\n"), 1):
+            got = seen_text[pos:pos + len(line)]
+            # A planted line is never supervised; every other line is, character for character.
+            assert got == ("\0" * len(line) if ln in planted else line)
+            pos += len(line) + 1
+    assert seen == {"accept", "revise", "drop"}
+
+
+def test_route_families_are_recovered_and_fingerprinted_apart():
+    texts = [families.trace(f, PAIRS) for f in families.FAMILIES]
+    assert [families.family_of(t) for t in texts] == list(families.FAMILIES)
+    assert all(families.correct(PAIRS, t) for t in texts)
+    assert not families.correct(PAIRS, texts[0].replace("=15", "=5"))
+    assert families.family_of("a:8+7=15\ncase b:7+4: 11\nc:8+2=10") is None  # mixed routes
+    fps = np.asarray(fingerprint(texts, domain="math"))
+    d = np.linalg.norm(fps[:, None] - fps[None], axis=-1)
+    assert (d + np.eye(len(texts)) * 9 > 1.0).all()  # every pair of families is far apart
+
+
+def test_repro_usage_errors():
+    from rossjax.cli import main
+
+    assert main(["repro", "nonsense", "--workdir", "/tmp/x"]) == 2
+    assert main(["repro", "ross"]) == 2  # no --workdir
+
+
+def _run_quick(name, workdir):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+    out = subprocess.run([sys.executable, "-m", "rossjax.cli", "repro", name, "--workdir",
+                          str(workdir), "--quick"], env=env, capture_output=True, text=True,
+                         timeout=3600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    with open(workdir / name / "results.json") as f:
+        res = json.load(f)
+    assert (workdir / name / "report.md").exists()
+    return res, out.stdout
+
+
+@pytest.mark.slow
+def test_repro_ross_quick_direction(tmp_path):
+    res, stdout = _run_quick("ross", tmp_path)
+    s = res["summary"]
+    assert "ROSS w/o mask" in stdout
+    # The curated dirs differ exactly as the recipes say.
+    c = res["curated"]
+    assert c["ross"]["kept"] == c["ross_no_mask"]["kept"] < c["positive_sft"]["kept"]
+    assert c["ross"]["ter"] > 0 and c["ross_no_mask"]["ter"] == 0
+    # The effect: ROSS imitates the planted error least.
+    for other in ("ross_no_mask", "positive_sft"):
+        assert s["ross"]["sampled_imitation"]["mean"] < s[other]["sampled_imitation"]["mean"]
+    # A rerun reuses every finished stage.
+    res2, _ = _run_quick("ross", tmp_path)
+    assert res2["summary"] == s
+
+
+@pytest.mark.slow
+def test_repro_routes_quick_direction(tmp_path):
+    res, _ = _run_quick("routes", tmp_path)
+    s = res["summary"]
+    assert s["similar"]["selected_families"]["mean"] < s["random"]["selected_families"]["mean"]
+    assert s["similar"]["coverage"]["mean"] < s["random"]["coverage"]["mean"]
