@@ -290,6 +290,24 @@ def test_train_kill9_sighup_resume_and_finished_workdir(tmp_path):
     assert _steps(work) == list(range(1, 13))
 
 
+@pytest.mark.slow
+def test_train_eval_row_of_a_checkpointed_step_survives_a_kill_after_its_save(tmp_path):
+    # Step 2 is both an eval and a checkpoint step; the kill comes right after its save, so a
+    # resume starts past step 2 and its eval row must already be on disk.
+    data = write_curated(tmp_path / "data", n=40)
+    work = str(tmp_path / "run")
+    argv = _train_argv(data, work, f"--config.data.eval={data}", "--config.train.num_steps=4",
+                       "--config.checkpoint.save_every=2", "--config.train.eval_every=2")
+    p = _cli_sub(*argv, "--config.train.debug_kill_at_step=2")
+    out = p.communicate(timeout=600)[0]
+    assert p.returncode == -9 and _ckpt_steps(work) == [2], out[-3000:]
+    assert _steps(work, "eval") == [2]
+    p = _cli_sub(*argv)
+    out = p.communicate(timeout=600)[0]
+    assert p.returncode == 0 and "from step 2" in out, out[-3000:]
+    assert _steps(work) == [1, 2, 3, 4] and _steps(work, "eval") == [2, 4]
+
+
 GRPO = ["grpo", "--config=configs/grpo_verifier.py:runlocal", "--config.grpo.max_new_tokens=8",
         "--config.data.tasks=gen:contains", "--config.reward.functions=('contains',)",
         "--config.reward.weights=(1.0,)", "--config.reward.workers=0",

@@ -264,19 +264,21 @@ class Trainer:
         return m
 
     def after_step(self, done: int, m: dict):
-        """Log, checkpoint, evaluate (and the resume tests' simulated host loss)."""
+        """Log, evaluate, checkpoint (and the resume tests' simulated host loss). Everything a
+        step records is written before its checkpoint: a run lost after the save resumes past
+        this step and would never write a row that came later (e.g. its eval)."""
         cfg, total = self.cfg, self.plan.total
         if done % cfg.train.log_every == 0 or done == total:
             m.update(self.thr.rates())
             self.writer.write(done, m)
         self.bar.update(1, loss=m["loss"], gnorm=m["grad_norm"], lr=m["lr"])
+        if (self.eval_step is not None and cfg.train.eval_every > 0
+                and done % cfg.train.eval_every == 0 and done != total):
+            self.writer.write(done, self.evaluate(), prefix="eval")
         self.ckpt.save(done, self.state, self.data_state())
         if cfg.train.debug_kill_at_step == done:
             self.ckpt.wait()  # the SIGKILL below simulates losing the host right after a save
             os.kill(os.getpid(), 9)
-        if (self.eval_step is not None and cfg.train.eval_every > 0
-                and done % cfg.train.eval_every == 0 and done != total):
-            self.writer.write(done, self.evaluate(), prefix="eval")
 
     def fit(self) -> dict:
         """Train to the end (or to a SIGTERM: checkpoint and stop). Returns the last metrics."""
@@ -294,9 +296,9 @@ class Trainer:
                     break
                 last = done
         if not stopped and last is not None:
-            self.ckpt.save(last, self.state, self.data_state(), force=True)
-            if self.eval_step is not None:
+            if self.eval_step is not None:  # before the save, as in after_step
                 self.writer.write(last, self.evaluate(), prefix="eval")
+            self.ckpt.save(last, self.state, self.data_state(), force=True)
         return {"step": last if last is not None else self.start, "stopped": stopped, **m}
 
     def close(self):
