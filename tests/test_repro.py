@@ -51,9 +51,11 @@ def test_noisy_policy_reviewer_and_curate_mask_exclude_exactly_the_planted_lines
                             for t, m in zip(ex.input_ids.tolist(), ex.loss_mask.tolist()))
         pos = ex.text.index(text)
         for ln, line in enumerate(text.split("\n"), 1):
-            got = seen_text[pos:pos + len(line)]
-            # A planted line is never supervised; every other line is, character for character.
-            assert got == ("\0" * len(line) if ln in planted else line)
+            got = seen_text[pos:pos + len(line) + 1]
+            # A planted line and its line break are never supervised; every other line is,
+            # character for character, with the break that ends it.
+            want = line + "\n" if ln < len(text.split("\n")) else line + "<"
+            assert got == ("\0" * len(want) if ln in planted else want)
             pos += len(line) + 1
     assert seen == {"accept", "revise", "drop"}
 

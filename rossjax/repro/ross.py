@@ -27,7 +27,7 @@ CURATE_FLAGS = {"ross": dict(rows="accepted", mask_mode="annotated"),
 
 # Every recipe trains from scratch with the same steps, batch and optimizer (warmup.TRAIN).
 SIZES = {"full": dict(n_train=3000, n_test=256, steps=300, samples=4),
-         "quick": dict(n_train=1500, n_test=128, steps=200, samples=2)}
+         "quick": dict(n_train=1500, n_test=128, steps=200, samples=4)}
 POLICY = dict(forget=0.7, recover=0.8, lucky=0.5)
 MAX_NEW = 64
 

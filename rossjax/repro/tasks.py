@@ -1,10 +1,9 @@
 """The ROSS experiment's task family, its noisy policy, programmatic reviewer and graders.
 
-Task: add several labelled pairs of digits, "a:7+5 b:8+3 c:4+6", one trace line per pair:
+Task: add labelled pairs of digits, "a:7+5 b:8+3", one trace line per pair:
 
     a:7+5=12
     b:8+3=11
-    c:4+6=10
 
 (The labels let a line find its pair by content: without them a small model reads pair k at a
 fixed offset, which every inserted recovery line breaks.)
@@ -48,7 +47,7 @@ def answer_of(pairs) -> str:
 def problem_split(n_pairs: int, sizes, seed: int):
     """Disjoint problem sets of the given sizes (held-out problems never appear in training)."""
     rng = np.random.default_rng(seed)
-    if sum(sizes) > 81 ** n_pairs // 2:
+    if sum(sizes) > 81 ** n_pairs * 3 // 4:
         raise ValueError(f"{sum(sizes)} problems of {n_pairs} pairs: too few distinct ones.")
     seen: dict = {}
     while len(seen) < sum(sizes):
@@ -103,23 +102,33 @@ def rollout_record(i: int, p, text: str, planted, recovered, step: int, run: str
                         "evidence": f"answer {'matches' if passed else 'differs from'} "
                                     f"{answer_of(p)}"}}
     if passed:  # the reviewer only sees verifier-positive rollouts
-        rec["annotation"] = review(planted, recovered)
+        rec["annotation"] = review(text, planted, recovered)
     return rec
 
 
-def review(planted, recovered) -> dict:
+def review(text: str, planted, recovered) -> dict:
     """The programmatic reviewer: it knows where the planted errors are.
 
-    Clean trace -> accept. Every error recovered -> revise, excluding each wrong line (exclude
-    selectors on the assistant message, the format an LLM reviewer writes for line-level
-    errors). An error never acknowledged (a silent rewrite the verifier passed) -> drop.
+    Clean trace -> accept. Every error recovered -> revise, with keep anchors (the format single-
+    turn rollouts get from `rossjax review`) around the runs of good lines, so each wrong line and
+    the line break that ends it are left out: that break is the token that closes the wrong
+    value, and supervising it teaches the error. An error never acknowledged (a silent rewrite
+    the verifier passed) -> drop.
     """
     if not planted:
         return {"status": "accept"}
     if not all(recovered):
         return {"status": "drop"}
-    return {"status": "revise",
-            "exclude": [{"message": 1, "line": ln} for ln in planted]}
+    lines, keep, run = text.split("\n"), [], []
+    for ln, line in enumerate(lines, 1):
+        if ln not in planted:
+            run.append(line)
+        if run and (ln in planted or ln == len(lines)):
+            # A run before a wrong line keeps its own closing line break.
+            keep.append({"message": 1, "start": run[0],
+                         "end": run[-1] + ("\n" if ln in planted else "")})
+            run = []
+    return {"status": "revise", "keep": keep}
 
 
 def grade(pairs, text: str) -> dict:

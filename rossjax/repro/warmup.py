@@ -24,10 +24,10 @@ SHAPE = dict(vocab_size=256, d_model=128, n_layers=2, n_heads=8, n_kv_heads=8, h
 # a 5-step warm-up took the warm-up model from loss 0.3 to 3.2 on the relearning data).
 TRAIN = dict(batch=32, seq_len=128, micro=4, lr=3e-3)
 FINETUNE = dict(lr=3e-4, warmup_frac=0.2)
-SIZES = {"full": dict(n_warm=1000, steps=400), "quick": dict(n_warm=1000, steps=300)}
-N_PAIRS = 3
+SIZES = {"full": dict(n_warm=1000, steps=300), "quick": dict(n_warm=1000, steps=200)}
+N_PAIRS = 2
 # Problems: the warm-up set, then a reserve each experiment splits into its train/test sets.
-N_PROBLEMS = 6000
+N_PROBLEMS = 4800
 
 
 def problems(seed: int = 0):
