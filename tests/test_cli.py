@@ -106,7 +106,7 @@ HELP_SHOWS = {
     "export": "--dtype=", "extract": "--config.output=''", "probe-sweep": "--config.output=''",
     "grpo": "--config.model.path=", "eval-generator": "--config.workdir=''",
     "label-corpus": "--config.pool=''", "aux-set": "--config.run_labels=''",
-    "bench": "benchmarks:", "demo": "--steps=30",
+    "bench": "benchmarks:", "demo": "--steps=30", "repro": "--quick",
 }
 BENCHES = ("model", "sft", "sample", "curate", "select", "grpo")
 

@@ -39,7 +39,7 @@ PACKAGES = ("curate", "verify", "routes", "tokenizers", "templates", "review")
 
 def test_curate_imports_without_jax():
     base = os.path.dirname(os.path.dirname(rossjax.curate.__file__))
-    mods = ["rossjax.errors", "rossjax.monitor"]
+    mods = ["rossjax.errors", "rossjax.monitor", "rossjax.resources"]
     for pkg in PACKAGES:
         mods.append(f"rossjax.{pkg}")
         mods += [m.name for m in pkgutil.walk_packages([os.path.join(base, pkg)],

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import ast
-import importlib.resources
 import os
 import re
 
 from rossjax.errors import UsageError
+from rossjax.resources import config_path
 
 HELP_FLAGS = ("-h", "--help", "--helpfull", "-help")
 
@@ -155,13 +155,5 @@ def command_config(argv, command: str, example: str, *, default_config: str | No
     return cfg, workdir, fv
 
 
-def repo_config(name: str) -> str:
-    """Absolute path of the shipped default config `name` (e.g. "curate.py"), found from any
-    working directory: the `rossjax/configs` package data (a link to the checkout's configs/ that
-    the wheel copies in), else the checkout's configs/ folder."""
-    shipped = importlib.resources.files("rossjax") / "configs" / name
-    if shipped.is_file():
-        # The real path: configs find data/ relative to their own file, which the link would hide.
-        return os.path.realpath(str(shipped))
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.path.join(here, "configs", name)
+# The shipped default configs: commands and applications (demo, repro) name them by file name.
+repo_config = config_path

@@ -15,6 +15,7 @@ from rossjax.errors import UsageError
 
 def main(argv=None) -> int:
     from rossjax import repro
+    from rossjax.cli import main as command
 
     p = argparse.ArgumentParser(prog="rossjax repro", description=__doc__.strip().split("\n")[0],
                                 exit_on_error=False)
@@ -35,5 +36,6 @@ def main(argv=None) -> int:
     names = repro.EXPERIMENTS if a.experiment == "all" else (a.experiment,)
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     for name in names:
-        print(repro.run(name, a.workdir, seeds=seeds, quick=a.quick, log=log), flush=True)
+        print(repro.run(name, a.workdir, seeds=seeds, quick=a.quick, command=command,
+                                   log=log), flush=True)
     return 0

@@ -15,9 +15,10 @@ import time
 EXPERIMENTS = ("ross", "routes", "propel")
 
 
-def run(name: str, workdir: str, *, seeds: int, quick: bool, log=print) -> str:
+def run(name: str, workdir: str, *, seeds: int, quick: bool, command, log=print) -> str:
     """Run (or resume) one experiment in WORKDIR/<name>; write results.json, report.md and the
-    plots there; return the one-screen summary."""
+    plots there; return the one-screen summary. `command` is the CLI dispatcher
+    (`rossjax.cli.main`) that runs each stage as a user would type it."""
     from rossjax.repro import report, stages
 
     if name not in EXPERIMENTS:
@@ -26,6 +27,7 @@ def run(name: str, workdir: str, *, seeds: int, quick: bool, log=print) -> str:
         raise UsageError(f"rossjax repro: experiment {name!r} is not one of "
                          f"{', '.join(EXPERIMENTS)}, all.")
     mod = importlib.import_module(f"rossjax.repro.{name}")
+    stages.COMMAND = command
     stages.enable_compile_cache(os.path.join(workdir, "jax-cache"))
     folder = os.path.join(workdir, name)
     t0 = time.time()

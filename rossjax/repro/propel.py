@@ -108,7 +108,7 @@ def summarize_scores(scored: list[dict], texts: list[str]) -> dict:
 
 def probe(folder: str, gen_hf: str) -> dict:
     """`rossjax extract` on the frozen base generator, then `rossjax probe-sweep`."""
-    from rossjax.cli import repo_config
+    from rossjax.resources import config_path as repo_config
 
     store = os.path.join(folder, "activations")
     stages.cli(["extract", f"--config={repo_config('extract.py')}", f"--config.model={gen_hf}",
@@ -128,7 +128,7 @@ def probe(folder: str, gen_hf: str) -> dict:
 
 
 def grpo(workdir: str, gen_hf: str, tasks_file: str, size: dict, seed: int, reward: list[str]):
-    from rossjax.cli import repo_config
+    from rossjax.resources import config_path as repo_config
 
     stages.cli(["grpo", f"--config={repo_config('propel_azr.py')}:runlocal", f"--workdir={workdir}",
                 f"--config.model.path={gen_hf}", f"--config.data.tasks={tasks_file}",

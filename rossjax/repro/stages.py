@@ -50,10 +50,17 @@ class Stages:
         return result
 
 
+# The command dispatcher (`rossjax.cli.main`), handed in by `rossjax repro` (rossjax/cli/repro.py):
+# the experiments sit below the CLI and never import it.
+COMMAND = None
+
+
 def cli(args: list[str], quiet: bool = True) -> None:
     """One rossjax command in this process; a non-zero exit raises with what it printed."""
-    from rossjax.cli import main
-
+    if COMMAND is None:
+        raise RuntimeError("rossjax.repro runs commands through the dispatcher that "
+                           "rossjax.repro.run(..., command=rossjax.cli.main) hands it.")
+    main = COMMAND
     out, err = io.StringIO(), io.StringIO()
     redirect = (contextlib.redirect_stdout(out), contextlib.redirect_stderr(err)) if quiet else ()
     with contextlib.ExitStack() as st:
@@ -86,7 +93,7 @@ def ascii_tokenizer(folder: str):
 def curate(rollouts: str, out: str, tokenizer: str, *, rows: str = "accepted",
            mask_mode: str = "annotated", max_length: int = 0) -> dict:
     """`rossjax curate` with stored verdicts; returns its report.json."""
-    from rossjax.cli import repo_config
+    from rossjax.resources import config_path as repo_config
 
     cli(["curate", f"--config={repo_config('curate.py')}", f"--config.input={rollouts}",
          f"--config.output={out}", f"--config.tokenizer={tokenizer}", f"--config.rows={rows}",
@@ -115,7 +122,7 @@ def train(curated: str, workdir: str, recipe: str, *, seed: int, steps: int, mod
     `rows` (the curated dir's kept rows) sets the epochs so that `steps` batches exist with room
     to spare: the trainer reads its epochs once up front to count batches.
     """
-    from rossjax.cli import repo_config
+    from rossjax.resources import config_path as repo_config
 
     epochs = int(steps * batch * 1.2 / max(rows, 1)) + 2
     over = [f"--config.model.{k}={v}" for k, v in model.items()]
