@@ -31,7 +31,7 @@ MAX_NEW = 96
 
 def select(pool: str, out: str, method: str, budget: int, seed: int) -> dict:
     """`rossjax select`; returns the family mix of the selected rows and its report numbers."""
-    from rossjax.cli import repo_config
+    from rossjax.resources import config_path as repo_config
 
     stages.cli(["select", f"--config={repo_config('select_routes.py')}", f"--config.input={pool}",
                 f"--config.output={out}", f"--config.budget={budget}", f"--config.method={method}",
