@@ -23,6 +23,8 @@ import numpy as np
 from rossjax.repro import tasks
 
 FAMILIES = ("direct", "check", "rewrite", "case", "guess", "let")
+# The route mix of the pool and of the warm-up teachers: one dominant route, five minor ones.
+SHARES = {"direct": 0.6, "check": 0.08, "rewrite": 0.08, "case": 0.08, "guess": 0.08, "let": 0.08}
 
 _L = r"([a-z]):"
 _LINE = {

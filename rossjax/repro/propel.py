@@ -29,7 +29,7 @@ NAMES = {"base": "base generator", "probe": "GRPO, probe reward", "heuristic": "
 SIZES = {
     "full": dict(n_corpus=3000, gen_steps=400, n_pool=600, n_eval=256, grpo_steps=30,
                  contexts=8, group=8),
-    "quick": dict(n_corpus=1500, gen_steps=200, n_pool=240, n_eval=96, grpo_steps=8,
+    "quick": dict(n_corpus=1500, gen_steps=300, n_pool=240, n_eval=96, grpo_steps=8,
                   contexts=8, group=8),
 }
 K, LO, HI = 8, 1 / 8, 3 / 8

@@ -3,7 +3,7 @@ verifier-free heuristic reward. No jax here: GRPO's reward workers import `heuri
 
 Generated tasks follow the AZR protocol of rossjax.verify.induction_task: a program f, 10
 inputs, a message; the solver sees 5 input/output pairs plus the message and is scored on the
-other 5. Families (constants drawn from 1..15, inputs ten distinct integers in 0..19):
+other 5. Families (constants drawn from 1..15, inputs ten increasing integers in 0..19):
 
     add   x + a            mul   x * a            aff   a * x + b
     sq    x * x + a        cond  x + a if x > t else x - b
@@ -36,7 +36,9 @@ def sample_task(rng: np.random.Generator, family: str | None = None) -> dict:
     fam = family or str(rng.choice(list(FAMILIES)))
     a, b, t = (int(v) for v in rng.integers(1, 16, size=3))
     body = FAMILIES[fam][0].format(a=a, b=b, t=t)
-    inputs = [str(int(v)) for v in rng.choice(20, size=10, replace=False)]
+    # Increasing inputs: a small generator keeps them distinct (the validity gate needs
+    # distinct outputs) far more reliably than when they come in random order.
+    inputs = [str(int(v)) for v in np.sort(rng.choice(20, size=10, replace=False))]
     return {"program": f"def f(x):\n    return {body}", "inputs": inputs,
             "message": FAMILIES[fam][1], "family": fam}
 

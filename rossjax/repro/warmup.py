@@ -1,18 +1,18 @@
-"""The shared warm-up: the "SFT model" the ross and routes experiments start from.
+"""The model shape and training settings the experiments share, and the routes experiment's
+warm-up: the "SFT model" that knows every route before relearning.
 
-A clean teacher (the noisy policy with forget=0, i.e. the `direct` route family) writes
-demonstrations of problems that neither experiment trains or evaluates on; `rossjax curate`
-(positive_sft rows and mask) and `rossjax train` from a random initialization turn them into a
-model that knows the format and part of the arithmetic. Every recipe, selection and seed then
-trains from this one checkpoint, so their differences come from their own data alone.
-It lives in DIR/warmup-<size> and is built once for all experiments of that size.
+Teachers of all six route families (families.SHARES: the pool's mix) write demonstrations of problems
+no experiment trains or evaluates on; `rossjax curate` (positive_sft rows and mask) and `rossjax
+train` from a random initialization turn them into a model that writes every route. Every
+selection and seed then relearns from this one checkpoint, so their differences come from the
+rows each selection kept. It lives in DIR/warmup-<size>.
 """
 
 from __future__ import annotations
 
 import os
 
-from rossjax.repro import stages, tasks
+from rossjax.repro import families, stages, tasks
 
 # A ~360k-parameter Qwen2-shaped model over byte-level ASCII tokens. Many small heads matter:
 # reading the pair a line works on out of the prompt took this shape ~200 steps, and ~500 with
@@ -24,7 +24,7 @@ SHAPE = dict(vocab_size=256, d_model=128, n_layers=2, n_heads=8, n_kv_heads=8, h
 # a 5-step warm-up took the warm-up model from loss 0.3 to 3.2 on the relearning data).
 TRAIN = dict(batch=32, seq_len=128, micro=4, lr=3e-3)
 FINETUNE = dict(lr=3e-4, warmup_frac=0.2)
-SIZES = {"full": dict(n_warm=1000, steps=300), "quick": dict(n_warm=1000, steps=200)}
+SIZES = {"full": dict(n_warm=1000, steps=400), "quick": dict(n_warm=1000, steps=300)}
 N_PAIRS = 2
 # Problems: the warm-up set, then a reserve each experiment splits into its train/test sets.
 N_PROBLEMS = 4800
@@ -47,10 +47,9 @@ def build(root: str, quick: bool, tok_path: str, log=print) -> dict:
     wd = os.path.join(root, f"warmup-{'quick' if quick else 'full'}")
     st = stages.Stages(wd, log)
     warm_p = problems()[0][:size["n_warm"]]
-    roll = os.path.join(wd, "clean_teacher.jsonl")
-    st.run("rollouts", lambda: stages.write_jsonl(roll, [
-        tasks.rollout_record(i, p, tasks.clean_trace(p), [], [],
-                             step=0, run="repro-clean-teacher") for i, p in enumerate(warm_p)]))
+    roll = os.path.join(wd, "route_teachers.jsonl")
+    st.run("rollouts", lambda: len(stages.write_jsonl_rows(
+        roll, families.pool(warm_p, 1, families.SHARES, seed=11))))
     cur = os.path.join(wd, "curated")
     rep = st.run("curate", lambda: stages.curated_summary(stages.curate(
         roll, cur, tok_path, rows="verifier_positive", mask_mode="eligible")))
