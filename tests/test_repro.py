@@ -113,3 +113,14 @@ def test_repro_routes_quick_direction(tmp_path):
     s = res["summary"]
     assert s["similar"]["selected_families"]["mean"] < s["random"]["selected_families"]["mean"]
     assert s["similar"]["coverage"]["mean"] < s["random"]["coverage"]["mean"]
+
+
+def test_probe_trains_on_fewer_rows_than_half_a_batch():
+    # The repro propel run's probe sweep met this: 26 training rows, batch 64.
+    from rossjax.probes import heads
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(26, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+    probe = heads.train_probe(x, y, x, y, heads.TrainConfig(batch_size=64, max_epochs=3))
+    assert probe.head == "linear"

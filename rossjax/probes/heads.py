@@ -192,7 +192,9 @@ def train_probe(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_v
         perm = rng.permutation(rows)
         pad = n_batches * bs - len(perm)
         mask = np.concatenate([np.ones(len(perm), np.float32), np.zeros(pad, np.float32)])
-        perm = np.concatenate([perm, perm[:pad]]) if pad else perm
+        # Padding rows repeat the epoch's rows cyclically (masked out): a training set smaller
+        # than half a batch needs more than one copy.
+        perm = np.resize(perm, n_batches * bs) if pad else perm
         key, ek = jax.random.split(key)
         state, loss = epoch(state, xs_d, y_d, w_d, jnp.asarray(perm.reshape(n_batches, bs)),
                             jnp.asarray(mask.reshape(n_batches, bs)), ek)
