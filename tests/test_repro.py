@@ -124,3 +124,11 @@ def test_probe_trains_on_fewer_rows_than_half_a_batch():
     y = (x[:, 0] > 0).astype(np.int32)
     probe = heads.train_probe(x, y, x, y, heads.TrainConfig(batch_size=64, max_epochs=3))
     assert probe.head == "linear"
+
+
+@pytest.mark.slow
+def test_repro_propel_quick_direction(tmp_path):
+    res, _ = _run_quick("propel", tmp_path)
+    s = res["summary"]
+    assert s["base"]["validity"]["mean"] > 0.3  # the base generator writes usable tasks
+    assert s["probe"]["utility"]["mean"] > s["base"]["utility"]["mean"]
