@@ -1,6 +1,7 @@
 """Route families for the routes experiment: several correct strategies for the same problems.
 
-Every family solves the pairs task of tasks.py (one step per pair) with its own step wording, and the wording carries the cue of a different label of the math step
+Every family solves the pairs task of tasks.py (one step per pair) with its own step wording,
+and the wording carries the cue of a different label of the math step
 vocabulary, so the route fingerprints (`rossjax select`) see different label sequences:
 
     direct   a:7+5=12                        compute

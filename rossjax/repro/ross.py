@@ -2,14 +2,15 @@
 
 Pipeline (every stage a real rossjax command): the noisy policy of tasks.py writes historical
 rollouts (verifier verdicts stored; the programmatic reviewer annotates the verifier-positive
-ones) -> `rossjax curate` three times, once per recipe's rows and mask -> `rossjax train`
-from scratch per recipe and seed (the same random initialization for every recipe of a seed),
-same steps, batch and optimizer -> `rossjax export` -> greedy and sampled completions of held-out problems graded by tasks.grade.
+ones) -> `rossjax curate` three times, once per recipe's rows and mask -> `rossjax train` from
+scratch per recipe and seed (the same random initialization for every recipe of a seed), same
+steps, batch and optimizer -> `rossjax export` -> greedy and sampled completions of held-out
+problems graded by tasks.grade.
 
 Metrics per run: held-out accuracy (greedy and sampled; the verifier's verdict, and the
-fraction of pairs right), error-imitation rate (a completion writes the policy's planted error, a forgotten
-carry), recovery-line rate, wrong-step rate, completion length in tokens; per recipe the curated
-TER (excluded / eligible assistant tokens).
+fraction of pairs right), error-imitation rate (a completion writes the policy's planted
+error, a forgotten carry), recovery-line rate, wrong-step rate, completion length in tokens;
+per recipe the curated TER (excluded / eligible assistant tokens).
 """
 
 from __future__ import annotations

@@ -132,7 +132,8 @@ def table(res: dict):
     headers = ["selection", "families in rows", "non-direct rows", f"coverage@{k}",
                "families produced", "pass@1", f"pass@{k}"]
     b = res["warmup"]["eval"]
-    rows = [["warm-up (start)", 6, f"{1 - SHARES['direct']:.3f}", f"{b['coverage']:.3f}", b["families_produced"],
+    rows = [["warm-up (start)", 6, f"{1 - SHARES['direct']:.3f}", f"{b['coverage']:.3f}",
+             b["families_produced"],
              f"{b['pass1']:.3f}", f"{b['passk']:.3f}"]]
     for m, s in res["summary"].items():
         rows.append([m, ms(s["selected_families"], 1), ms(s["selected_non_dominant"]),

@@ -1,9 +1,10 @@
 """The model shape and training settings the experiments share, and the routes experiment's
 warm-up: the "SFT model" that knows every route before relearning.
 
-Teachers of all six route families (families.SHARES: the pool's mix) write demonstrations of problems
-no experiment trains or evaluates on; `rossjax curate` (positive_sft rows and mask) and `rossjax
-train` from a random initialization turn them into a model that writes every route. Every
+Teachers of all six route families (families.SHARES: the pool's mix) write demonstrations of
+problems no experiment trains or evaluates on; `rossjax curate` (positive_sft rows and mask)
+and `rossjax train` from a random initialization turn them into a model that writes every
+route. Every
 selection and seed then relearns from this one checkpoint, so their differences come from the
 rows each selection kept. It lives in DIR/warmup-<size>.
 """
