@@ -21,49 +21,31 @@ and the bootstrap validity probe of configs/propel_azr.py (mechanics only), ~20 
 the full config is a TPU job.
 """
 
-from rossjax.train.grpo import default_config
+import importlib.util
+import os
+
+
+def _propel_azr():
+    # The AZR config is the shared PROPEL recipe; Math changes only its task, gate and KL.
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "propel_azr.py")
+    spec = importlib.util.spec_from_file_location("propel_azr", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def get_config(arg: str | None = None):
-    c = default_config()
+    variants = [a for a in (arg or "").split(",") if a]
+    for v in variants:
+        if v != "runlocal":
+            raise ValueError(f"configs/propel_math.py: variant {v!r} is not runlocal.")
+    c = _propel_azr().get_config(",".join(variants))
     c.run_name = "propel-math"
     c.data.tasks = "gen:math_task"
-    c.reward.functions = ("probe",)
-    c.reward.weights = (1.0,)
-    c.reward.probe.gate = "hard_gate"
-    c.reward.probe.invalid_reward = -0.2
     c.reward.probe.validity = "math_validity"
-    c.reward.probe.render = "task"
-    c.grpo.advantages = "grpo"     # the paper's GRPO: (r - mean_group) / (std_group + eps)
-    c.grpo.beta = 0.1              # KL to the reference (Math)
-    c.grpo.steps = 30              # the paper's 30 RL steps
-    c.grpo.contexts = 16
-    c.grpo.group_size = 8
-    c.grpo.max_new_tokens = 768
-    c.lora.enabled = True
-    c.lora.rank = 16
-    c.lora.alpha = 32.0
-    c.lora.targets = "all"
-    c.optim.peak_lr = c.optim.end_lr = 1e-5
-    for v in [a for a in (arg or "").split(",") if a]:
-        if v == "runlocal":
-            c.tokenizer = "ascii"
-            c.model.preset = "tiny_qwen2"
-            c.model.dtype = "float32"
-            c.reward.probe.path = "bootstrap"
-            c.grpo.steps = 2
-            c.grpo.contexts = 2
-            c.grpo.group_size = 4
-            c.grpo.max_new_tokens = 32
-            c.grpo.loss_chunk = 64
-            c.reward.workers = 1
-            c.lora.rank = 4
-            c.lora.alpha = 8.0
-            c.optim.peak_lr = c.optim.end_lr = 1e-3
-            c.checkpoint.save_every = 5
-            c.checkpoint.async_save = False
-            c.sample_every = 5
-            c.mesh.num_devices = 1
-        else:
-            raise ValueError(f"configs/propel_math.py: variant {v!r} is not runlocal.")
+    c.grpo.beta = 0.1              # KL to the reference (Math; AZR: 0.05)
+    if "runlocal" in variants:
+        c.grpo.steps = 2
+        c.grpo.contexts = 2
+        c.grpo.max_new_tokens = 32
     return c

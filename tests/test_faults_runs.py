@@ -337,7 +337,7 @@ def test_grpo_kill9_resume_and_finished_workdir(tmp_path):
     p = _cli_sub(*argv)
     out = p.communicate(timeout=600)[0]
     assert p.returncode == 0, out[-3000:]
-    assert "is already complete (checkpoint at step 8 of 8" in out and "nan" not in out
+    assert "is already complete (checkpoint at step 8, the run's last step" in out and "nan" not in out
 
 
 # ---------------------------------------------------------------- custom reward functions

@@ -155,5 +155,12 @@ def command_config(argv, command: str, example: str, *, default_config: str | No
     return cfg, workdir, fv
 
 
+def complete_message(command: str, workdir: str, step: int, last: str, steps_field: str) -> str:
+    """What a training command says when its workdir already holds the run's last step."""
+    return (f"rossjax {command}: {workdir} is already complete (checkpoint at step {step}, the "
+            f"run's last step; last logged {last}); nothing to do. Raise --config.{steps_field} "
+            f"or give a new --workdir to train more.")
+
+
 # The shipped default configs: commands and applications (demo, repro) name them by file name.
 repo_config = config_path

@@ -6,7 +6,7 @@ import time
 
 
 def main(argv=None) -> int:
-    from rossjax.cli.flags import command_config
+    from rossjax.cli.flags import command_config, complete_message
     from rossjax.train import grpo
 
     cfg, workdir, _ = command_config(list(argv or []), "grpo",
@@ -14,10 +14,9 @@ def main(argv=None) -> int:
     t0 = time.time()
     out = grpo.run(cfg, workdir)
     if out.get("complete"):
-        print(f"rossjax grpo: {workdir} is already complete (checkpoint at step {out['step']} of "
-              f"{cfg.grpo.steps}; last logged reward "
-              f"{out['metrics'].get('reward_mean', float('nan')):.3f}); nothing to do. Raise "
-              f"--config.grpo.steps or give a new --workdir to train more. History: {out['history']}.")
+        reward = f"reward {out['metrics'].get('reward_mean', float('nan')):.3f}"
+        print(complete_message("grpo", workdir, out["step"], reward, "grpo.steps")
+              + f" History: {out['history']}.")
         return 0
     print(f"rossjax grpo: done in {time.time() - t0:.0f} s, reward "
           f"{out['metrics'].get('reward_mean', float('nan')):.3f}; history {out['history']} "

@@ -10,7 +10,7 @@ import time
 def main(argv=None) -> int:
     import jax
 
-    from rossjax.cli.flags import command_config
+    from rossjax.cli.flags import command_config, complete_message
     from rossjax.train import loop
 
     cfg, workdir, _ = command_config(list(argv or []), "train",
@@ -19,10 +19,9 @@ def main(argv=None) -> int:
     out = loop.run(cfg, workdir)
     if out.get("complete"):
         if jax.process_index() == 0:
-            print(f"rossjax train: {workdir} is already complete (checkpoint at step {out['step']}, "
-                  f"the run's last step; last logged loss {out.get('loss', float('nan')):.4f}); "
-                  f"nothing to do. Raise --config.train.num_steps or give a new --workdir to "
-                  f"train more.", file=sys.stdout)
+            print(complete_message("train", workdir, out["step"],
+                                   f"loss {out.get('loss', float('nan')):.4f}",
+                                   "train.num_steps"), file=sys.stdout)
         return 0
     if jax.process_index() == 0:
         print(f"rossjax train: step {out['step']}, loss {out.get('loss', float('nan')):.4f}, "
