@@ -21,7 +21,7 @@ def main(argv=None) -> int:
                                 exit_on_error=False)
     p.add_argument("experiment", choices=[*repro.EXPERIMENTS, "all"])
     p.add_argument("--workdir", required=True, help="output directory (reused on reruns)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; 2 quick)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; 1 quick)")
     p.add_argument("--quick", action="store_true", help="the small variant (minutes)")
     try:
         a = p.parse_args(list(argv or []))
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
             return 0
         raise UsageError(f"{e}; usage: rossjax repro ross|routes|propel|all --workdir DIR "
                          f"[--seeds N] [--quick]") from None
-    seeds = a.seeds if a.seeds is not None else (2 if a.quick else 3)
+    seeds = a.seeds if a.seeds is not None else (1 if a.quick else 3)
     if seeds < 1:
         raise UsageError(f"--seeds {seeds}: need at least 1.")
     names = repro.EXPERIMENTS if a.experiment == "all" else (a.experiment,)
