@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import json
 import secrets
+import warnings
 
 from rossjax.verify import sandbox
 from rossjax.verify.answers import extract_code, last_assistant_content
@@ -132,6 +133,14 @@ def banned_uses(tree: ast.AST, banned_modules=BANNED_MODULES, banned_calls=BANNE
     return sorted(set(found))
 
 
+def _parse(source: str, literal: bool = False):
+    """ast.parse (or literal_eval) without the SyntaxWarnings model-written code raises
+    ("invalid decimal literal" for `1if`): a verdict reports what matters, the log stays quiet."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return ast.literal_eval(source) if literal else ast.parse(source)
+
+
 def task_valid(task: dict, banned_modules=BANNED_MODULES) -> Verdict:
     """Verdict(True, ...) if a generated task is usable (see module doc), else (False, reason)."""
     program, inputs = task.get("program"), task.get("inputs")
@@ -140,7 +149,7 @@ def task_valid(task: dict, banned_modules=BANNED_MODULES) -> Verdict:
     if not isinstance(inputs, list) or not inputs or not all(isinstance(s, str) for s in inputs):
         return Verdict(False, "task.inputs must be a non-empty list of argument strings")
     try:
-        tree = ast.parse(program)
+        tree = _parse(program)
     except SyntaxError as e:
         return Verdict(False, f"program does not parse: {e.msg} (line {e.lineno})")
     if not _defines_f(tree):
@@ -150,7 +159,7 @@ def task_valid(task: dict, banned_modules=BANNED_MODULES) -> Verdict:
         return Verdict(False, f"program uses banned names: {', '.join(bad)}")
     for s in inputs:
         try:
-            ast.literal_eval("(" + s + ",)")
+            _parse("(" + s + ",)", literal=True)
         except (ValueError, SyntaxError):
             return Verdict(False, f"input {s[:60]!r} is not a list of Python literals")
     runs = []
@@ -184,7 +193,7 @@ def verify(record: dict) -> Verdict:
     if code is None:
         return Verdict(False, "no ```python block in the last assistant message")
     try:
-        if not _defines_f(ast.parse(code)):
+        if not _defines_f(_parse(code)):
             return Verdict(False, "the answer does not define a top-level function f")
     except SyntaxError as e:
         return Verdict(False, f"the answer does not parse: {e.msg} (line {e.lineno})")

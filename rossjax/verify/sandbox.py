@@ -84,7 +84,8 @@ class _Host:
         self.hidden = _first_hidden_ancestor(self.prefix) if self.root else None
         self.read_roots = sorted({self.prefix, os.path.realpath(sys.base_exec_prefix),
                                   "/usr/share/zoneinfo"})
-        self.boot = open(_BOOT, encoding="utf-8").read()
+        with open(_BOOT, encoding="utf-8") as f:
+            self.boot = f.read()
         self.free: list[int] = []
         self.held: dict[int, int] = {}
         self.next_slot = (os.getpid() * 7919) % _UID_SLOTS
