@@ -71,6 +71,19 @@ def test_route_families_are_recovered_and_fingerprinted_apart():
     assert (d + np.eye(len(texts)) * 9 > 1.0).all()  # every pair of families is far apart
 
 
+def test_stages_resume_and_refuse_a_run_of_other_sizes(tmp_path):
+    from rossjax.errors import UsageError
+    from rossjax.repro.stages import Stages
+
+    calls = []
+    st = Stages(str(tmp_path), key={"size": {"steps": 10}, "shape": (2, 3)})
+    assert st.run("a", lambda: calls.append(1) or {"x": 1}) == {"x": 1}
+    again = Stages(str(tmp_path), key={"size": {"steps": 10}, "shape": (2, 3)})
+    assert again.run("a", lambda: calls.append(2) or {"x": 2}) == {"x": 1} and calls == [1]
+    with pytest.raises(UsageError, match=r"other settings \(size: \{'steps': 10\} -> "):
+        Stages(str(tmp_path), key={"size": {"steps": 20}, "shape": (2, 3)})
+
+
 def test_repro_usage_errors():
     from rossjax.cli import main
 

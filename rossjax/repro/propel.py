@@ -10,6 +10,11 @@ probe rendering) -> `rossjax extract` on the frozen base generator -> `rossjax p
 a verifier-free heuristic reward (propel_tasks.heuristic_reward) -> `rossjax export` -> each
 generator writes fresh tasks, scored like the pool.
 
+The pool's labels and the generators' scores come from the programmatic solver below, which
+`rossjax label-corpus` and `rossjax eval-generator` cannot load (they drive a model solver), so
+this module writes their formats with their own functions (label_corpus.probe_input,
+eval_generator's metrics).
+
 Metrics per generator: utility rate (valid and solved 1..3 times in K=8: the learnable band),
 validity rate, Self-BLEU-3 and Distinct-3 (rossjax.train.eval_generator), family mix.
 """
@@ -17,6 +22,7 @@ validity rate, Self-BLEU-3 and Distinct-3 (rossjax.train.eval_generator), family
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import os
 
@@ -81,14 +87,19 @@ def generate(hf_dir: str, tok, n: int, seed: int) -> list[str]:
 def label_pool(folder: str, hf_dir: str, tok, n: int) -> dict:
     """The probe's training data from the base generator's own tasks, in label-corpus format."""
     from rossjax.train.label_corpus import probe_input
+    from rossjax.verify import induction_task as it
 
     texts = generate(hf_dir, tok, n, seed=1234)
     scored = score_tasks(texts, seed=99, ids={i: f"pool-{i}" for i in range(n)})
     labels, inputs = [], []
     for i, (text, s) in enumerate(zip(texts, scored)):
         rid = f"pool-{i}"
+        # Group = the task's canonical text: the base generator repeats itself, and a copy in
+        # both a training and a validation fold would inflate the probe's held-out accuracy.
+        same = it.task_text(s["task"]) if s["valid"] else text
         labels.append({"id": rid, "trials": [bool(x) for x in s["trials"]],
-                       "valid": int(s["valid"]), "group": rid, "family": s["family"]})
+                       "valid": int(s["valid"]), "family": s["family"],
+                       "group": hashlib.sha1(same.encode()).hexdigest()[:16]})
         ids, rendered = probe_input(s["task"] if s["valid"] else None, text, tok, "chatml")
         inputs.append({"id": rid, "input_ids": ids, "text": rendered})
     stages.write_jsonl(os.path.join(folder, "labels.jsonl"), labels)
@@ -149,6 +160,10 @@ def grpo(workdir: str, gen_hf: str, tasks_file: str, size: dict, seed: int, rewa
                 f"--config.optim.end_lr={GRPO_LR}", f"--config.train.seed={seed}",
                 f"--config.data.seed={seed}", "--config.reward.workers=2",
                 f"--config.checkpoint.save_every={size['grpo_steps']}", *reward])
+    step = stages.read_metrics(workdir).get("step", 0)
+    if step < size["grpo_steps"]:  # stopped early (SIGTERM saves and exits 0): no marker
+        raise stages.StageFailed(f"rossjax grpo in {workdir} stopped at step {step} of "
+                                 f"{size['grpo_steps']}; rerun to resume from its checkpoint.")
     hf = os.path.join(workdir, "hf")
     stages.cli(["export", f"--checkpoint={workdir}", "--format=hf", hf])
     return hf
@@ -164,7 +179,9 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
     from tqdm import tqdm
 
     size = SIZES["quick" if quick else "full"]
-    st = stages.Stages(workdir, log)
+    key = dict(size=size, solver=SOLVER, band=(K, LO, HI), lr=GRPO_LR, shape=warmup.SHAPE,
+               train=warmup.TRAIN, max_new=MAX_NEW)
+    st = stages.Stages(workdir, log, key=key)
     tok_path, tok = stages.ascii_tokenizer(os.path.join(os.path.dirname(workdir), "tokenizer"))
     corpus = os.path.join(workdir, "corpus.jsonl")
     corpus_mix = st.run("corpus", lambda: _corpus(corpus, size["n_corpus"]))

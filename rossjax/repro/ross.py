@@ -76,7 +76,8 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
     from tqdm import tqdm
 
     size = SIZES["quick" if quick else "full"]
-    st = stages.Stages(workdir, log)
+    key = dict(size=size, policy=POLICY, max_new=MAX_NEW, shape=warmup.SHAPE, train=warmup.TRAIN)
+    st = stages.Stages(workdir, log, key=key)
     tok_path, tok = stages.ascii_tokenizer(os.path.join(os.path.dirname(workdir), "tokenizer"))
     reserve = warmup.problems()[1]
     test_p, train_p = reserve[:size["n_test"]], reserve[size["n_test"]:][:size["n_train"]]

@@ -79,7 +79,9 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
     from tqdm import tqdm
 
     size = SIZES["quick" if quick else "full"]
-    st = stages.Stages(workdir, log)
+    key = dict(size=size, shares=SHARES, lr=LR, temperature=TEMPERATURE, shape=warmup.SHAPE,
+               train=warmup.TRAIN, max_new=MAX_NEW)
+    st = stages.Stages(workdir, log, key=key)
     tok_path, tok = stages.ascii_tokenizer(os.path.join(os.path.dirname(workdir), "tokenizer"))
     warm = warmup.build(os.path.dirname(workdir), quick, tok_path, log)
     reserve = warmup.problems()[1]

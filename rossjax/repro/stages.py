@@ -7,6 +7,9 @@ curate, train, export and select run through the CLI dispatcher in this process
 Resume: `Stages(dir).run(name, fn)` calls fn once and stores its JSON result in
 `dir/.stages/<name>.json`; a rerun returns the stored result (a stage interrupted half-way has no
 marker, so it reruns, and the commands it calls resume or overwrite their own outputs).
+`Stages(dir, key=...)` records the experiment's sizes and constants in `dir/.stages/key.json`
+and refuses a folder that holds a run of other ones: its stages, checkpoints and held-out split
+belong to that run (quick trains on problems the full run holds out).
 """
 
 from __future__ import annotations
@@ -24,11 +27,32 @@ class StageFailed(RuntimeError):
 
 
 class Stages:
-    def __init__(self, root: str, log=None):
+    def __init__(self, root: str, log=None, key: dict | None = None):
         self.root = root
         self.dir = os.path.join(root, ".stages")
         os.makedirs(self.dir, exist_ok=True)
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        if key is not None:
+            self._check_key(json.loads(json.dumps(key)))  # tuples as lists, as stored
+
+    def _check_key(self, key: dict) -> None:
+        from rossjax.errors import UsageError
+
+        path = os.path.join(self.dir, "key.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+            if old != key:
+                diff = ", ".join(f"{k}: {old.get(k)} -> {key.get(k)}"
+                                 for k in sorted(set(old) | set(key)) if old.get(k) != key.get(k))
+                raise UsageError(f"{self.root} holds a repro run with other settings ({diff}); "
+                                 f"give a fresh --workdir (or delete that folder).")
+        elif os.listdir(self.dir):
+            raise UsageError(f"{self.root} holds repro stages without a key.json (an older "
+                             f"rossjax); give a fresh --workdir (or delete that folder).")
+        else:
+            with open(path, "w") as f:
+                json.dump(key, f)
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name.replace("/", "__") + ".json")

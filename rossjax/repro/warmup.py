@@ -46,7 +46,8 @@ def build(root: str, quick: bool, tok_path: str, log=print) -> dict:
     """Build (or reuse) the warm-up; returns {"hf": folder, "curated": report summary}."""
     size = SIZES["quick" if quick else "full"]
     wd = os.path.join(root, f"warmup-{'quick' if quick else 'full'}")
-    st = stages.Stages(wd, log)
+    key = dict(size=size, shape=SHAPE, train=TRAIN, shares=families.SHARES)
+    st = stages.Stages(wd, log, key=key)
     warm_p = problems()[0][:size["n_warm"]]
     roll = os.path.join(wd, "route_teachers.jsonl")
     st.run("rollouts", lambda: len(stages.write_jsonl_rows(
