@@ -207,4 +207,7 @@ def notes(res: dict) -> list[str]:
         "rossjax's diverse method gives each cluster a size-proportional share of the budget "
         "(the paper's rule) and spreads picks inside clusters; when route families form their "
         "own clusters, the family mix of a diverse selection follows the pool's, like random.",
+        "topology puts one row per distinct route signature first, then random's order (same "
+        "seed): when every signature already falls among random's first rows, as on this pool, "
+        "its selection is random's row for row.",
     ]
