@@ -42,7 +42,7 @@ lint: $(STAMP)
 # The whole suite (what CI runs): lint first, then pytest with two xdist workers (one per core).
 # The beam tests skip in the first run (no apache_beam in .venv) and run in the second.
 test: lint $(BEAM)
-	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=20 tests
 	$(BEAMENV) $(PY) -m pytest -q -n 0 tests/test_curate_beam.py
 
 # Inner loop: skip tests marked slow.
