@@ -6,6 +6,8 @@ rossjax (or the environment) and keeps its traceback.
 
 from __future__ import annotations
 
+import json
+
 
 class InputError(ValueError):
     """Input that cannot be used: the message is one sentence naming the file, row and field."""
@@ -17,3 +19,18 @@ class UsageError(InputError):
 
 class ConfigError(InputError):
     """A config field whose value cannot work (names the field)."""
+
+
+def read_json(path: str, what: str):
+    """The JSON file `path` (a `what`, e.g. "probe manifest"); a missing, unreadable or malformed
+    one is an InputError naming the file, not a bare traceback."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{path}: the {what} is missing.") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: the {what} is not valid JSON (line {e.lineno}, column "
+                         f"{e.colno}: {e.msg}).") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: the {what} cannot be read ({e}).") from None

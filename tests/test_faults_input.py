@@ -327,3 +327,19 @@ def test_journey_train_refuses_data_that_does_not_fit_the_model(tmp_path):
              "--config.data.seq_len=128", f"--workdir={tmp_path / 'w2'}", cwd=tmp_path)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert "every row of" in p.stderr and "longer than config.data.seq_len=128" in p.stderr
+
+
+def test_a_malformed_probe_or_store_manifest_names_its_file(tmp_path):
+    from rossjax.errors import InputError
+    from rossjax.probes import heads, store
+
+    (tmp_path / "probe.json").write_text('{"head": "linear",')  # cut off mid-write
+    with pytest.raises(InputError, match=r"probe\.json: the probe manifest is not valid JSON \(line 1"):
+        heads.load_probe(str(tmp_path / "probe"))
+    with pytest.raises(InputError, match=r"probe2\.json: the probe manifest is missing"):
+        heads.load_probe(str(tmp_path / "probe2"))
+    st = tmp_path / "store"
+    st.mkdir()
+    (st / "manifest.json").write_text("not json")
+    with pytest.raises(InputError, match=r"manifest\.json: the activation store manifest is not valid JSON"):
+        store.open_store(str(st))

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rossjax.errors import ConfigError, InputError
+from rossjax.errors import ConfigError, InputError, read_json
 from rossjax.probes import metrics
 
 HEADS = {"linear": (), "mlp": (512, 128), "deep_mlp": (1024, 512, 256, 128)}
@@ -264,9 +264,7 @@ def load_probe(path: str) -> tuple[Probe, dict]:
     import orbax.checkpoint as ocp
 
     path = os.path.abspath(path)
-    if not os.path.exists(path + ".json"):
-        raise InputError(f"{path}.json: the probe manifest is missing.")
-    manifest = json.load(open(path + ".json"))
+    manifest = read_json(path + ".json", "probe manifest")
     tree = ocp.PyTreeCheckpointer().restore(path)
     probe = Probe(manifest["head"], tree["params"], np.asarray(tree["mean"]),
                         np.asarray(tree["std"]), manifest["temperature"], manifest["dropout"])

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from rossjax.errors import ConfigError, InputError
+from rossjax.errors import ConfigError, InputError, read_json
 from rossjax.probes import activations
 
 
@@ -86,7 +86,7 @@ def write_store(out_dir, cfg, params, ids, token_lists, layers, pooling="mean", 
         raise InputError(f"{out_dir}: the activation store directory is not writable ({e.strerror}).") from None
     done = np.zeros(n, bool)
     if os.path.exists(paths["manifest"]):
-        old = json.load(open(paths["manifest"]))
+        old = read_json(paths["manifest"], "activation store manifest")
         same = {k: v for k, v in old.items() if k != "complete"} == \
                {k: v for k, v in json.loads(json.dumps(manifest)).items() if k != "complete"}
         if not same:
@@ -185,11 +185,11 @@ def open_store(path) -> ActivationStore:
     paths = _store_paths(path)
     if not os.path.exists(paths["manifest"]):
         raise InputError(f"{path}: no manifest.json; this is not an activation store.")
-    manifest = json.load(open(paths["manifest"]))
+    manifest = read_json(paths["manifest"], "activation store manifest")
     if not manifest.get("complete"):
         raise InputError(f"{path}: the activation store is unfinished (manifest 'complete' is false); "
                          "rerun `rossjax extract` to resume it.")
-    ids = json.load(open(paths["ids"]))
+    ids = read_json(paths["ids"], "activation store id list")
     if _ids_digest(ids) != manifest["ids_sha256"] or len(ids) != manifest["n"]:
         raise InputError(f"{paths['ids']}: field 'ids' does not match the manifest's ids digest.")
     return ActivationStore(path, ids, manifest, ts.open(_ts_spec(paths["array"]), open=True).result())
