@@ -163,13 +163,7 @@ def grpo(workdir: str, gen_hf: str, tasks_file: str, size: dict, seed: int, rewa
                 f"--config.optim.end_lr={GRPO_LR}", f"--config.train.seed={seed}",
                 f"--config.data.seed={seed}", "--config.reward.workers=2",
                 f"--config.checkpoint.save_every={size['grpo_steps']}", *reward])
-    step = stages.read_metrics(workdir).get("step", 0)
-    if step < size["grpo_steps"]:  # stopped early (SIGTERM saves and exits 0): no marker
-        raise stages.StageFailed(f"rossjax grpo in {workdir} stopped at step {step} of "
-                                 f"{size['grpo_steps']}; rerun to resume from its checkpoint.")
-    hf = os.path.join(workdir, "hf")
-    stages.cli(["export", f"--checkpoint={workdir}", "--format=hf", hf])
-    return hf
+    return stages.export_finished("grpo", workdir, size["grpo_steps"])
 
 
 def _ms(v) -> dict:

@@ -36,12 +36,11 @@ class Stages:
             self._check_key(json.loads(json.dumps(key)))  # tuples as lists, as stored
 
     def _check_key(self, key: dict) -> None:
-        from rossjax.errors import UsageError
+        from rossjax.errors import UsageError, read_json
 
         path = os.path.join(self.dir, "key.json")
         if os.path.exists(path):
-            with open(path) as f:
-                old = json.load(f)
+            old = read_json(path, "repro run key")
             if old != key:
                 diff = ", ".join(f"{k}: {old.get(k)} -> {key.get(k)}"
                                  for k in sorted(set(old) | set(key)) if old.get(k) != key.get(k))
@@ -166,13 +165,20 @@ def train(curated: str, workdir: str, recipe: str, *, seed: int, steps: int, mod
     else:
         args.append(f"--config.model.vocab_size={vocab_size}")
     cli(args + over)
-    last = read_metrics(workdir)
-    if last.get("step", 0) < steps:  # stopped early (SIGTERM saves and exits 0): no marker
-        raise StageFailed(f"rossjax train in {workdir} stopped at step {last.get('step', 0)} of "
-                          f"{steps}; rerun to resume from its checkpoint.")
+    export_finished("train", workdir, steps)
+    return read_metrics(workdir)
+
+
+def export_finished(command: str, workdir: str, steps: int) -> str:
+    """`rossjax export` of a finished run's last checkpoint to WORKDIR/hf. A run stopped early
+    (SIGTERM saves and exits 0) raises instead, so its stage gets no marker and a rerun resumes it."""
+    step = read_metrics(workdir).get("step", 0)
+    if step < steps:
+        raise StageFailed(f"rossjax {command} in {workdir} stopped at step {step} of {steps}; "
+                          f"rerun to resume from its checkpoint.")
     hf = os.path.join(workdir, "hf")
     cli(["export", f"--checkpoint={workdir}", "--format=hf", hf])
-    return read_metrics(workdir)
+    return hf
 
 
 def read_metrics(workdir: str) -> dict:
