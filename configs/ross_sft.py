@@ -34,13 +34,12 @@ On this CPU the paper recipe is infeasible; use `:runlocal` or a preset-sized mo
 
 import ml_collections
 
-from rossjax.sharding import distributed_config
-from rossjax.train import optim
-from rossjax.train.sft import RECIPES
+from rossjax.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    variants = [a for a in (arg or "").split(",") if a]
+    variants = common.variants(arg, (*common.RECIPES, "agentic", "token_budget", "runlocal"),
+                               "ross_sft.py")
     c = ml_collections.ConfigDict()
     c.recipe = "ross"
     c.workdir = ""  # --workdir wins
@@ -60,7 +59,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.seq_len = 32768
     c.data.shuffle = True
     c.data.strategy = "first_fit"
-    c.data.truncate = "none"
+    # rows longer than seq_len: error (stop before step 1, naming how many) | drop | truncate
+    # (keep the last seq_len tokens: the end of a rollout holds its answer)
+    c.data.too_long = "error"
     c.data.worker_count = 0
 
     c.train = ml_collections.ConfigDict()
@@ -77,7 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.eval_every = 200          # steps; <= 0: only at the end
     c.train.debug_kill_at_step = -1   # > 0: SIGKILL self after this step's save (resume tests)
 
-    c.optim = optim.default_config()
+    c.optim = common.optim_config()
 
     c.log = ml_collections.ConfigDict()
     c.log.wandb = ""                  # PROJECT: also log metrics to Weights & Biases
@@ -93,14 +94,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mesh.tensor = 1
     c.sharding_rules = ()             # () = rossjax.sharding.DEFAULT_RULES
 
-    c.distributed = distributed_config()  # enabled, coordinator, num_processes, process_id, ...
+    c.distributed = common.distributed_config()  # enabled, coordinator, num_processes, process_id, ...
 
     # LoRA: train low-rank adapters on the frozen base (models/lora.py); checkpoints hold the
     # adapters, `rossjax export` merges them (hf, orbax) or writes them for peft (--format peft).
-    c.lora = ml_collections.ConfigDict(dict(enabled=False, rank=16, alpha=32.0, targets="all"))
+    c.lora = common.lora_config()
 
     for v in variants:
-        if v in RECIPES:
+        if v in common.RECIPES:
             c.recipe = v
         elif v == "token_budget":
             c.train.batch_mode = "token_budget"
@@ -108,9 +109,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             c.data.seq_len = 65536
             c.train.epochs = 8
         elif v == "runlocal":
-            c.model.preset = "tiny_qwen2"
-            c.model.dtype = "float32"
-            c.model.remat_policy = "none"
+            common.tiny_model(c.model)
             c.data.seq_len = 128
             c.train.global_batch = 8
             c.train.micro_batches = 2
@@ -124,7 +123,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             c.checkpoint.async_save = False
             c.mesh.fsdp = 1
             c.mesh.data = -1
-        else:
-            raise ValueError(f"configs/ross_sft.py: variant {v!r} is not one of "
-                             f"{', '.join([*RECIPES, 'agentic', 'token_budget', 'runlocal'])}.")
     return c

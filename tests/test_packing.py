@@ -158,3 +158,21 @@ def test_bad_arguments_name_the_problem(shards, tmp_path):
         make_loader([path], SEQ, 2, shard_index=2, shard_count=2)
     with pytest.raises(FileNotFoundError):
         make_loader([str(tmp_path / "nope")], SEQ, 2)
+
+
+def test_length_census_counts_what_the_loader_would_drop(shards):
+    """The census the trainer's data.too_long policy reads agrees with the loader's own counts:
+    too-long rows, and those whose last SEQ tokens hold nothing supervised."""
+    from rossjax.curate.packing import length_census
+
+    path, docs = shards
+    c = length_census(path, SEQ)
+    long = [d for d in docs if len(d["input_ids"]) > SEQ]
+    assert c["rows"] == len(docs) and c["too_long"] == len(long) > 0
+    assert c["longest"] == max(len(d["input_ids"]) for d in docs)
+    assert sorted(r["id"] for r in c["long_rows"]) == sorted(d["id"] for d in long)
+    loader = make_loader([path], SEQ, 4, shuffle=False)
+    list(loader)
+    assert loader.stats.get("too_long", 0) == c["too_long"]
+    halves = [length_census(path, SEQ, shard_index=i, shard_count=2)["too_long"] for i in (0, 1)]
+    assert sum(halves) == c["too_long"]

@@ -26,6 +26,10 @@ process) unless `truncate="left"`, which keeps its last `seq_len` tokens (the en
 is where the answer is); one whose truncation leaves no supervised token is dropped as
 `truncated_unsupervised`. The final partial batch is padded with empty rows (segment 0) unless
 `drop_remainder=True`, so every batch has the static shape [batch_size, seq_len].
+
+`length_census(paths, seq_len)` counts, before any loader runs, how many rows are longer than
+seq_len and what left truncation would leave of them: the trainer's `data.too_long` policy
+(error | drop | truncate, rossjax/train/data.py) reads it, so no row is lost without a word.
 """
 
 from __future__ import annotations
@@ -99,6 +103,34 @@ class _PadBatch:
             return batch
         return {k: np.concatenate([v, np.zeros((self.batch_size - n,) + v.shape[1:], v.dtype)])
                 for k, v in batch.items()}
+
+
+def length_census(paths_or_dirs, seq_len: int, *, shard_index: int = 0,
+                  shard_count: int = 1) -> dict:
+    """One pass over this host's slice of the rows (the loader's slice): {"rows", "too_long",
+    "longest", "truncated_unsupervised", "long_rows"}: truncated_unsupervised counts too-long rows
+    whose last seq_len tokens hold no supervised token (left truncation would drop them too);
+    long_rows lists each too-long row's id and length."""
+    import grain
+
+    if isinstance(paths_or_dirs, str):
+        paths_or_dirs = [paths_or_dirs]
+    paths = [p for d in paths_or_dirs for p in compiled_paths(d)]
+    out = {"rows": 0, "too_long": 0, "longest": 0, "truncated_unsupervised": 0, "long_rows": []}
+    if not paths:
+        return out
+    src = grain.sources.ArrayRecordDataSource(paths)
+    for i in range(shard_index, len(src), shard_count):
+        ex = decode_example(src[i])
+        n = len(ex["input_ids"])
+        out["rows"] += 1
+        out["longest"] = max(out["longest"], n)
+        if n > seq_len:
+            empty = not np.asarray(ex["loss_mask"])[-seq_len:].any()
+            out["too_long"] += 1
+            out["truncated_unsupervised"] += int(empty)
+            out["long_rows"].append({"id": ex["id"], "tokens": n, "truncated_unsupervised": empty})
+    return out
 
 
 def pack_group(docs: list, seq_len: int, strategy: str) -> list[list[int]]:

@@ -44,7 +44,8 @@ def open_loader(paths, data_cfg, *, rows_per_host: int, num_epochs: int, shuffle
     return make_loader(paths, int(data_cfg.seq_len), int(rows_per_host), seed=int(seed),
                        shuffle=bool(shuffle), num_epochs=int(num_epochs),
                        shard_index=jax.process_index(), shard_count=jax.process_count(),
-                       strategy=data_cfg.strategy, truncate=data_cfg.truncate,
+                       strategy=data_cfg.strategy,
+                       truncate="left" if too_long_policy(data_cfg) == "truncate" else "none",
                        worker_count=int(data_cfg.worker_count),
                        batch_unit="sequences" if seqs else "rows",
                        sequences=int(rows_per_host) if seqs else 0,
@@ -133,7 +134,7 @@ def check_fits_model(cfg, vocab_size: int) -> None:
 
     paths = split_paths(cfg.data.train, "data.train") + (
         split_paths(cfg.data.eval, "data.eval") if cfg.data.get("eval") else [])
-    seq_len, truncate = int(cfg.data.seq_len), cfg.data.get("truncate", "none")
+    seq_len, policy = int(cfg.data.seq_len), too_long_policy(cfg.data)
     for p in paths:
         top, short, spec, tok_vocab = _extent(p)
         if top is not None and top >= vocab_size:
@@ -145,7 +146,87 @@ def check_fits_model(cfg, vocab_size: int) -> None:
             raise InputError(f"{p} was curated with tokenizer {spec} of {tok_vocab} tokens, more "
                              f"than the model's vocabulary of {vocab_size}; curate with the model's "
                              f"tokenizer (--config.tokenizer=MODEL_DIR)")
-        if short is not None and short > seq_len and truncate == "none":
+        if short is not None and short > seq_len and policy != "truncate":
             raise InputError(f"every row of {p} is longer than config.data.seq_len={seq_len} (the "
-                             f"shortest has {short} tokens), so all would be dropped as too long; "
-                             f"raise config.data.seq_len or set config.data.truncate=left")
+                             f"shortest has {short} tokens), so none would be trained on; raise "
+                             f"config.data.seq_len or set config.data.too_long=truncate (keeps "
+                             f"each row's last {seq_len} tokens)")
+
+
+# config.data.too_long: what a row longer than data.seq_len gets. "error" (the default) stops
+# the run before step 1 with the count, so rows are never dropped without a word.
+TOO_LONG = ("error", "drop", "truncate")
+
+
+def too_long_policy(data_cfg) -> str:
+    """config.data.too_long; a config saved before the field existed reads its data.truncate
+    ("left" was truncate, "none" silently dropped: now error)."""
+    policy = data_cfg.get("too_long", None)
+    if policy is None:
+        policy = "truncate" if data_cfg.get("truncate", "none") == "left" else "error"
+    if policy not in TOO_LONG:
+        raise ConfigError(f"config.data.too_long {policy!r} is not one of {', '.join(TOO_LONG)}.")
+    return policy
+
+
+def check_too_long(cfg, train_paths, eval_paths, workdir: str | None = None) -> dict:
+    """Count the rows longer than data.seq_len (all hosts) and apply config.data.too_long: error
+    stops the run naming the count and the fixes; drop and truncate go on, and the counts go to
+    the banner, the metrics and WORKDIR/too_long.jsonl (one line per such row: id, tokens, what
+    happened to it). Returns {"policy", "seq_len", "rows", "too_long", "longest", "dropped",
+    "truncated"} over train and eval data together."""
+    import json
+
+    from rossjax.curate.packing import length_census
+    from rossjax.errors import InputError
+
+    policy, seq_len = too_long_policy(cfg.data), int(cfg.data.seq_len)
+    per = [length_census(p, seq_len, shard_index=jax.process_index(),
+                         shard_count=jax.process_count()) for p in (train_paths, eval_paths)]
+    long_rows = [{**r, "split": split} for c, split in zip(per, ("train", "eval"))
+                 for r in c["long_rows"]]
+    rows, n, unsup = (int(x) for x in agree(
+        [sum(c[k] for c in per) for k in ("rows", "too_long", "truncated_unsupervised")], "sum"))
+    longest = -int(agree([-max(c["longest"] for c in per)], "min")[0])
+    out = {"policy": policy, "seq_len": seq_len, "rows": rows, "too_long": n, "longest": longest,
+           "dropped": n if policy != "truncate" else unsup,
+           "truncated": n - unsup if policy == "truncate" else 0}
+    listing = None
+    if workdir and long_rows:
+        suffix = "" if jax.process_count() == 1 else f"-{jax.process_index()}"
+        listing = os.path.join(workdir, f"too_long{suffix}.jsonl")
+        with open(listing, "w", encoding="utf-8") as f:
+            for r in long_rows:
+                what = ("dropped" if policy != "truncate" or r["truncated_unsupervised"]
+                        else "truncated")
+                f.write(json.dumps({"id": r["id"], "split": r["split"], "tokens": r["tokens"],
+                                    "seq_len": seq_len, "policy": policy, "result": what}) + "\n")
+    if n and policy == "error":
+        where = ",".join(list(train_paths) + list(eval_paths))
+        raise InputError(
+            f"{n} of the {rows} rows of {where} are longer than config.data.seq_len={seq_len} "
+            f"tokens (the longest has {longest}{'; ids in ' + listing if listing else ''}); set "
+            f"config.data.too_long=drop to train without them, config.data.too_long=truncate to "
+            f"keep each one's last {seq_len} tokens"
+            f"{f' ({unsup} of them would keep no supervised token and be dropped)' if unsup else ''}"
+            f", or raise config.data.seq_len to {longest}.")
+    return out
+
+
+def too_long_note(counts: dict) -> str:
+    """The banner's words for the too-long rows ("" when every row fits)."""
+    if not counts or not counts.get("too_long"):
+        return ""
+    what = (f"{counts['dropped']} dropped" if counts["policy"] == "drop" else
+            f"{counts['truncated']} truncated to their last {counts['seq_len']} tokens"
+            + (f", {counts['dropped']} dropped (nothing supervised left)" if counts["dropped"] else ""))
+    return (f"{counts['too_long']} of {counts['rows']} rows longer than data.seq_len="
+            f"{counts['seq_len']} ({what}; config.data.too_long={counts['policy']})")
+
+
+def too_long_metrics(counts: dict) -> dict:
+    """The too-long counts as metrics (constant over a run; TensorBoard shows them beside the loss)."""
+    if not counts:
+        return {}
+    return {"data_rows": counts["rows"], "data_too_long": counts["too_long"],
+            "data_dropped": counts["dropped"], "data_truncated": counts["truncated"]}

@@ -94,9 +94,10 @@ class DataPlan:
     total: int          # steps this run trains
     n_sup: int
     n_tok: int
+    too_long: dict = dataclasses.field(default_factory=dict)  # data.check_too_long's counts
 
 
-def plan_data(cfg) -> DataPlan:
+def plan_data(cfg, workdir: str | None = None) -> DataPlan:
     """Check the batch split, read the data once: how many steps, is anything supervised."""
     nproc = jax.process_count()
     g_rows, micro = int(cfg.train.global_batch), int(cfg.train.micro_batches)
@@ -109,6 +110,8 @@ def plan_data(cfg) -> DataPlan:
     for note in check_recipe(cfg, train_paths):
         if jax.process_index() == 0:
             print(f"rossjax train: note: {note}", file=sys.stderr)
+    too_long = data_lib.check_too_long(cfg, train_paths, eval_paths,
+                                       workdir if jax.process_index() == 0 else None)
     n_batches, n_sup, n_tok = data_lib.scan(open_train(cfg, train_paths, rows))
     n_batches = int(data_lib.agree([n_batches], "min")[0])
     n_sup, n_tok = (int(x) for x in data_lib.agree([n_sup, n_tok], "sum"))
@@ -118,7 +121,7 @@ def plan_data(cfg) -> DataPlan:
     total = n_batches if cfg.train.num_steps <= 0 else min(n_batches, int(cfg.train.num_steps))
     if total == 0:
         raise InputError(f"config.data.train {','.join(train_paths)} gives no batch of {rows} rows.")
-    return DataPlan(train_paths, eval_paths, rows, g_rows, total, n_sup, n_tok)
+    return DataPlan(train_paths, eval_paths, rows, g_rows, total, n_sup, n_tok, too_long)
 
 
 def open_train(cfg, paths, rows):
@@ -139,7 +142,7 @@ class Trainer:
         ckpt_dir = os.path.join(workdir, "checkpoints")
         workdir_lib.prepare(workdir, "train", ckpt_dir, lead=lead)
         data_lib.check_fits_model(cfg, loading.abstract_model(cfg.model)[0].vocab_size)
-        self.plan = plan_data(cfg)
+        self.plan = plan_data(cfg, workdir)
         self.ckpt = ckpt_lib.Checkpointer(ckpt_dir, save_every=cfg.checkpoint.save_every,
                                           keep=cfg.checkpoint.keep,
                                           async_save=cfg.checkpoint.async_save)
@@ -241,6 +244,8 @@ class Trainer:
                   f"({self.source}), {p.total} steps of {p.global_rows} x {self.cfg.data.seq_len} "
                   f"tokens, {p.n_sup} supervised of {p.n_tok} tokens per run, mesh "
                   f"{dict(self.part.mesh.shape)}, from step {self.start}.", file=sys.stderr)
+            if data_lib.too_long_note(p.too_long):
+                print(f"rossjax train: {data_lib.too_long_note(p.too_long)}.", file=sys.stderr)
 
     def data_state(self):
         return self.it.get_state() if hasattr(self.it, "get_state") else None
@@ -269,7 +274,7 @@ class Trainer:
         this step and would never write a row that came later (e.g. its eval)."""
         cfg, total = self.cfg, self.plan.total
         if done % cfg.train.log_every == 0 or done == total:
-            m.update(self.thr.rates())
+            m.update(self.thr.rates(), **data_lib.too_long_metrics(self.plan.too_long))
             self.writer.write(done, m)
         self.bar.update(1, loss=m["loss"], gnorm=m["grad_norm"], lr=m["lr"])
         if (self.eval_step is not None and cfg.train.eval_every > 0
