@@ -40,18 +40,16 @@ cores compiling runs at hundreds of ~2k-token rollouts/s and sandboxed code veri
 ~30 programs/s. Then: `rossjax inspect /tmp/curated --id <ID>` to eyeball a mask.
 """
 
-import os
-
 import ml_collections
 from ml_collections import config_dict
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from rossjax.configs import common
 
 
 def get_config():
     c = ml_collections.ConfigDict()
     # .jsonl[.gz] or .parquet; also a directory, a glob ("runs/*/history.jsonl") or a comma list
-    c.input = os.path.join(_REPO, "data", "rollouts", "sample.jsonl")
+    c.input = common.data_file("rollouts", "sample.jsonl")
     c.output = ""  # the curated dir; --workdir=DIR names it too (one of the two is needed)
     c.tokenizer = "qwen"  # load_tokenizer spec: qwen, qwen3, mistral-v3, tekken, a HF folder ...
     c.template = "chatml"  # chatml | llama3 | mistral | tokenizer (the tokenizer's jinja template)

@@ -18,8 +18,11 @@ solver, K = 8) ~30 s on this CPU; 512 tasks x K = 8 with a 1.5B solver is a TPU 
 
 import ml_collections
 
+from rossjax.configs import common
+
 
 def get_config(arg: str | None = None):
+    variants = common.variants(arg, ("runlocal",), "eval_generator.py")
     c = ml_collections.ConfigDict()
     c.workdir = ""
     c.mode = "generator"          # generator | policy
@@ -39,15 +42,12 @@ def get_config(arg: str | None = None):
     c.temperature = 1.0
     c.workers = 2
     c.seed = 0
-    for v in [a for a in (arg or "").split(",") if a]:
-        if v == "runlocal":
-            c.tokenizer = "ascii"
-            c.generator.preset = "tiny_qwen2"
-            c.solver.kind = "oracle"
-            c.solver.preset = "tiny_qwen2"
-            c.num_tasks = 16
-            c.max_new_tokens = 48
-            c.workers = 1
-        else:
-            raise ValueError(f"configs/eval_generator.py: variant {v!r} is not runlocal.")
+    if "runlocal" in variants:
+        c.tokenizer = "ascii"
+        c.generator.preset = common.TINY_PRESET
+        c.solver.kind = "oracle"
+        c.solver.preset = common.TINY_PRESET
+        c.num_tasks = 16
+        c.max_new_tokens = 48
+        c.workers = 1
     return c

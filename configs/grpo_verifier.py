@@ -31,11 +31,12 @@ completions raise `--config.grpo.micro_batches` (exact gradient accumulation: th
 every aggregation) and set `--config.model.remat_policy=full`.
 """
 
-from rossjax.train.grpo import default_config
+from rossjax.configs import common
 
 
 def get_config(arg: str | None = None):
-    c = default_config()
+    variants = common.variants(arg, ("runlocal",), "grpo_verifier.py")
+    c = common.grpo_config()
     c.run_name = "grpo-verifier"
     c.data.tasks = "gen:arith"
     c.reward.functions = ("verifier",)
@@ -50,22 +51,6 @@ def get_config(arg: str | None = None):
     c.grpo.is_low, c.grpo.is_high = 0.5, 2.0          # its two-sided band
     c.optim.peak_lr = c.optim.end_lr = 1e-6
     c.optim.weight_decay = 0.1
-    for v in [a for a in (arg or "").split(",") if a]:
-        if v == "runlocal":
-            c.tokenizer = "ascii"
-            c.model.preset = "tiny_qwen2"
-            c.model.dtype = "float32"
-            c.grpo.steps = 20
-            c.grpo.contexts = 4
-            c.grpo.group_size = 4
-            c.grpo.max_new_tokens = 32
-            c.grpo.loss_chunk = 64
-            c.reward.workers = 1
-            c.optim.peak_lr = c.optim.end_lr = 1e-3
-            c.checkpoint.save_every = 10
-            c.checkpoint.async_save = False
-            c.sample_every = 5
-            c.mesh.num_devices = 1
-        else:
-            raise ValueError(f"configs/grpo_verifier.py: variant {v!r} is not runlocal.")
+    if "runlocal" in variants:
+        common.runlocal_grpo(c, steps=20, max_new_tokens=32, save_every=10)
     return c

@@ -18,6 +18,8 @@ stops the run with an error naming it. Takes about as long as reading the source
 
 import ml_collections
 
+from rossjax.configs import common
+
 PAPER_SHARES = {"science": 0.4, "finance": 0.2, "legal": 0.2, "general": 0.2}
 BY_RECIPE_SHARES = {"math": 0.4, "code": 0.2, "agentic": 0.2, "retrogen": 0.2}
 
@@ -27,6 +29,7 @@ def _sources(shares: dict) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    variants = common.variants(arg, ("by_recipe",), "mixture.py")
     c = ml_collections.ConfigDict()
     c.output = ""
     c.sources = _sources(PAPER_SHARES)
@@ -36,10 +39,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.tolerance_pp = 0.5
     c.examples_per_shard = 4096
     c.progress = True        # tqdm bars on stderr (reading the sources, writing the mixture)
-    for v in [a for a in (arg or "").split(",") if a]:
-        if v == "by_recipe":
-            c.sources = _sources(BY_RECIPE_SHARES)
-            c.budget_tokens = 100_000_000
-        else:
-            raise ValueError(f"configs/mixture.py: variant {v!r} is not by_recipe.")
+    if "by_recipe" in variants:
+        c.sources = _sources(BY_RECIPE_SHARES)
+        c.budget_tokens = 100_000_000
     return c

@@ -35,11 +35,12 @@ completions raise `--config.grpo.micro_batches` (exact gradient accumulation: th
 every aggregation) and set `--config.model.remat_policy=full`.
 """
 
-from rossjax.train.grpo import default_config
+from rossjax.configs import common
 
 
 def get_config(arg: str | None = None):
-    c = default_config()
+    variants = common.variants(arg, ("runlocal",), "propel_azr.py")
+    c = common.grpo_config()
     c.run_name = "propel-azr"
     c.data.tasks = "gen:induction"
     c.reward.functions = ("probe",)
@@ -60,25 +61,9 @@ def get_config(arg: str | None = None):
     c.lora.alpha = 32.0
     c.lora.targets = "all"
     c.optim.peak_lr = c.optim.end_lr = 1e-5
-    for v in [a for a in (arg or "").split(",") if a]:
-        if v == "runlocal":
-            c.tokenizer = "ascii"
-            c.model.preset = "tiny_qwen2"
-            c.model.dtype = "float32"
-            c.reward.probe.path = "bootstrap"
-            c.grpo.steps = 10
-            c.grpo.contexts = 4
-            c.grpo.group_size = 4
-            c.grpo.max_new_tokens = 48
-            c.grpo.loss_chunk = 64
-            c.reward.workers = 1
-            c.lora.rank = 4
-            c.lora.alpha = 8.0
-            c.optim.peak_lr = c.optim.end_lr = 1e-3
-            c.checkpoint.save_every = 5
-            c.checkpoint.async_save = False
-            c.sample_every = 5
-            c.mesh.num_devices = 1
-        else:
-            raise ValueError(f"configs/propel_azr.py: variant {v!r} is not runlocal.")
+    if "runlocal" in variants:
+        common.runlocal_grpo(c, steps=10, max_new_tokens=48, save_every=5)
+        c.reward.probe.path = "bootstrap"  # a linear validity probe trained at start-up
+        c.lora.rank = 4
+        c.lora.alpha = 8.0
     return c

@@ -21,25 +21,13 @@ and the bootstrap validity probe of configs/propel_azr.py (mechanics only), ~20 
 the full config is a TPU job.
 """
 
-import importlib.util
-import os
-
-
-def _propel_azr():
-    # The AZR config is the shared PROPEL recipe; Math changes only its task, gate and KL.
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "propel_azr.py")
-    spec = importlib.util.spec_from_file_location("propel_azr", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from rossjax.configs import common, propel_azr
 
 
 def get_config(arg: str | None = None):
-    variants = [a for a in (arg or "").split(",") if a]
-    for v in variants:
-        if v != "runlocal":
-            raise ValueError(f"configs/propel_math.py: variant {v!r} is not runlocal.")
-    c = _propel_azr().get_config(",".join(variants))
+    # The AZR config is the shared PROPEL recipe; Math changes only its task, gate and KL.
+    variants = common.variants(arg, ("runlocal",), "propel_math.py")
+    c = propel_azr.get_config(",".join(variants))
     c.run_name = "propel-math"
     c.data.tasks = "gen:math_task"
     c.reward.probe.validity = "math_validity"

@@ -17,18 +17,15 @@ after it (`note_position`); the loss over the whole serialized sample (`loss="se
       --config.mask_mode=eligible --config.tokenizer=MODEL --config.output=CURATED
 """
 
-import os
-
 import ml_collections
 from ml_collections import config_dict
 
+from rossjax.configs import common
 from rossjax.curate.retrogen import PAPER_THRESHOLDS
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    variants = [a for a in (arg or "").split(",") if a]
+    variants = common.variants(arg, ("runlocal", "artifact_only"), "retrogen.py")
     c = ml_collections.ConfigDict()
     c.input = ""
     c.output = ""
@@ -46,7 +43,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.loss = "sequence"                              # sequence (Eq. 7) | assistant
     c.system = ""
     if "runlocal" in variants:
-        c.input = os.path.join(_REPO, "data/retrogen/sample.jsonl")
+        c.input = common.data_file("retrogen", "sample.jsonl")
         c.output = "runs/retrogen_local"
         c.quantile = 0.5
     if "artifact_only" in variants:

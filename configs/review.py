@@ -31,17 +31,15 @@ row one per step group plus one per finding; a 32B model on one GPU answers a ~1
 in ~5-20 s, so ~0.5-1 row/s at concurrency 8-16. CPU side is negligible (no jax import).
 """
 
-import os
-
 import ml_collections
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from rossjax.configs import common
 
 
 def get_config():
     c = ml_collections.ConfigDict()
     # .jsonl[.gz] or .parquet; also a directory, a glob ("runs/*/history.jsonl") or a comma list
-    c.input = os.path.join(_REPO, "data", "rollouts", "sample.jsonl")
+    c.input = common.data_file("rollouts", "sample.jsonl")
     c.workdir = ""  # or --workdir=DIR
     c.endpoint = ml_collections.ConfigDict()
     c.endpoint.base_url = ""  # "" = $OPENAI_BASE_URL, else http://127.0.0.1:8000/v1

@@ -15,15 +15,14 @@ rows per problem) and selection.png (2-D PCA of pool vs chosen; look at it befor
 selection). Time: ~1 s per 3,000 records to fingerprint on one core, plus a few seconds.
 """
 
-import os
-
 import ml_collections
 from ml_collections import config_dict
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from rossjax.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    variants = common.variants(arg, ("runlocal",), "select_routes.py")
     c = ml_collections.ConfigDict()
     c.input = ""
     c.output = ""
@@ -46,8 +45,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.beam_args = ("--runner=DirectRunner --direct_num_workers=2 "
                    "--direct_running_mode=multi_processing")   # runner=beam: Beam's options
     c.beam_retries = 1           # runner=beam: reruns of a failed pipeline
-    if arg == "runlocal":
-        c.input = os.path.join(_REPO, "data/select/sample.jsonl")
+    if "runlocal" in variants:
+        c.input = common.data_file("select", "sample.jsonl")
         c.output = "runs/select_local"
         c.budget = 12
         c.per_group = 2

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from rossjax import defaults
 from rossjax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -255,17 +256,8 @@ def shard_batch(batch, mesh: Mesh, rules=None):
 
 # ----------------------------------------------------------------------------- multi-host
 
-def distributed_config():
-    """The `config.distributed` section (train and grpo configs share it)."""
-    import ml_collections
-
-    return ml_collections.ConfigDict(dict(
-        enabled=False,       # call jax.distributed.initialize (TPU pods detect the rest)
-        coordinator="",      # host:port; "" = auto-detect (TPU, SLURM)
-        num_processes=-1,
-        process_id=-1,
-        cpu_collectives="",  # "gloo" for multi-process CPU runs
-    ))
+# The `config.distributed` section (train and grpo configs share it; jax-free data).
+distributed_config = defaults.distributed_config
 
 
 def initialize_distributed(dcfg) -> None:

@@ -181,3 +181,65 @@ def test_default_configs_ship_with_the_package():
                                                "curate.py"))
     cfg, _, _ = cli.parse_config([], default_config=path)
     assert os.path.isfile(cfg.input)  # the shipped sample, found from the config's own file
+
+
+# Every shipped config with the variants it accepts (configs/common.py parses them).
+CONFIG_VARIANTS = {
+    "aux_set": (), "curate": (), "extract": (), "label_corpus": (), "probe_sweep": (),
+    "review": (), "eval_generator": ("runlocal",), "grpo_verifier": ("runlocal",),
+    "propel_azr": ("runlocal",), "propel_math": ("runlocal",), "mixture": ("by_recipe",),
+    "retrogen": ("runlocal", "artifact_only"), "select_routes": ("runlocal",),
+    "ross_sft": ("ross_no_mask", "positive_sft", "agentic", "token_budget", "runlocal"),
+}
+
+NO_JAX = r"""
+import importlib.abc, sys
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("jax", "jaxlib", "flax", "optax", "orbax"):
+            raise ImportError(f"blocked import of {name}")
+
+sys.meta_path.insert(0, Block())
+from rossjax.cli import parse_config
+for arg in sys.argv[1:]:
+    parse_config([f"--config={arg}"])
+print("loaded", len(sys.argv) - 1)
+"""
+
+
+def test_every_shipped_config_loads_without_jax():
+    """Loading a config (defaults from rossjax/defaults.py, helpers from configs/common.py) loads
+    no trainer: each config and each of its variants parses with jax unimportable."""
+    shipped = {os.path.basename(p)[:-3] for p in os.listdir(os.path.join(ROOT, "configs"))
+               if p.endswith(".py")} - {"common"}
+    assert shipped == set(CONFIG_VARIANTS)
+    args = [f"configs/{n}.py" for n in CONFIG_VARIANTS]
+    args += [f"configs/{n}.py:{v}" for n, vs in CONFIG_VARIANTS.items() for v in vs]
+    args.append("configs/ross_sft.py:positive_sft,token_budget,runlocal")
+    r = subprocess.run([sys.executable, "-c", NO_JAX, *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"loaded {len(args)}" in r.stdout
+
+
+@pytest.mark.parametrize("name", [n for n, vs in CONFIG_VARIANTS.items() if vs])
+def test_an_unknown_variant_is_one_sentence_naming_the_config(name):
+    with pytest.raises(cli.UsageError) as e:
+        cli.parse_config([f"--config=configs/{name}.py:{CONFIG_VARIANTS[name][0]},bogus"])
+    msg = str(e.value)
+    assert f"configs/{name}.py: variant 'bogus' is not one of" in msg and "\n" not in msg
+    assert all(v in msg for v in CONFIG_VARIANTS[name])
+
+
+def test_configs_import_each_other_as_rossjax_configs():
+    """configs/ is rossjax/configs (a link here, a copy in the wheel): a config derives from
+    another by a plain import, and propel_math is propel_azr but for its task, gate and KL."""
+    from rossjax.configs import common, propel_azr, propel_math
+
+    assert os.path.samefile(common.ROOT, ROOT)
+    azr, math = propel_azr.get_config().to_dict(), propel_math.get_config().to_dict()
+    assert azr["grpo"].pop("beta") == 0.05 and math["grpo"].pop("beta") == 0.1
+    for c in (azr, math):
+        c.pop("run_name"), c["data"].pop("tasks"), c["reward"]["probe"].pop("validity")
+    assert azr == math

@@ -9,27 +9,13 @@ scales and biases are left alone, the usual practice), `decay="all"` decays ever
 from __future__ import annotations
 
 import jax
-import ml_collections
 import optax
 
+from rossjax import defaults
 from rossjax.errors import ConfigError
 
-
-def default_config() -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict(dict(
-        name="adamw",
-        peak_lr=4e-6,
-        end_lr=2e-7,
-        warmup_frac=0.05,
-        warmup_steps=-1,  # >= 0 overrides warmup_frac
-        schedule="cosine",  # cosine | constant | linear
-        b1=0.9,
-        b2=0.98,
-        eps=1e-8,
-        weight_decay=0.1,
-        decay="matrices",  # matrices | all
-        clip_norm=1.0,  # <= 0 disables clipping
-    ))
+# The `config.optim` section (jax-free data: config files read it without importing optax).
+default_config = defaults.optim_config
 
 
 def make_schedule(cfg, total_steps: int) -> optax.Schedule:

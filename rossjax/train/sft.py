@@ -18,20 +18,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rossjax import models, sharding
+from rossjax import defaults, models, sharding
 from rossjax.errors import ConfigError
 from rossjax.models import lora
 from rossjax.train import accumulate, losses, state as state_lib
 
 BATCH_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
 
-# The three recipes of the paper: same rollouts and optimizer, differing only in rows and mask.
-# `mask_mode` and `rows` are how the training dir must have been curated (`rossjax curate`).
-RECIPES = {
-    "ross": dict(mask_mode="annotated", rows="accepted"),
-    "ross_no_mask": dict(mask_mode="eligible", rows="accepted"),
-    "positive_sft": dict(mask_mode="eligible", rows="verifier_positive"),
-}
+# The three recipes of the paper (rows and mask a training dir must have been curated with),
+# defined as jax-free data so configs and `--help` read them.
+RECIPES = defaults.RECIPES
 
 
 def batch_nll(model_cfg, params, batch, chunk_size: int):
