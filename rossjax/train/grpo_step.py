@@ -57,18 +57,28 @@ def policy_params(trainable, base, lora_alpha):
     return trainable if lora_alpha is None else lora.merge(base, trainable, lora_alpha)
 
 
-def token_logprobs(model_cfg, params, batch, chunk: int, with_entropy: bool = False):
-    """log p(target) [B, S] float32 (with `with_entropy`, also the next-token entropy [B, S]),
-    from the chunked LM head (`losses.chunked_token_logprobs`): [B, S, V] logits never exist."""
+def sampling_temperature(temperature: float) -> float:
+    """The T of the distribution the sampler draws from, softmax(logits / T): greedy (T = 0)
+    reports log-probs at T = 1, as rossjax.sample does."""
+    return float(temperature) if temperature > 0 else 1.0
+
+
+def token_logprobs(model_cfg, params, batch, chunk: int, with_entropy: bool = False,
+                   temperature: float = 1.0):
+    """log p(target) [B, S] float32 under softmax(logits / temperature) (with `with_entropy`,
+    also that distribution's entropy [B, S]), from the chunked LM head
+    (`losses.chunked_token_logprobs`): [B, S, V] logits never exist."""
     h = models.hidden_states(model_cfg, params, batch["tokens"], batch["positions"],
                              batch["segment_ids"])
     w, vocab_major = losses.head_weights(model_cfg, params)
-    return losses.chunked_token_logprobs(h, w, batch["targets"], chunk, vocab_major, with_entropy)
+    return losses.chunked_token_logprobs(h, w, batch["targets"], chunk, vocab_major, with_entropy,
+                                         temperature)
 
 
-def logp_entropy(model_cfg, params, batch, chunk: int):
+def logp_entropy(model_cfg, params, batch, chunk: int, temperature: float = 1.0):
     """(log p(target) [B, S], entropy of the next-token distribution [B, S]) in float32."""
-    return token_logprobs(model_cfg, params, batch, chunk, with_entropy=True)
+    return token_logprobs(model_cfg, params, batch, chunk, with_entropy=True,
+                          temperature=temperature)
 
 
 class StepFns:
@@ -89,21 +99,25 @@ class StepFns:
 
         self.merge = jax.jit(lambda t, b: policy_params(t, b, lora_alpha),
                              in_shardings=(train_sh, base_shardings), out_shardings=param_shardings)
-        lp = functools.partial(logp_entropy, model_cfg, chunk=chunk)
+        c = loss_cfg
+        # Trainer, old-policy and reference log-probs all at the sampling temperature: the
+        # sampler's log-probs are of softmax(logits / T), so the ratios compare like with like.
+        temp = sampling_temperature(c.get("temperature", 1.0))
+        lp = functools.partial(logp_entropy, model_cfg, chunk=chunk, temperature=temp)
         self.logp = jax.jit(models.transformer.under_mesh(lambda p, batch: lp(p, batch), part),
                             in_shardings=(param_shardings, {k: rows for k in BATCH_KEYS}),
                             out_shardings=(rows, rows))
-        c = loss_cfg
         n_micro = int(c.micro_batches)
 
         def loss_fn(trainable, base, norm, mb):
             params = policy_params(trainable, base, lora_alpha)
-            logp = token_logprobs(model_cfg, params, mb, chunk)
+            logp = token_logprobs(model_cfg, params, mb, chunk, temperature=temp)
             return grpo_losses.grpo_loss(
                 logp, mb["old_logp"], mb["ref_logp"] if c.beta else None, mb["adv"],
                 mb["mask"], c.eps_low, c.eps_high, c.beta, c.agg,
                 is_weights=mb["is_weights"] if c.is_mode != "none" else None,
-                max_len=max_new, norm=norm)
+                max_len=max_new, norm=norm, policy_loss=c.get("policy_loss", "ppo_clip"),
+                kl=c.get("kl", "k3"))
 
         def step(state, base, batch):
             # Exact gradient accumulation: every micro-batch divides by the whole minibatch's

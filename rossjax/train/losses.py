@@ -70,7 +70,7 @@ def _pad_positions(x, multiple):
 
 
 def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024, vocab_major=False,
-                           with_entropy=False):
+                           with_entropy=False, temperature=1.0):
     """log p(target) `[b, s]` float32 from hidden states, one block of positions at a time.
 
     hidden [b, s, d] (final-normed), lm_head_w [d, V] (or [V, d] with `vocab_major`, e.g. a tied
@@ -78,7 +78,8 @@ def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024, vocab_ma
     targets [b, s]. Only a `[b, chunk, V]` float32 logits block exists at any time, in the
     forward *and* in the backward: each block is a checkpointed scan step, so autodiff recomputes
     its logits instead of storing them. `with_entropy` returns (log p, entropy of the next-token
-    distribution), both [b, s].
+    distribution), both [b, s]. `temperature` T: of softmax(logits / T), the float32 logits
+    divided as the sampler divides them (GRPO's log-probs at its sampling temperature).
     """
     spec = "bcd,vd->bcv" if vocab_major else "bcd,dv->bcv"
     b, s, d = hidden.shape
@@ -93,6 +94,8 @@ def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024, vocab_ma
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def block(w, hb, tb):
         logits = jnp.einsum(spec, hb, w.astype(hb.dtype), preferred_element_type=jnp.float32)
+        if temperature != 1.0:
+            logits = logits / temperature
         if not with_entropy:
             return token_logprobs(logits, tb)
         lsm = jax.nn.log_softmax(logits, axis=-1)

@@ -29,21 +29,22 @@ CPU_REWARDS = ("verifier", "contains", "validity", "math_validity", "fn")
 _CUSTOM: dict = {}
 
 
-def load_custom(spec: str):
-    """The callable `config.reward.fn` names ("module:function"), imported once per process."""
+def load_custom(spec: str, field: str = "config.reward.fn"):
+    """The callable `config.reward.fn` names ("module:function"), imported once per process.
+    `field` names the config field in errors (the GRPO loss registries load through here too)."""
     if spec in _CUSTOM:
         return _CUSTOM[spec]
     mod_name, _, fn_name = spec.partition(":")
     if not mod_name or not fn_name:
-        raise ConfigError(f"config.reward.fn {spec!r} is not module:function.")
+        raise ConfigError(f"{field} {spec!r} is not module:function.")
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as e:
-        raise ConfigError(f"config.reward.fn {spec!r}: module {mod_name!r} cannot be imported "
+        raise ConfigError(f"{field} {spec!r}: module {mod_name!r} cannot be imported "
                           f"({e}); put its folder on PYTHONPATH.") from None
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
-        raise ConfigError(f"config.reward.fn {spec!r}: {mod_name} has no function {fn_name!r}.")
+        raise ConfigError(f"{field} {spec!r}: {mod_name} has no function {fn_name!r}.")
     _CUSTOM[spec] = fn
     return fn
 

@@ -1,0 +1,52 @@
+"""Named implementations of one kind (policy loss, advantage estimator, KL estimator, loss
+aggregation), chosen by a config field instead of if/elif over a tuple of strings.
+
+A config value is a registered name ("gspo") or `module:function` (the same loader, and the same
+errors, as `config.reward.fn`): the callable is imported once, checked, and registered under that
+spec, so `--config.grpo.policy_loss=mylosses:my_loss` runs a user's loss without editing
+rossjax. In Python, `POLICY_LOSSES.register("name")` as a decorator does the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rossjax.errors import ConfigError
+from rossjax.verify import rewards
+
+
+class Registry:
+    """name -> implementation for one `kind`; `field` is the config field that picks it."""
+
+    def __init__(self, kind: str, field: str, check: Callable | None = None):
+        self.kind, self.field = kind, field
+        self._check = check   # check(obj) -> error sentence or None, for user implementations
+        self._items: dict[str, object] = {}
+
+    def register(self, name: str, obj=None):
+        """Register `obj` as `name` (or, without obj, return a decorator that does)."""
+        if obj is None:
+            return lambda o: self.register(name, o)
+        if name in self._items and self._items[name] is not obj:
+            raise ConfigError(f"{self.kind} {name!r} is registered already; pick another name.")
+        self._items[name] = obj
+        return obj
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._items)
+
+    def __contains__(self, name) -> bool:
+        return name in self._items
+
+    def get(self, name: str):
+        """The implementation `name` picks; `module:function` is imported (and registered)."""
+        if name in self._items:
+            return self._items[name]
+        if isinstance(name, str) and ":" in name:
+            obj = rewards.load_custom(name, field=self.field)
+            why = self._check(obj) if self._check else None
+            if why:
+                raise ConfigError(f"{self.field} {name!r}: {why}")
+            return self.register(name, obj)
+        raise ConfigError(f"{self.field} {name!r} is not one of {', '.join(self._items)} "
+                          f"(or a module:function of your own).")
