@@ -70,6 +70,10 @@ def get_config():
     # verdicts only | rerun: run every named verifier again (ignoring stored verdicts)
     c.verify = "auto"
     c.verify_workers = 2  # CPU processes for the verifier runs
+    # module:function, GRPO's reward.fn signature (prompt, completion, task) -> bool | None |
+    # number | Verdict: replaces the named verifier for the rows verify gives a fresh verdict
+    c.verify_fn = ""
+    c.verify_threshold = 0.5  # a number verify_fn returns passes at >= this
     c.undecided = "withhold"  # withhold | keep rows whose verifier returned passed=None
     c.unverified = "withhold"  # withhold | keep rows left with no verdict at all (see pipeline.py)
     c.workers = 0  # grain worker processes for compiling (0 = in this process)

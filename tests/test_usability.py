@@ -6,7 +6,6 @@ import json
 import os
 
 import numpy as np
-import pytest
 
 from rossjax import cli
 
@@ -65,3 +64,114 @@ def test_rows_longer_than_seq_len_stop_the_run_or_are_counted(tmp_path, capsys):
 
     assert _train(data, tmp_path / "w3", "--config.data.too_long=cut") == 2
     assert "config.data.too_long 'cut' is not one of error, drop, truncate" in capsys.readouterr().err
+
+
+def _jsonl(path, rows):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return str(path)
+
+
+def _curate(*extra, workdir):
+    return cli.main(["curate", f"--config={CURATE}", "--config.progress=False",
+                     "--config.verify_workers=0", "--config.rows=verifier_positive",
+                     "--config.mask_mode=eligible", f"--workdir={workdir}", *extra])
+
+
+def _report(d):
+    with open(os.path.join(d, "report.json")) as f:
+        return json.load(f)
+
+
+def test_curate_verify_fn_hook_from_the_working_directory(tmp_path, monkeypatch):
+    """--config.verify_fn=module:function with GRPO's reward.fn signature: a module in the
+    working directory verifies every row (on worker processes too); a bool, a number (>=
+    verify_threshold), None or a raised error each give their verdict, and a bad spec is one
+    sentence."""
+    import subprocess
+    import sys
+
+    (tmp_path / "myverify.py").write_text(
+        "def check(prompt, completion, task):\n"
+        "    if completion == 'boom':\n"
+        "        raise RuntimeError('cannot judge')\n"
+        "    if completion == 'maybe':\n"
+        "        return None\n"
+        "    return 1.0 if completion.strip() == task['reference'] else 0.25\n")
+    rows = _jsonl(tmp_path / "rows.jsonl", [
+        {"id": f"r{i}", "task": {"reference": "4"},
+         "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": a}]}
+        for i, a in enumerate(["4", "5", "maybe", "boom", " 4"])])
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    p = subprocess.run([sys.executable, "-m", "rossjax.cli", "curate", f"--config={CURATE}",
+                        f"--config.input={rows}", "--config.verify_fn=myverify:check",
+                        "--config.rows=verifier_positive", "--config.mask_mode=eligible",
+                        "--config.verify_workers=1", "--config.progress=False",
+                        f"--workdir={tmp_path / 'out'}"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rep = _report(tmp_path / "out")
+    assert rep["buckets"]["kept"] == 2
+    assert rep["reasons"]["withheld"] == {"verifier_failed": 1, "verifier_undecided": 2}
+    held = {r["id"]: r["detail"] for r in map(json.loads, open(tmp_path / "out" / "withheld.jsonl"))}
+    assert "myverify:check error: RuntimeError: cannot judge" in held["r3"]
+    assert "returned None" in held["r2"]
+
+    monkeypatch.chdir(tmp_path)
+    assert _curate(f"--config.input={rows}", "--config.verify_fn=myverify:nope",
+                   workdir=tmp_path / "o2") == 2
+    assert _curate(f"--config.input={rows}", "--config.verify_fn=nomodule_xyz:f",
+                   workdir=tmp_path / "o3") == 2
+    assert _curate(f"--config.input={rows}", "--config.verify_fn=myverify:check",
+                   "--config.verify=stored", workdir=tmp_path / "o4") == 2
+
+
+def test_gsm8k_answers_verify_as_math(tmp_path):
+    """A GSM8K row (gold = the worked solution ending in `#### 72`, answer ending in `#### 72`)
+    passes the math verifier; `#### 71` fails; a thousands comma is read as a number."""
+    gold = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nAltogether 48+24 = <<48+24=72>>72.\n#### 72"
+    rows = _jsonl(tmp_path / "gsm.jsonl", [
+        {"id": f"g{i}", "task": {"domain": "math", "reference": ref},
+         "prompt": "How many clips?", "completion": ans}
+        for i, (ref, ans) in enumerate([(gold, "48 + 24 = 72.\n#### 72"), (gold, "#### 71"),
+                                        ("#### 1,200", "So the total is #### 1,200.")])])
+    assert _curate(f"--config.input={rows}", "--config.verify=rerun", workdir=tmp_path / "o") == 0
+    rep = _report(tmp_path / "o")
+    assert rep["buckets"]["kept"] == 2 and rep["reasons"]["withheld"] == {"verifier_failed": 1}
+    failed = json.loads(open(tmp_path / "o" / "withheld.jsonl").readline())
+    assert failed["id"] == "g1" and "'71'" in failed["detail"]
+
+
+CHATML_PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                 "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_verl_rollout_dump_score_is_the_verdict_and_the_prompt_is_not_templated_twice(tmp_path):
+    """verl's rollout dump (input already rendered by the policy's template, with or without its
+    special tokens; output; score; step): the prompt is split back into its turns, so the curated
+    text holds one chat template; score 1.0 passes, 0 fails; a field mapping that only names the
+    reward column keeps the dump's format and its step."""
+    from rossjax.curate import load_tokenizer, read_compiled
+
+    stripped = "system\nYou are a helpful assistant.\nuser\nWhat is 2+2?\nassistant\n"
+    rows = _jsonl(tmp_path / "0.jsonl", [
+        {"input": CHATML_PROMPT, "output": "4", "score": 1.0, "step": 3, "acc": 1.0},
+        {"input": stripped, "output": "4", "score": 1.0, "step": 5, "acc": 0.0},
+        {"input": CHATML_PROMPT, "output": "5", "score": 0.0, "step": 4, "acc": 0.0},
+        {"input": "What is 2+2?", "output": "4", "score": 1.0, "step": 4, "acc": 1.0}])
+    assert _curate(f"--config.input={rows}", workdir=tmp_path / "o") == 0
+    rep = _report(tmp_path / "o")
+    assert rep["buckets"]["kept"] == 3 and rep["reasons"]["withheld"] == {"verifier_failed": 1}
+    tok = load_tokenizer("qwen")
+    texts = [tok.decode(ex["input_ids"].tolist()) for ex in read_compiled(str(tmp_path / "o"))]
+    want = CHATML_PROMPT + "4<|im_end|>\n"
+    assert texts[0] == want and texts[1] == want, texts
+    assert texts[2] == "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+
+    # the mapping names the reward column only: rows are still read as a verl dump, step kept
+    assert _curate(f"--config.input={rows}", "--config.fields.reward_key=acc",
+                   "--config.fields.reward_threshold=0.5", workdir=tmp_path / "m") == 0
+    rep = _report(tmp_path / "m")
+    assert rep["buckets"]["kept"] == 2 and rep["reasons"]["withheld"] == {"verifier_failed": 2}
+    assert set(rep["ter_by_step"]) == {"3", "4"}  # the kept rows, step 3 and 4

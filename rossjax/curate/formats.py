@@ -6,9 +6,15 @@
   * TRL prompt/completion rows: `prompt` and `completion`, each a string or a message list;
   * verl datasets (`prompt` messages, `ability`, `reward_model.ground_truth`, `data_source`,
     `extra_info.index`) with a `response` (or a one-element `responses`) column;
-  * verl rollout dumps (`trainer.rollout_data_dir`): `input`, `output`, `score`, `step`;
+  * verl rollout dumps (`trainer.rollout_data_dir`): `input`, `output`, `score`, `step` (and
+    `gts`, the ground truth, as task.reference): `score` is the row's reward and its verdict
+    (passed at >= 1.0, the full score of verl's rule-based rewards; --config.fields.reward_key=
+    score with reward_threshold sets another), and an `input` that verl rendered with the
+    policy's chat template (ChatML or Llama 3, with its special tokens or decoded without them,
+    as verl's dump does) is split back into its turns, so curate's template renders it once;
   * any columns named by a field mapping (config.fields: input_key, label_key, reward_key with
-    reward_threshold, id_key).
+    reward_threshold, id_key), applied on top of the format found above: a mapping names what
+    it overrides and keeps the rest (a verl dump's `step`, a TRL row's prompt, ...).
 Inside messages: `reasoning_content` is read as `reasoning`, content given as a list of text parts
 is joined, and the `developer` role is the system turn. A row without an id gets a stable one
 derived from its content ("sha-" + 16 hex of the SHA-256 of its messages, tools, task and
@@ -91,20 +97,32 @@ def _reward_verdict(rec: dict, key: str, value, threshold) -> None:
                            "evidence": f"{key}={value} {'>=' if passed else '<'} {threshold}"}
 
 
-def _mapped(obj: dict, f: dict) -> dict:
-    rec = {k: obj[k] for k in RECORD_KEYS if k in obj and k != "messages"}
-    msgs = []
+def _mapped(obj: dict, f: dict, found: dict | None) -> dict:
+    """The mapping's columns over `found`, the record the format detection made of the row
+    (None when it could not read it): input_key replaces the prompt turns, label_key the
+    trailing assistant turns; everything else detected is kept."""
+    if found is None or found is obj:
+        found = {k: obj[k] for k in RECORD_KEYS if k in obj}
+    rec = dict(found)
+    old = rec.get("messages") if isinstance(rec.get("messages"), list) else []
+    cut = len(old)
+    while cut and isinstance(old[cut - 1], dict) and old[cut - 1].get("role") == "assistant":
+        cut -= 1
+    prompt, completion = old[:cut], old[cut:]
     if f.get("input_key"):
         key = f["input_key"]
         if key not in obj:
             raise FormatError(f"{key} (config.fields.input_key) is missing")
-        msgs += _as_messages(obj[key], "user", key)
+        prompt = _as_messages(obj[key], "user", key)
     if f.get("label_key"):
         key = f["label_key"]
         if key not in obj:
             raise FormatError(f"{key} (config.fields.label_key) is missing")
-        msgs += _as_messages(obj[key], "assistant", key)
-    rec["messages"] = msgs or obj.get("messages")
+        completion = _as_messages(obj[key], "assistant", key)
+    if f.get("input_key") or f.get("label_key"):
+        rec["messages"] = prompt + completion
+    if f.get("reward_key") and "verifier" not in obj:
+        rec.pop("verifier", None)  # the mapping's reward decides, not the one the format found
     if f.get("reward_key"):
         key = f["reward_key"]
         if key not in obj:
@@ -146,12 +164,49 @@ def _verl_dataset(obj: dict) -> dict:
     return rec
 
 
+# Chat templates a verl dump's `input` may have been rendered with: (turn pattern with its
+# special tokens, the same with them decoded away, how a turn is written back, generation prompt).
+_RENDERED = (
+    (r"<\|im_start\|>(system|user|assistant|tool)\n(.*?)<\|im_end\|>\n", "<|im_start|>{}\n{}<|im_end|>\n",
+     "<|im_start|>assistant\n"),
+    (r"<\|start_header_id\|>(system|user|assistant|ipython)<\|end_header_id\|>\n\n(.*?)<\|eot_id\|>",
+     "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>",
+     "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+    (r"(system|user|assistant|tool)\n(.*?)\n(?=(?:system|user|assistant|tool)\n)", "{}\n{}\n",
+     "assistant\n"),  # ChatML decoded with skip_special_tokens (verl's default)
+)
+VERL_DUMP_THRESHOLD = 1.0  # verl's rule-based rewards give 1.0 to a correct answer
+
+
+def split_rendered(text: str) -> list[dict] | None:
+    """The turns of a prompt a chat template already rendered (ending in the assistant's
+    generation prompt), or None when `text` is not one. Only an exact split counts: the turns
+    written back must give `text` again, character for character."""
+    import re
+
+    for pattern, turn, gen in _RENDERED:
+        body = text[len("<|begin_of_text|>"):] if text.startswith("<|begin_of_text|>") else text
+        if not body.endswith(gen) or len(body) == len(gen):
+            continue
+        msgs = [{"role": "tool" if r == "ipython" else r, "content": c}
+                for r, c in re.findall(pattern, body, re.S)]
+        if msgs and "".join(turn.format("ipython" if m["role"] == "tool" and "eot" in turn
+                                        else m["role"], m["content"]) for m in msgs) + gen == body:
+            return msgs
+    return None
+
+
 def _verl_dump(obj: dict) -> dict:
     rec = {k: obj[k] for k in RECORD_KEYS if k in obj and k != "messages"}
-    rec["messages"] = (_as_messages(obj["input"], "user", "input")
-                       + _as_messages(obj["output"], "assistant", "output"))
+    prompt = split_rendered(obj["input"]) if isinstance(obj["input"], str) else None
+    rec["messages"] = (prompt or _as_messages(obj["input"], "user", "input")) + _as_messages(
+        obj["output"], "assistant", "output")
     if "score" in obj and "reward" not in rec:
-        _reward_verdict(rec, "score", obj["score"], None)
+        _reward_verdict(rec, "score", obj["score"], None if "verifier" in rec else
+                        VERL_DUMP_THRESHOLD)
+    gts = obj.get("gts")
+    if isinstance(gts, (str, int, float)) and not isinstance(gts, bool):
+        rec["task"] = {"reference": str(gts), **(rec.get("task") or {})}
     if isinstance(obj.get("step"), int):
         rec.setdefault("source", {"step": obj["step"]})
     return rec
@@ -171,8 +226,19 @@ def normalize(obj, fields: dict | None = None) -> tuple[object, bool]:
         return obj, False
     f = {k: v for k, v in (fields or {}).items() if v not in (None, "")}
     if f.get("input_key") or f.get("label_key") or f.get("id_key") or f.get("reward_key"):
-        rec = _mapped(obj, f)
-    elif "messages" in obj:
+        try:
+            found = _detect(obj)
+        except FormatError:  # a layout the mapping's own columns may still read
+            found = None
+        rec = _mapped(obj, f, found)
+    else:
+        rec = _detect(obj)
+    return _finish(obj, rec)
+
+
+def _detect(obj: dict):
+    """The record of a row in one of the accepted layouts (the row itself when none fits)."""
+    if "messages" in obj:
         rec = obj
     elif "prompt" in obj and "completion" in obj:  # TRL prompt/completion
         rec = {k: obj[k] for k in RECORD_KEYS if k in obj}
@@ -184,6 +250,11 @@ def normalize(obj, fields: dict | None = None) -> tuple[object, bool]:
         rec = _verl_dump(obj)
     else:
         rec = obj
+    return rec
+
+
+def _finish(obj: dict, rec: dict) -> tuple[object, bool]:
+    """Messages in the record schema's names, tools parsed, an id derived where none is given."""
     msgs = rec.get("messages")
     if isinstance(msgs, list):
         new = [_message(m, f"messages[{i}]") for i, m in enumerate(msgs)]

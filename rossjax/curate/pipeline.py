@@ -12,7 +12,9 @@ Stages, per chunk of `chunk_rows` input rows (so memory stays bounded on million
                       fresh run of the named verifier (verifier.name, else task.domain);
              "stored" the stored verdict only;
              "rerun"  a fresh run for every row that names a verifier;
-           runs go to `verify_workers` CPU processes and the verdict is written into the record.
+           runs go to `verify_workers` CPU processes and the verdict is written into the record;
+           `verify_fn=module:function` (GRPO's reward.fn signature, verify/base.py) replaces the
+           named verifier for every row that gets a fresh verdict;
            passed=False is withheld as `verifier_failed`; passed=None (the verifier could not
            decide) as `verifier_undecided` unless `undecided="keep"`; a row left with no verdict
            at all (nothing stored, or no verifier named) as `unverified` unless
@@ -59,6 +61,7 @@ from rossjax.curate.schema import chunked, expand_inputs, iter_records, verifier
 from rossjax.errors import ConfigError, InputError
 from rossjax.tokenizers import load_tokenizer
 from rossjax.verify import WorkerPool, verifier_name, verify_records
+from rossjax.verify.base import load_fn, verify_fn_job
 
 VERIFY_MODES = ("auto", "stored", "rerun")
 ROW_FILTERS = ("accepted", "verifier_positive")
@@ -166,7 +169,8 @@ _UNVERIFIED = {
     "stored": "the row stores no verifier verdict and verify=stored runs none "
               "(set config.verify=auto, or config.unverified=keep to train on it anyway)",
     "auto": "the row stores no verifier verdict and names no verifier to run (verifier.name, "
-            "or a task.domain that is a verifier); set config.unverified=keep to train on it anyway",
+            "or a task.domain that is a verifier); give your own with config.verify_fn="
+            "module:function, or set config.unverified=keep to train on it anyway",
 }
 _UNVERIFIED["rerun"] = _UNVERIFIED["auto"]
 
@@ -215,6 +219,11 @@ def check_config(cfg, out_dir: str, list_inputs=expand_inputs) -> tuple[str, lis
         raise ConfigError(f"config.export_format {cfg.export_format!r} must be '' or 'parquet'")
     template_kwargs(cfg)
     field_mapping(cfg)
+    if cfg.get("verify_fn", ""):
+        if cfg.verify == "stored":
+            raise ConfigError("config.verify_fn runs a function and config.verify=stored runs none; "
+                              "set config.verify=auto (rows without a stored verdict) or rerun")
+        load_fn(cfg.verify_fn)  # importable here, not first inside a worker
     files = list_inputs(cfg.input)  # a missing file or an empty pattern fails here
     try:  # fail here, not inside a worker after reading rows
         load_tokenizer(cfg.tokenizer)
@@ -223,13 +232,18 @@ def check_config(cfg, out_dir: str, list_inputs=expand_inputs) -> tuple[str, lis
     return rows_filter, files
 
 
-def fresh_verdicts(todo: list, mode: str, pool: WorkerPool, report: Report) -> None:
-    """Run the named verifier on the rows that need a fresh verdict (all that name one for
-    "rerun", those without a stored verdict for "auto") and write it into each record."""
-    named = [(i, verifier_name(r)) for i, (_, r) in enumerate(todo)
+def fresh_verdicts(todo: list, mode: str, pool: WorkerPool, report: Report, fn: str = "",
+                   threshold: float = 0.5) -> None:
+    """Run the named verifier (or the verify function `fn`, for every row) on the rows that need
+    a fresh verdict (all for "rerun", those without a stored verdict for "auto") and write it
+    into each record."""
+    named = [(i, fn or verifier_name(r)) for i, (_, r) in enumerate(todo)
              if mode == "rerun" or not has_verdict(r)]
     named = [(i, n) for i, n in named if n]
-    verdicts = verify_records(pool, [todo[i][1] for i, _ in named]) if named else []
+    if fn:
+        verdicts = pool.map([(todo[i][1], fn, threshold) for i, _ in named], verify_fn_job)
+    else:
+        verdicts = verify_records(pool, [todo[i][1] for i, _ in named]) if named else []
     for (i, name), v in zip(named, verdicts):
         rec = todo[i][1]
         rec["verifier"] = {**(rec.get("verifier") or {}), "name": name,
@@ -302,7 +316,8 @@ def curate_chunk(chunk, cfg, rows_filter: str, pool: WorkerPool, compiler: Compi
                 continue
         todo.append((row.row, row.record))
     if cfg.verify != "stored":
-        fresh_verdicts(todo, cfg.verify, pool, lists.report)
+        fresh_verdicts(todo, cfg.verify, pool, lists.report, cfg.get("verify_fn", ""),
+                       float(cfg.get("verify_threshold", 0.5)))
     ready, review = filter_rows(todo, cfg, rows_filter, lists)
     for row, ex in compile_rows(ready, compiler, cfg.workers):
         if ex.status == "kept":

@@ -2,7 +2,9 @@
 
 The answer is always read from the *last assistant message with text content* (`content`, not
 `reasoning`: a model's scratch work must not count as its answer). Inside it:
-  - math: the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced;
+  - math: the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced; else GSM8K's final-answer
+    line `#### 42` (the last one; thousands commas and a trailing period dropped), which is also
+    how a GSM8K gold answer (the worked solution ending in `#### 42`) is read;
   - code and induction: the last fenced ```python block (else the last fenced block of any
     language); no fence, no program;
   - gym: the last `<answer>...</answer>` (reasoning-gym's convention), else the last `\\boxed{}`.
@@ -33,6 +35,18 @@ def extract_boxed(text: str) -> str | None:
         if depth == 0:
             best = text[m.end():i - 1]
     return best
+
+
+_GSM8K = re.compile(r"####[ \t]*([^\n]+?)[ \t]*$", re.M)
+
+
+def extract_gsm8k(text: str) -> str | None:
+    """The answer of GSM8K's last `#### 42` line ("1,234." -> "1234"), or None."""
+    found = _GSM8K.findall(text or "")
+    if not found:
+        return None
+    ans = found[-1].rstrip(".").strip()
+    return re.sub(r"(?<=\d),(?=\d{3}\b)", "", ans) or None
 
 
 def extract_code(text: str) -> str | None:

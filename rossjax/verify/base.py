@@ -1,8 +1,21 @@
-"""The verifier registry and `verify_one` (the Verdict type is in verdict.py)."""
+"""The verifier registry, `verify_one` (the Verdict type is in verdict.py) and the user's own
+verifier function (`rossjax curate --config.verify_fn=module:function`).
+
+A verify function has GRPO's `reward.fn` signature, `(prompt, completion, task)` (prompt: the
+last user message's text, completion: the last assistant message's text, task: the record's task
+dict), so one function serves both; it returns a bool (passed), None (cannot decide), a Verdict,
+a `(passed, evidence)` pair, or a number, which passes at >= `threshold` (config.verify_threshold,
+like GRPO's reward.success_threshold). Its module is found on PYTHONPATH or in the working
+directory; an exception inside it is an undecided verdict naming the error (never a lost row).
+"""
 
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
+import os
+import sys
 
 from rossjax.errors import InputError
 from rossjax.verify.verdict import Verdict, Verifier
@@ -65,3 +78,74 @@ def verify_one(record: dict, name: str | None = None) -> Verdict:
         return get(name)(record)
     except Exception as e:
         return Verdict(None, f"verifier {name} error: {type(e).__name__}: {e}"[:300])
+
+
+_FNS: dict = {}
+
+
+def load_fn(spec: str, field: str = "config.verify_fn"):
+    """The callable `spec` ("module:function") names, imported once per process; one sentence
+    (InputError) when it cannot be found."""
+    if spec in _FNS:
+        return _FNS[spec]
+    mod_name, _, fn_name = str(spec).partition(":")
+    if not mod_name or not fn_name:
+        raise InputError(f"{field} {spec!r} is not module:function.")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        if os.getcwd() in sys.path or e.name != mod_name.split(".")[0]:
+            raise InputError(f"{field} {spec!r}: module {mod_name!r} cannot be imported ({e}); "
+                             f"put its folder on PYTHONPATH.") from None
+        sys.path.append(os.getcwd())  # the working directory, as `python -m` would have it
+        return load_fn(spec, field)
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise InputError(f"{field} {spec!r}: {mod_name} has no function {fn_name!r}.")
+    _FNS[spec] = fn
+    return fn
+
+
+def _prompt_completion(record: dict) -> tuple[str, str]:
+    from rossjax.verify.answers import last_assistant_content
+
+    msgs = [m for m in record.get("messages") or [] if isinstance(m, dict)]
+    last = max((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), default=len(msgs))
+    prompt = next((m.get("content") or "" for m in reversed(msgs[:last])
+                   if m.get("role") == "user"), "")
+    return prompt, last_assistant_content(record) or ""
+
+
+def as_verdict(out, spec: str, threshold: float) -> Verdict:
+    """A verify function's return value as a Verdict (see the module doc)."""
+    if isinstance(out, Verdict):
+        return out
+    if out is None:
+        return Verdict(None, f"{spec} returned None (cannot decide)")
+    if isinstance(out, bool):
+        return Verdict(out, f"{spec} returned {out}")
+    if isinstance(out, numbers.Real):
+        x = float(out)
+        if math.isnan(x):
+            return Verdict(None, f"{spec} returned NaN (cannot decide)")
+        ok = x >= threshold
+        return Verdict(ok, f"{spec} scored {x:g} {'>=' if ok else '<'} threshold {threshold:g}")
+    if isinstance(out, tuple) and len(out) == 2 and (out[0] is None or isinstance(out[0], bool)):
+        return Verdict(out[0], str(out[1])[:300])
+    return Verdict(None, f"{spec} returned a {type(out).__name__}; return True/False/None, a "
+                         f"number, a Verdict or (passed, evidence)")
+
+
+def verify_with_fn(record: dict, spec: str, threshold: float = 0.5) -> Verdict:
+    """The user's verify function on one record; never raises (an error is undecided)."""
+    try:
+        prompt, completion = _prompt_completion(record)
+        return as_verdict(load_fn(spec)(prompt, completion, record.get("task") or {}), spec,
+                          float(threshold))
+    except Exception as e:  # noqa: BLE001 - one row's crash must not end the run
+        return Verdict(None, f"{spec} error: {type(e).__name__}: {e}"[:300])
+
+
+def verify_fn_job(args) -> Verdict:
+    """For a WorkerPool: `verify_with_fn(record, spec, threshold)` (picklable, module-level)."""
+    return verify_with_fn(*args)
