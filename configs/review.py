@@ -45,7 +45,8 @@ def get_config():
     c.endpoint.base_url = ""  # "" = $OPENAI_BASE_URL, else http://127.0.0.1:8000/v1
     c.endpoint.model = ""  # the served model name (required)
     c.endpoint.api_key = ""  # "" = $OPENAI_API_KEY; sent as a Bearer token; redacted in reports
-    c.endpoint.timeout_s = 120.0
+    c.endpoint.timeout_s = 120.0  # the whole request (connect to last byte), not one read
+    c.endpoint.max_response_bytes = 8 << 20  # a longer response body is not read: row withheld
     c.endpoint.max_retries = 4  # on 429/5xx/connection errors, exponential backoff
     c.endpoint.backoff_s = 1.0  # first retry delay (doubles each retry, jittered, max 60 s)
     c.endpoint.concurrency = 8  # rows reviewed at once (one kept-alive connection each)
@@ -73,6 +74,9 @@ def get_config():
     c.template = "chatml"
     c.max_length = 32768  # rows longer than this are withheld too_long before asking; 0 = none
     c.cache_dir = ""  # default WORKDIR/cache
+    # On a rerun: failed = ask again the cached answers that failed a check (unparseable, cut
+    # off, ...), replay the rest; none = replay every cached answer; all = ask everything again.
+    c.reask = "failed"
     c.chunk_rows = 1024  # rows asked per step (bounds memory)
     c.rows_per_shard = 0  # 0 = one output file (curate reads one file per run)
     c.compress = True  # .jsonl.gz shards

@@ -14,7 +14,7 @@ def summary(report: dict, workdir: str) -> list[str]:
                                                   key=lambda kv: -kv[1])[:4])
     q = report["requests"]
     outs = [os.path.join(workdir, o["path"]) for o in report["outputs"]]
-    first = outs[0] if outs else "(no rows kept)"
+    first = outs[0] if outs else ""
     return [
         f"rossjax review: {report['input_rows']} rows: {b['kept']} kept "
         f"({report['kept_by']['reviewed']} reviewed, {report['kept_by']['passed_through']} passed "
@@ -26,19 +26,21 @@ def summary(report: dict, workdir: str) -> list[str]:
             f"{name} {st['requests']} requests {st['prompt_tokens'] + st['completion_tokens']} "
             f"tokens" + (f" withheld {sum(st['withheld'].values())}" if st["withheld"] else "")
             for name, st in report.get("stages", {}).items()) or "none asked"),
-        f"annotated rollouts: {first}" + (f" (+{len(outs) - 1} more shards)" if len(outs) > 1
-                                          else "")
-        + f"; report {os.path.join(workdir, 'report.json')}; next: rossjax curate "
-          f"--config=configs/curate.py --config.input={first}",
+        (f"annotated rollouts: {first}" + (f" (+{len(outs) - 1} more shards)" if len(outs) > 1
+                                           else "")
+         + f"; report {os.path.join(workdir, 'report.json')}; next: rossjax curate "
+           f"--config=configs/curate.py --config.input={first}") if outs
+        else f"no rows kept; report {os.path.join(workdir, 'report.json')}",
     ]
 
 
 def main(argv=None) -> int:
-    from rossjax.review.run import run
+    from rossjax.review.run import check_kept, run
 
     cfg, workdir, _ = command_config(list(argv or []), "review", "configs/review.py",
                                      default_config=repo_config("review.py"))
     report = run(cfg, workdir)
     for line in summary(report, workdir):
         print(line)
+    check_kept(report, cfg, workdir)  # kept nothing: one sentence why, exit 2
     return 0

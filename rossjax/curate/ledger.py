@@ -163,6 +163,22 @@ class Report:
                          "ter": c["excluded"] / c["content"] if c["content"] else 0.0}
                 for s, c in sorted(self.ter_steps.items(), key=lambda kv: key(kv[0]))}
 
+    def accounts(self, rows_read: int | None = None) -> dict:
+        """input_rows, buckets, reasons and kept_by_review: the part of report.json every run
+        over rows writes (review adds its own fields). `rows_read` (the reader's own count) must
+        equal the rows settled here: a row read but never settled is a bug, never a report."""
+        if rows_read is not None and rows_read != self.input_rows:
+            raise AssertionError(f"{rows_read} rows were read but {self.input_rows} settled")
+        return {"input_rows": self.input_rows, "buckets": dict(self.buckets),
+                "reasons": {k: dict(sorted(v.items())) for k, v in self.reasons.items()},
+                "kept_by_review": dict(self.kept_by_review)}
+
+    def top_reasons(self, k: int = 3) -> list[tuple[int, str, str]]:
+        """The `k` most frequent (rows, bucket, reason) among withheld and invalid rows."""
+        counts = [(n, status, code) for status in LISTS
+                  for code, n in self.reasons[status].items()]
+        return sorted(counts, key=lambda c: (-c[0], c[1], c[2]))[:k]
+
     def to_dict(self, elapsed_s: float = 0.0) -> dict:
         total = sum(self.buckets.values())
         if total != self.input_rows:  # the accounting promise (docs/data.md); never ship a lie

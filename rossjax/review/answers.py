@@ -2,9 +2,10 @@
 
 Models wrap JSON in ```json fences, in a sentence of preamble, or after a <think> block; all of
 that is tolerated as long as exactly ONE JSON object can be found. Anything else (no object, two
-different objects, an array) is `Unparseable`. `read_answer` adds the limits of a usable answer
-(not cut off at max_tokens, not huge) and names each failure with the withheld reason it becomes
-when no retry fixes it (`BadAnswer.code`); the want_* helpers check field types the same way.
+different objects, an array, JSON nested past the parser's depth) is `Unparseable`.
+`read_answer` adds the limits of a usable answer (not cut off at max_tokens, not huge) and names
+each failure with the withheld reason it becomes when no retry fixes it (`BadAnswer.code`); the
+want_* helpers check field types the same way.
 """
 
 from __future__ import annotations
@@ -16,8 +17,31 @@ _FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n?(.*?)```", re.S)
 _THINK = re.compile(r"<think>.*?</think>", re.S)
 
 
+MAX_DEPTH = 32  # no stage's answer nests deeper than ~5 levels; deeper is junk, never parsed on
+_DEEP = f"the answer nests JSON deeper than {MAX_DEPTH} levels"
+
+
 class Unparseable(ValueError):
     pass
+
+
+def _too_deep(obj, limit: int = MAX_DEPTH) -> bool:
+    """True when `obj` nests containers more than `limit` levels (iterative: a deep object
+    must not crash the checks that print or walk it)."""
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, (dict, list)):
+            if d > limit:
+                return True
+            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return False
+
+
+def _one(obj: dict) -> dict:
+    if _too_deep(obj):
+        raise Unparseable(_DEEP)
+    return obj
 
 
 def _objects_in(text: str) -> list[dict]:
@@ -26,6 +50,8 @@ def _objects_in(text: str) -> list[dict]:
     while i >= 0:
         try:
             obj, end = dec.raw_decode(text, i)
+        except RecursionError:
+            raise Unparseable(_DEEP) from None
         except ValueError:
             i = text.find("{", i + 1)
             continue
@@ -42,10 +68,12 @@ def extract_json(text: str) -> dict:
     text = _THINK.sub("", text).strip()
     try:
         obj = json.loads(text)
+    except RecursionError:
+        raise Unparseable(_DEEP) from None
     except ValueError:
         obj = None
     if isinstance(obj, dict):
-        return obj
+        return _one(obj)
     if obj is not None:
         raise Unparseable(f"the answer is a JSON {type(obj).__name__}, not an object")
     found = []
@@ -53,6 +81,7 @@ def extract_json(text: str) -> dict:
         found += _objects_in(block)
     if not found:
         found = _objects_in(text)
+    found = [_one(o) for o in found]
     distinct = {json.dumps(o, sort_keys=True): o for o in found}
     if not distinct:
         raise Unparseable("no JSON object found in the answer")

@@ -1,4 +1,6 @@
-"""`run(cfg, workdir)`: rollouts in, reviewer-annotated rollouts out, every row accounted for.
+"""`run(cfg, workdir)`: rollouts in, reviewer-annotated rollouts out, every row accounted for in
+curate's ledger (curate/ledger.py: the same Report, withheld/invalid lists and report.json sum
+check as `rossjax curate`).
 
 Per chunk of `chunk_rows` input rows (memory stays bounded; the answer cache makes a killed run
 resume where it stopped, asking nothing twice):
@@ -19,6 +21,8 @@ resume where it stopped, asking nothing twice):
             into transcripts.jsonl (what `rossjax inspect` shows next to the mask); counts into
             report.json: buckets add up to the input rows, and `stages` counts requests, tokens,
             failed checks and withheld rows per stage.
+`check_kept(report, cfg, workdir)` turns a run that kept no row into one sentence saying why and
+which setting changes it (the CLI exits 2 on it).
 """
 
 from __future__ import annotations
@@ -32,19 +36,32 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
 
-from rossjax.errors import ConfigError
+from rossjax.curate.ledger import Report, RowLists, write_json
+from rossjax.errors import ConfigError, InputError
 from rossjax.review.agentic import review_agentic
-from rossjax.review.client import ReviewerClient, ReviewerError
+from rossjax.review.client import REASK, ReviewerClient, ReviewerError
 from rossjax.review.prompts import PROMPT_VERSION, response_format
 from rossjax.review.render import MODES, review_mode
 from rossjax.review.single_turn import review_single_turn
 from rossjax.review.steps import Row, RowWithheld
 from rossjax.review.transcripts import TRANSCRIPTS
+from rossjax.review.transport import display_url
 
 ROW_FILTERS = ("verifier_positive", "all")
 SHARD_PREFIX = "reviewed-"
 STAGES = ("proposal", "audit", "repair", "discovery", "localization")
+KEPT_BY = ("reviewed", "passed_through", "bypassed")
+# Reasons a row is withheld before anything is asked, and the setting that would review it.
+NOT_ELIGIBLE = {
+    "unverified": "the rows store no verifier verdict (a reward is not one); "
+                  "--config.unverified=keep reviews them (set it in the curate run too)",
+    "verifier_failed": "their verifier failed; --config.rows=all reviews them",
+    "verifier_undecided": "their verifier could not decide; --config.undecided=keep reviews them "
+                          "(set it in the curate run too)",
+    "too_long": "raise --config.max_length (0 = no limit)",
+}
 
 
 class _Shards:
@@ -84,10 +101,13 @@ def _clear_outputs(out_dir: str):
 
 
 def public_config(cfg) -> dict:
-    """The config as report.json records it, with the API key blanked."""
+    """The config as report.json records it: the API key blanked, URL credentials hidden."""
     d = cfg.to_dict() if hasattr(cfg, "to_dict") else json.loads(json.dumps(dict(cfg), default=str))
-    if (d.get("endpoint") or {}).get("api_key"):
-        d["endpoint"]["api_key"] = "<redacted>"
+    e = d.get("endpoint") or {}
+    if e.get("api_key"):
+        e["api_key"] = "<redacted>"
+    if e.get("base_url"):
+        e["base_url"] = display_url(urlsplit(e["base_url"]))
     return d
 
 
@@ -96,7 +116,9 @@ def make_client(cfg, cache_dir: str) -> ReviewerClient:
     return ReviewerClient(e.base_url or None, e.model, api_key=e.api_key or None,
                           timeout_s=e.timeout_s, max_retries=e.max_retries,
                           temperature=e.temperature, max_tokens=e.max_tokens, cache_dir=cache_dir,
-                          backoff_s=e.backoff_s, extra_body=e.get("extra_body", ""))
+                          backoff_s=e.backoff_s, extra_body=e.get("extra_body", ""),
+                          max_response_bytes=e.get("max_response_bytes", 8 << 20),
+                          reask=cfg.get("reask", "failed"))
 
 
 def _check_config(cfg):
@@ -104,6 +126,8 @@ def _check_config(cfg):
         raise ConfigError(f"config.rows {cfg.rows!r} must be one of {', '.join(ROW_FILTERS)}")
     if cfg.mode not in MODES:
         raise ConfigError(f"config.mode {cfg.mode!r} must be one of {', '.join(MODES)}")
+    if cfg.get("reask", "failed") not in REASK:
+        raise ConfigError(f"config.reask {cfg.reask!r} must be one of {', '.join(REASK)}")
     for key in ("max_step_retries", "max_repair_rounds"):
         if cfg[key] < 0:
             raise ConfigError(f"config.{key} must be >= 0, got {cfg[key]}")
@@ -121,180 +145,227 @@ def _check_config(cfg):
 def _not_positive(rec: dict) -> tuple[str, str]:
     ver = rec.get("verifier")
     if isinstance(ver, dict) and ver.get("passed") is False:
-        return "verifier_failed", f"verifier {ver.get('name', '?')} failed this rollout"
+        return "verifier_failed", (f"verifier {ver.get('name', '?')} failed this rollout "
+                                   "(config.rows=all reviews it)")
     if isinstance(ver, dict) and "passed" in ver:
         return "verifier_undecided", (f"verifier {ver.get('name', '?')} could not decide "
                                       "(config.undecided=keep reviews it)")
-    return "unverified", ("the row stores no verifier verdict (a reward is not one); run "
-                          "`rossjax curate` verification first, or config.unverified=keep")
+    return "unverified", ("the row stores no verifier verdict (a reward is not one); "
+                          "config.unverified=keep reviews it")
+
+
+class ReviewRun:
+    """One review of `cfg.input` into `workdir`: `prepare` settles or queues each row read,
+    `procedure` reviews a queued row (in worker threads), `settle` books its outcome;
+    `execute` drives the chunks and returns the report. Use as a context manager (the output
+    files are closed however the run ends)."""
+
+    def __init__(self, cfg, workdir: str):
+        from rossjax.curate.schema import expand_inputs
+        from rossjax.tokenizers import load_tokenizer
+
+        _check_config(cfg)
+        self.cfg, self.workdir = cfg, workdir
+        self.files = expand_inputs(cfg.input)  # one file, a directory, a glob or a comma list
+        try:
+            self.tok = load_tokenizer(cfg.tokenizer)
+        except (FileNotFoundError, ValueError) as e:
+            raise ConfigError(f"config.tokenizer {cfg.tokenizer!r} cannot be loaded: {e}") from None
+        self.client = make_client(cfg, cfg.cache_dir or os.path.join(workdir, "cache"))
+        os.makedirs(workdir, exist_ok=True)
+        _clear_outputs(workdir)
+        self.if_domains = {d.strip() for d in cfg.if_domains.split(",") if d.strip()}
+        self._compile_lock = threading.Lock()  # tokenizers are not all thread-safe
+        self.ledger = Report(public_config(cfg))
+        self.rows_read = 0
+        self.answered = 0  # reviewer answers received so far (a refusal before any: setup error)
+        self.kept_by, self.procedures, self.attempts = Counter(), Counter(), Counter()
+        self.stage_withheld = {s: Counter() for s in STAGES}
+        self.stage_checks = {s: Counter() for s in STAGES}
+        self.shards = _Shards(workdir, cfg.rows_per_shard, cfg.compress)
+        self.lists = RowLists(workdir, self.ledger)
+        self.transcripts = open(os.path.join(workdir, TRANSCRIPTS), "w", encoding="utf-8")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shards.close()
+        self.transcripts.close()
+        self.lists.close()
+
+    def compile(self, rec):
+        from rossjax.curate.masks import compile_rollout
+
+        with self._compile_lock:
+            return compile_rollout(rec, self.tok, template=self.cfg.template,
+                                   max_length=self.cfg.max_length or None)
+
+    def keep(self, record: dict, how: str, status: str):
+        self.ledger.add("kept", review=status)
+        self.kept_by[how] += 1
+        self.shards.write(record)
+
+    def prepare(self, row):
+        """(row number, Row) to review, or None once the row is settled without asking."""
+        from rossjax.curate.schema import verifier_positive
+        from rossjax.templates import render_chat
+
+        cfg, rec = self.cfg, row.record
+        self.rows_read += 1
+        if rec is None:
+            self.lists.add("invalid", row.row, row.id, "invalid_record", row.reason)
+            return None
+        positive = verifier_positive(rec, undecided=cfg.undecided, unverified=cfg.unverified)
+        if cfg.rows == "verifier_positive" and not positive:
+            self.lists.add("withheld", row.row, rec["id"], *_not_positive(rec))
+            return None
+        if rec.get("annotation") is not None and not cfg.overwrite:
+            self.keep(rec, "passed_through", rec["annotation"].get("status", "accept"))
+            return None
+        rec = {k: v for k, v in rec.items() if k not in ("annotation", "review")}
+        pre = self.compile(rec)
+        if pre.status != "kept":  # no annotation could make this row compile: do not ask
+            self.lists.add(pre.status, row.row, rec["id"], pre.reason, pre.detail)
+            return None
+        if cfg.if_bypass and positive and (rec.get("task") or {}).get("domain") in self.if_domains:
+            self.keep({**rec, "annotation": {"status": "accept"},
+                       "review": {"bypass": "instruction_following",
+                                  "prompt_version": PROMPT_VERSION}}, "bypassed", "accept")
+            return None
+        return row.row, Row(self.client, rec, render_chat(rec["messages"], cfg.template, self.tok),
+                            self.compile, cfg.max_step_retries, cfg.max_answer_chars,
+                            cfg.endpoint.response_format)
+
+    def _procedure_name(self, r: Row) -> str:
+        return "agentic" if review_mode(r.record, self.cfg.mode) == "exclude" else "single_turn"
+
+    def procedure(self, item):
+        """The row's annotation (a dict) or the RowWithheld that ended its review."""
+        _, r = item
+        try:
+            if self._procedure_name(r) == "agentic":
+                return review_agentic(r, self.cfg.step_group)
+            return review_single_turn(r, self.cfg.max_repair_rounds)
+        except RowWithheld as e:
+            return e
+
+    def settle(self, item, out):
+        row, r = item
+        proc = self._procedure_name(r)
+        self.procedures[proc] += 1
+        self.attempts[r.answers] += 1
+        self.answered += r.answers
+        for entry in r.transcript:
+            if "check" in entry:
+                self.stage_checks[entry["stage"]][entry["check"]["code"]] += 1
+        rid = r.record["id"]
+        withheld = isinstance(out, RowWithheld)
+        if withheld:
+            self.lists.add("withheld", row, rid, out.code, out.detail)
+            self.stage_withheld[out.stage][out.code] += 1
+        else:
+            info = {"model": self.client.model, "prompt_version": PROMPT_VERSION,
+                    "procedure": proc, "answers": r.answers, "reason": out["reason"]}
+            info.update({k: out[k] for k in ("repair_rounds", "findings") if k in out})
+            self.keep({**r.record, "annotation": out["annotation"], "review": info}, "reviewed",
+                      out["annotation"]["status"])
+        self.transcripts.write(json.dumps(
+            {"row": row, "id": rid, "procedure": proc, "status": "withheld" if withheld else "kept",
+             "reason": out.code if withheld else None, "entries": r.transcript},
+            ensure_ascii=False) + "\n")
+
+    def review_chunk(self, pool, chunk):
+        items = [it for it in map(self.prepare, chunk) if it is not None]
+        outs = list(pool.map(self.procedure, items))
+        failed = [o for o in outs if isinstance(o, RowWithheld) and o.endpoint]
+        if (outs and len(failed) == len(outs) and not self.answered
+                and not any(r.answers for _, r in items)):
+            # every request failed at the endpoint, none ever answered: the setup, not the rows
+            raise ReviewerError(failed[0].detail)
+        for item, out in zip(items, outs):  # input order
+            self.settle(item, out)
+
+    def execute(self) -> dict:
+        from tqdm import tqdm
+
+        from rossjax.curate.schema import chunked, iter_records
+
+        t0 = time.perf_counter()
+        bar = tqdm(unit="row", desc="review", disable=not self.cfg.progress, file=sys.stderr)
+        try:
+            with ThreadPoolExecutor(max(1, self.cfg.endpoint.concurrency)) as pool:
+                for chunk in chunked(iter_records(self.files), self.cfg.chunk_rows):
+                    self.review_chunk(pool, chunk)
+                    bar.update(len(chunk))
+                    bar.set_postfix_str(f"kept {self.ledger.buckets['kept']}")
+        finally:
+            bar.close()
+        self.shards.close()
+        report = self.report(time.perf_counter() - t0)
+        write_json(os.path.join(self.workdir, "report.json"), report)
+        return report
+
+    def stages(self) -> dict:
+        out = {}
+        for s in STAGES:
+            c = dict(self.client.stats.get(s, {}))
+            if c or self.stage_withheld[s] or self.stage_checks[s]:
+                out[s] = {**{k: c.get(k, 0) for k in ("requests", "retries", "cache_hits",
+                                                      "reasked", "prompt_tokens",
+                                                      "completion_tokens")},
+                          "failed_checks": dict(sorted(self.stage_checks[s].items())),
+                          "withheld": dict(sorted(self.stage_withheld[s].items()))}
+        return out
+
+    def report(self, elapsed_s: float) -> dict:
+        acc = self.ledger.accounts(self.rows_read)  # every row read is settled exactly once
+        kept_by_review = acc.pop("kept_by_review")
+        return {
+            **acc,
+            "kept_by": {k: self.kept_by[k] for k in KEPT_BY},
+            "kept_by_status": {k: n for k, n in sorted(kept_by_review.items()) if n},
+            "procedures": dict(sorted(self.procedures.items())),
+            "attempts": {str(k): v for k, v in sorted(self.attempts.items())},
+            "requests": {**self.client.totals(), "connections": self.client.connections},
+            "stages": self.stages(),
+            "reviewer": {"url": self.client.url, "model": self.client.model,
+                         "prompt_version": PROMPT_VERSION},
+            "outputs": self.shards.written,
+            "transcripts": TRANSCRIPTS,
+            "config": self.ledger.config,
+            "elapsed_s": round(elapsed_s, 3),
+        }
 
 
 def run(cfg, workdir: str) -> dict:
     """Review the rollouts of an ml-collections config (configs/review.py) into `workdir`;
     returns the report (also written to WORKDIR/report.json)."""
-    from tqdm import tqdm
+    with ReviewRun(cfg, workdir) as r:
+        return r.execute()
 
-    from rossjax.curate.ledger import list_line, write_json
-    from rossjax.curate.masks import compile_rollout
-    from rossjax.curate.schema import chunked, expand_inputs, iter_records, verifier_positive
-    from rossjax.templates import render_chat
-    from rossjax.tokenizers import load_tokenizer
 
-    _check_config(cfg)
-    files = expand_inputs(cfg.input)  # one file, a directory, a glob or a comma list
-    try:
-        tok = load_tokenizer(cfg.tokenizer)
-    except (FileNotFoundError, ValueError) as e:
-        raise ConfigError(f"config.tokenizer {cfg.tokenizer!r} cannot be loaded: {e}") from None
-    client = make_client(cfg, cfg.cache_dir or os.path.join(workdir, "cache"))
-    os.makedirs(workdir, exist_ok=True)
-    _clear_outputs(workdir)
-    max_length = cfg.max_length or None
-    if_domains = {d.strip() for d in cfg.if_domains.split(",") if d.strip()}
-    compile_lock = threading.Lock()  # tokenizers are not all thread-safe
-
-    def compile_(rec):
-        with compile_lock:
-            return compile_rollout(rec, tok, template=cfg.template, max_length=max_length)
-
-    buckets = Counter({"kept": 0, "withheld": 0, "invalid": 0})
-    reasons = {"withheld": Counter(), "invalid": Counter()}
-    kept_by, kept_status, procs, answers = Counter(), Counter(), Counter(), Counter()
-    stage_withheld = {s: Counter() for s in STAGES}
-    stage_checks = {s: Counter() for s in STAGES}
-    n_rows = [0]
-    answered = [0]  # reviewer answers received so far (a refusal before any is a setup error)
-    shards = _Shards(workdir, cfg.rows_per_shard, cfg.compress)
-    lists = {k: open(os.path.join(workdir, f"{k}.jsonl"), "w", encoding="utf-8")
-             for k in ("invalid", "withheld")}
-    transcripts = open(os.path.join(workdir, TRANSCRIPTS), "w", encoding="utf-8")
-
-    def bucket(status, row, rid, code, detail):
-        buckets[status] += 1
-        reasons[status][code] += 1
-        lists[status].write(list_line(row, rid, code, detail))
-
-    def keep(record, how, status):
-        buckets["kept"] += 1
-        kept_by[how] += 1
-        kept_status[status] += 1
-        shards.write(record)
-
-    def prepare(row):
-        """A Row to review, or None once the row is settled without asking."""
-        n_rows[0] += 1
-        rec = row.record
-        if rec is None:
-            bucket("invalid", row.row, row.id, "invalid_record", row.reason)
-            return None
-        positive = verifier_positive(rec, undecided=cfg.undecided, unverified=cfg.unverified)
-        if cfg.rows == "verifier_positive" and not positive:
-            bucket("withheld", row.row, rec["id"], *_not_positive(rec))
-            return None
-        if rec.get("annotation") is not None and not cfg.overwrite:
-            keep(rec, "passed_through", rec["annotation"].get("status", "accept"))
-            return None
-        rec = {k: v for k, v in rec.items() if k not in ("annotation", "review")}
-        pre = compile_(rec)
-        if pre.status != "kept":  # no annotation could make this row compile: do not ask
-            bucket(pre.status, row.row, rec["id"], pre.reason, pre.detail)
-            return None
-        if cfg.if_bypass and positive and (rec.get("task") or {}).get("domain") in if_domains:
-            keep({**rec, "annotation": {"status": "accept"},
-                  "review": {"bypass": "instruction_following", "prompt_version": PROMPT_VERSION}},
-                 "bypassed", "accept")
-            return None
-        return (row.row, Row(client, rec, render_chat(rec["messages"], cfg.template, tok),
-                             compile_, cfg.max_step_retries, cfg.max_answer_chars,
-                             cfg.endpoint.response_format))
-
-    def procedure(item):
-        _, r = item
-        agentic = review_mode(r.record, cfg.mode) == "exclude"
-        try:
-            if agentic:
-                return review_agentic(r, cfg.step_group)
-            return review_single_turn(r, cfg.max_repair_rounds)
-        except RowWithheld as e:
-            return e
-
-    def settle(item, out):
-        row, r = item
-        proc = "agentic" if review_mode(r.record, cfg.mode) == "exclude" else "single_turn"
-        procs[proc] += 1
-        answers[r.answers] += 1
-        answered[0] += r.answers
-        for entry in r.transcript:
-            if "check" in entry:
-                stage_checks[entry["stage"]][entry["check"]["code"]] += 1
-        rid = r.record["id"]
-        if isinstance(out, RowWithheld):
-            bucket("withheld", row, rid, out.code, out.detail)
-            stage_withheld[out.stage][out.code] += 1
-            status = "withheld"
-        else:
-            info = {"model": client.model, "prompt_version": PROMPT_VERSION, "procedure": proc,
-                    "answers": r.answers, "reason": out["reason"]}
-            for k in ("repair_rounds", "findings"):
-                if k in out:
-                    info[k] = out[k]
-            keep({**r.record, "annotation": out["annotation"], "review": info}, "reviewed",
-                 out["annotation"]["status"])
-            status = "kept"
-        transcripts.write(json.dumps(
-            {"row": row, "id": rid, "procedure": proc, "status": status,
-             "reason": out.code if status == "withheld" else None, "entries": r.transcript},
-            ensure_ascii=False) + "\n")
-
-    t0 = time.perf_counter()
-    bar = tqdm(unit="row", desc="review", disable=not cfg.progress, file=sys.stderr)
-    try:
-        with ThreadPoolExecutor(max(1, cfg.endpoint.concurrency)) as pool:
-            for chunk in chunked(iter_records(files), cfg.chunk_rows):
-                items = [it for it in map(prepare, chunk) if it is not None]
-                outs = list(pool.map(procedure, items))
-                refused = [o for o in outs if isinstance(o, RowWithheld)
-                           and o.code == "reviewer_refused"]
-                if (outs and len(refused) == len(outs) and not answered[0]
-                        and not any(r.answers for _, r in items)):
-                    # every request refused, none ever answered: a setup problem, not the rows
-                    raise ReviewerError(refused[0].detail)
-                for item, out in zip(items, outs):  # input order
-                    settle(item, out)
-                bar.update(len(chunk))
-                bar.set_postfix_str(f"kept {buckets['kept']}")
-    finally:
-        bar.close()
-        shards.close()
-        transcripts.close()
-        for f in lists.values():
-            f.close()
-    if sum(buckets.values()) != n_rows[0]:  # the accounting promise (docs/data.md)
-        raise AssertionError(f"buckets sum to {sum(buckets.values())} but {n_rows[0]} rows "
-                             "were read")
-    stages = {}
-    for s in STAGES:
-        c = dict(client.stats.get(s, {}))
-        if c or stage_withheld[s] or stage_checks[s]:
-            stages[s] = {**{k: c.get(k, 0) for k in ("requests", "retries", "cache_hits",
-                                                     "prompt_tokens", "completion_tokens")},
-                         "failed_checks": dict(sorted(stage_checks[s].items())),
-                         "withheld": dict(sorted(stage_withheld[s].items()))}
-    report = {
-        "input_rows": n_rows[0],
-        "buckets": dict(buckets),
-        "reasons": {k: dict(sorted(v.items())) for k, v in reasons.items()},
-        "kept_by": {k: kept_by[k] for k in ("reviewed", "passed_through", "bypassed")},
-        "kept_by_status": dict(sorted(kept_status.items())),
-        "procedures": dict(sorted(procs.items())),
-        "attempts": {str(k): v for k, v in sorted(answers.items())},
-        "requests": {**client.totals(), "connections": client.connections},
-        "stages": stages,
-        "reviewer": {"url": client.url, "model": client.model, "prompt_version": PROMPT_VERSION},
-        "outputs": shards.written,
-        "transcripts": TRANSCRIPTS,
-        "config": public_config(cfg),
-        "elapsed_s": round(time.perf_counter() - t0, 3),
-    }
-    write_json(os.path.join(workdir, "report.json"), report)
-    return report
+def check_kept(report: dict, cfg, workdir: str) -> None:
+    """A run that read rows but kept none is an InputError: one sentence with the top reasons,
+    each with the setting that changes it."""
+    if not report["input_rows"] or report["buckets"]["kept"]:
+        return
+    ledger = Report()
+    for status in ("withheld", "invalid"):
+        ledger.reasons[status].update(report["reasons"][status])
+    top = ledger.top_reasons(3)
+    asked = report["requests"]["requests"] + report["requests"]["cache_hits"]
+    words = []
+    for n, status, code in top:
+        hint = NOT_ELIGIBLE.get(code)
+        if code == "too_long":
+            hint = f"rows are longer than config.max_length={cfg.max_length} tokens; {hint}"
+        elif code.startswith("reviewer_") and code not in ("reviewer_drop",):
+            hint = ("a rerun asks failed answers again (config.reask=failed); "
+                    f"see {os.path.join(workdir, TRANSCRIPTS)}")
+        words.append(f"{n} {status} as {code}" + (f" ({hint})" if hint else ""))
+    what = ("no row is eligible for review" if not asked
+            else "none of the reviewed rows was kept")
+    raise InputError(f"{cfg.input}: {what} ({report['input_rows']} rows read): "
+                     f"{'; '.join(words)}; each row's reason is in "
+                     f"{os.path.join(workdir, 'withheld.jsonl')} and invalid.jsonl")

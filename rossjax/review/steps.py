@@ -15,14 +15,19 @@ from rossjax.review.client import ReviewerError
 from rossjax.review.prompts import response_format, retry
 
 # Refusals that concern one request (too long for the context, a payload the server rejects):
-# that row is withheld, the run goes on. Any other 4xx (auth, unknown model) stops the run.
+# that row is withheld, the run goes on; so is a response that cannot be an answer (too large,
+# not JSON, not a chat completion: ReviewerError.code). Any other 4xx (auth, unknown model)
+# stops the run.
 ROW_REFUSALS = (400, 413, 422)
 
 
 class RowWithheld(Exception):
-    def __init__(self, code: str, detail: str, stage: str):
+    """`endpoint`: the endpoint failed this request (no answer to judge), as opposed to an
+    answer that was judged and found wanting."""
+
+    def __init__(self, code: str, detail: str, stage: str, endpoint: bool = False):
         super().__init__(detail)
-        self.code, self.detail, self.stage = code, detail, stage
+        self.code, self.detail, self.stage, self.endpoint = code, detail, stage, endpoint
 
 
 @dataclass
@@ -57,13 +62,15 @@ class Row:
             try:
                 reply = self.client.ask(messages, stage=stage, response_format=fmt)
             except ReviewerError as e:
-                if e.status in ROW_REFUSALS:
-                    raise RowWithheld("reviewer_refused", str(e), stage) from None
+                if e.code or e.status in ROW_REFUSALS:  # this request's failure, not the run's
+                    raise RowWithheld(e.code or "reviewer_refused", str(e), stage,
+                                      endpoint=True) from None
                 raise
             self.answers += 1
             try:
                 out = check(read_answer(reply, self.max_chars))
             except BadAnswer as e:
+                self.client.mark_failed(reply.key, e.code)  # re-asked on a rerun (config.reask)
                 self.log(stage, messages, reply, e)
                 last = e
                 messages = retry(messages, reply.text[:self.max_chars], e.detail)
