@@ -6,6 +6,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from rossjax import cli
 
@@ -175,3 +176,77 @@ def test_verl_rollout_dump_score_is_the_verdict_and_the_prompt_is_not_templated_
     rep = _report(tmp_path / "m")
     assert rep["buckets"]["kept"] == 2 and rep["reasons"]["withheld"] == {"verifier_failed": 2}
     assert set(rep["ter_by_step"]) == {"3", "4"}  # the kept rows, step 3 and 4
+
+
+GRPO = os.path.join(ROOT, "configs", "grpo_verifier.py")
+
+
+@pytest.fixture(scope="module")
+def custom_grpo(tmp_path_factory):
+    """A 2-step GRPO run whose only reward is the user's reward.fn (odd-length answers score 1)."""
+    tmp = tmp_path_factory.mktemp("grpo_fn")
+    (tmp / "myreward.py").write_text(
+        "def odd(prompt, completion, task):\n    return float(len(completion) % 2)\n")
+    mp = pytest.MonkeyPatch()
+    mp.syspath_prepend(str(tmp))
+    work = str(tmp / "grpo")
+    rc = cli.main(["grpo", f"--config={GRPO}:runlocal", f"--workdir={work}", "--config.grpo.steps=2",
+                   "--config.grpo.max_new_tokens=12", "--config.reward.fn=myreward:odd",
+                   "--config.reward.workers=1", "--config.checkpoint.save_every=1"])
+    mp.undo()
+    assert rc == 0
+    return tmp, work
+
+
+def test_grpo_history_with_a_custom_reward_relearns(custom_grpo, capsys):
+    """Every history row carries the verdict of its reward (passed = reward >=
+    reward.success_threshold), so curate keeps exactly the rows the custom reward passed and
+    re-verifies none of them (was: every row re-verified as math and failed)."""
+    from rossjax.train.history import read_history
+
+    tmp, work = custom_grpo
+    rows = read_history(os.path.join(work, "history.jsonl"))
+    assert len(rows) == 2 * 4 * 4
+    for r in rows:
+        v = r["verifier"]
+        assert v["name"] == "grpo_reward" and v["passed"] == (r["reward"] >= 0.5)
+        assert "reward.success_threshold 0.5 (fn)" in v["evidence"]
+    passed = sum(r["verifier"]["passed"] for r in rows)
+    assert 0 < passed < len(rows)
+    out = str(tmp / "curated")
+    assert _curate(f"--config.input={work}/history.jsonl", f"--config.tokenizer={work}/tokenizer",
+                   workdir=out) == 0
+    rep = _report(out)
+    assert rep["buckets"]["kept"] == passed and rep["verify"]["rerun"] == 0
+    assert rep["reasons"]["withheld"] == {"verifier_failed": len(rows) - passed}
+
+
+def test_train_starts_from_a_grpo_workdir_and_complete_names_the_field(custom_grpo, capsys):
+    """`rossjax train --config.model.path=GRPO_WORKDIR` starts from the GRPO run's last
+    checkpoint (its params exactly); a finished run names the field that extends it."""
+    import jax
+
+    from rossjax.train.export import restore_params
+
+    tmp, work = custom_grpo
+    out = str(tmp / "curated2")
+    assert _curate(f"--config.input={work}/history.jsonl", f"--config.tokenizer={work}/tokenizer",
+                   "--config.verify=stored", "--config.unverified=keep", "--config.undecided=keep",
+                   workdir=out) == 0
+    sft = str(tmp / "sft")
+    argv = ["train", f"--config={SFT}:runlocal,positive_sft", f"--config.model.path={work}",
+            f"--config.data.train={out}", "--config.train.num_steps=1",
+            "--config.optim.peak_lr=0", "--config.optim.end_lr=0", f"--workdir={sft}"]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"config.model.path {work} is a run's workdir; starting from its step 2" in err
+    _, grpo_params = restore_params(os.path.join(work, "checkpoints"))
+    _, sft_params = restore_params(os.path.join(sft, "checkpoints"))
+    # lr 0: the one SFT step leaves the GRPO run's final weights unchanged
+    jax.tree.map(np.testing.assert_array_equal, grpo_params, sft_params)
+
+    assert cli.main(argv) == 0
+    said = capsys.readouterr().out
+    assert "already complete" in said and "Raise --config.train.num_steps" in said
+    assert cli.main(argv[:4] + argv[5:]) == 0  # no num_steps: the epochs end the run
+    assert "Raise --config.train.epochs" in capsys.readouterr().out

@@ -19,9 +19,12 @@ def main(argv=None) -> int:
     out = loop.run(cfg, workdir)
     if out.get("complete"):
         if jax.process_index() == 0:
+            # num_steps only extends a run it caps; otherwise the epochs decide its length
+            capped = 0 < int(cfg.train.num_steps) <= int(out["step"])
             print(complete_message("train", workdir, out["step"],
                                    f"loss {out.get('loss', float('nan')):.4f}",
-                                   "train.num_steps"), file=sys.stdout)
+                                   "train.num_steps" if capped else "train.epochs"),
+                  file=sys.stdout)
         return 0
     if jax.process_index() == 0:
         print(f"rossjax train: step {out['step']}, loss {out.get('loss', float('nan')):.4f}, "

@@ -176,6 +176,51 @@ def save_peft(adapters, manifest, out: str, dtype: str, base: str | None):
         json.dump(config, f, indent=2)
 
 
+def is_run_dir(path: str) -> bool:
+    """A training or GRPO workdir: model_config.json and a checkpoints/ folder."""
+    return bool(path) and os.path.isdir(os.path.join(path, "checkpoints")) and os.path.isfile(
+        os.path.join(path, "model_config.json"))
+
+
+def init_from_run(path: str, workdir: str, command: str = "train") -> str:
+    """`--config.model.path=RUN_WORKDIR` (a GRPO or SFT run): its latest checkpoint exported once
+    as orbax params (LoRA adapters merged) into WORKDIR/init_params, which is returned and
+    loaded as the initialization; any other path is returned unchanged."""
+    if not is_run_dir(path):
+        return path
+    from rossjax.errors import ConfigError
+
+    mngr = ocp.CheckpointManager(os.path.abspath(os.path.join(path, "checkpoints")))
+    step = mngr.latest_step()
+    mngr.close()
+    if step is None:
+        raise ConfigError(f"config.model.path {path} is a run's workdir with no saved checkpoint "
+                          f"yet; give a finished run, or a model folder.")
+    out = os.path.join(workdir, "init_params")
+    marker = os.path.join(out, "source.json")
+    source = {"run": os.path.abspath(path), "step": int(step)}
+    try:
+        with open(marker) as f:
+            had = json.load(f)
+    except (OSError, ValueError):
+        had = None
+    started = os.path.isdir(os.path.join(workdir, "checkpoints")) and any(
+        n.isdigit() for n in os.listdir(os.path.join(workdir, "checkpoints")))
+    if had == source or (had and had.get("run") == source["run"] and started):
+        return out  # a resumed run keeps the params it started from
+    if jax.process_count() > 1:
+        raise ConfigError(f"config.model.path {path} is a run's workdir; with several processes "
+                          f"export it first (rossjax export --checkpoint {path} --format orbax "
+                          f"OUT) and give --config.model.path=OUT.")
+    shutil.rmtree(out, ignore_errors=True)
+    export(path, out, "orbax", step)
+    with open(marker, "w") as f:
+        json.dump(source, f)
+    print(f"rossjax {command}: config.model.path {path} is a run's workdir; starting from its "
+          f"step {step} (params exported to {out}).", file=sys.stderr)
+    return out
+
+
 def export(checkpoint: str, out: str, fmt: str = "hf", step: int | None = None, *,
            dtype: str | None = None, tokenizer: str | None = None) -> int:
     """Write one saved step of a training run to `out` (see the module docstring); returns the

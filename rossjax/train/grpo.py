@@ -228,9 +228,8 @@ class Loop:
             rec["reward"] = float(sc.total[k])
             rec["rewards"] = {n: float(v[k]) for n, v in sc.per.items()}
             verdicts = [sc.cpu[k][n][1] for n in ("verifier", "contains", "validity") if n in sc.cpu[k]]
-            verdicts = [v for v in verdicts if v]
-            if verdicts:
-                rec["verifier"] = verdicts[0]
+            rec["verifier"] = history.reward_verdict(rec["reward"], verdicts, cfg.reward.functions,
+                                                     cfg.reward.success_threshold)
         self.hist.append(sc.cur["records"])
         step_s = time.perf_counter() - t_step
         m = rollout.step_metrics(

@@ -11,6 +11,12 @@ accepts it unchanged (stored token ids, verdicts under `verifier`, `source.step`
 carries fields curate ignores: `logprobs` (the sampler's per-token log-probs of the completion),
 `rewards` (each reward function's value) and `source.sample/finish_reason/prompt_tokens`.
 
+Every record carries a verdict from its reward, so curate relearns a run with any reward (a
+custom `reward.fn`, a probe, a weighted mix): `verifier.passed` is reward >= reward.success_threshold
+(null when the reward is NaN), its evidence names the reward functions and the first verifier's
+own evidence; when the verifier is the only reward, the verdict keeps that verifier's name
+(math, code, ...) so `--config.verify=rerun` can run it again, else its name is `grpo_reward`.
+
 A reward that could not be computed (NaN) is written as null: JSON has no NaN and the record
 schema rejects it. Checkpoints store the file's byte size; a resumed run cuts the file back to
 it, so steps redone after a crash are not recorded twice.
@@ -32,6 +38,23 @@ def _clean(x):
     if isinstance(x, (list, tuple)):
         return [_clean(v) for v in x]
     return x
+
+
+def reward_verdict(reward: float, verdicts: list, functions, threshold: float) -> dict:
+    """The record's verdict from its total reward (module doc); `verdicts` are the verdict dicts
+    the CPU rewards returned for it (verifier, contains, validity), maybe none."""
+    functions = tuple(functions)
+    verdicts = [v for v in verdicts if v]
+    name = verdicts[0]["name"] if functions == ("verifier",) and verdicts else "grpo_reward"
+    if reward is None or not math.isfinite(reward):
+        passed, why = None, "the reward could not be computed (NaN)"
+    else:
+        passed = bool(reward >= threshold)
+        why = (f"reward {reward:.4g} {'>=' if passed else '<'} reward.success_threshold "
+               f"{threshold:g} ({' + '.join(functions)})")
+    if verdicts:
+        why += f"; {verdicts[0]['name']}: {verdicts[0].get('evidence', '')}"
+    return {"name": name, "passed": passed, "evidence": why[:300]}
 
 
 class HistoryWriter:

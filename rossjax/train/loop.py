@@ -27,6 +27,7 @@ from rossjax.monitor import MetricsWriter, Progress, read_metrics, write_plot
 from rossjax.train import (
     checkpoint as ckpt_lib,
     data as data_lib,
+    export as export_lib,
     metrics as metrics_lib,
     optim,
     sft,
@@ -141,6 +142,8 @@ class Trainer:
         lead = jax.process_index() == 0
         ckpt_dir = os.path.join(workdir, "checkpoints")
         workdir_lib.prepare(workdir, "train", ckpt_dir, lead=lead)
+        # a GRPO (or SFT) run's workdir as the model: start from its last checkpoint
+        cfg.model.path = export_lib.init_from_run(cfg.model.path, workdir)
         data_lib.check_fits_model(cfg, loading.abstract_model(cfg.model)[0].vocab_size)
         self.plan = plan_data(cfg, workdir)
         self.ckpt = ckpt_lib.Checkpointer(ckpt_dir, save_every=cfg.checkpoint.save_every,
