@@ -4,13 +4,55 @@ keep-alive like vLLM or OpenAI).
 The script maps a rollout id (read from the "Rollout id: ..." line every request carries) to its
 answers, consumed in order whatever the stage; `default(rid, body)` answers the rest. An answer
 is a string (the assistant text), a dict {"content", "finish_reason"}, (status, body) for an HTTP
-error, or a callable(body) returning one of these. Every request is recorded with the stage its
-last user message asks for.
+error, a `Raw` (writes the bytes of the response itself: a hostile server), or a callable(body)
+returning one of these. Every request is recorded with the stage its last user message asks for.
 """
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Raw:
+    """An answer written byte for byte: `parts` (bytes, or seconds to sleep) in order, then the
+    connection is closed. `sent` counts the bytes the client took before it hung up."""
+
+    def __init__(self, *parts):
+        self.parts, self.sent = parts, 0
+
+    def write(self, wfile):
+        try:
+            for p in self.parts:
+                if isinstance(p, (int, float)):
+                    time.sleep(p)
+                    continue
+                wfile.write(p)
+                wfile.flush()
+                self.sent += len(p)
+        except OSError:
+            pass  # the client hung up: what a hostile server sees when the client gives up
+
+
+def completion(content, usage='{"prompt_tokens": 3, "completion_tokens": 2}') -> bytes:
+    """A chat-completion body with `content` and a raw `usage` JSON text (NaN allowed)."""
+    return (b'{"id": "x", "object": "chat.completion", "choices": [{"index": 0, '
+            b'"finish_reason": "stop", "message": {"role": "assistant", "content": '
+            + json.dumps(content).encode() + b'}}], "usage": ' + usage.encode() + b"}")
+
+
+def http_200(body: bytes, extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            b"Content-Length: "
+            + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
+
+
+def drip(data: bytes, every_s: float, n: int = 1) -> Raw:
+    """`data` sent n bytes at a time, `every_s` apart (each read is quick; the whole is not)."""
+    parts = []
+    for i in range(0, len(data), n):
+        parts += [data[i:i + n], every_s]
+    return Raw(*parts)
 
 _MARKERS = (("Your answer failed a check", "retry"), ("REPAIR.", "repair"), ("AUDIT.", "audit"),
             ("PROPOSAL.", "proposal"), ("SEMANTIC ERROR DISCOVERY.", "discovery"),
@@ -58,8 +100,12 @@ class Reviewer:
                     outer.requests.append((rid, stage_of(body), body, dict(self.headers)))
                     todo = outer.script.get(rid)
                     ans = todo.pop(0) if todo else outer.default(rid, body)
-                if callable(ans):
+                if callable(ans) and not isinstance(ans, Raw):
                     ans = ans(body)
+                if isinstance(ans, Raw):
+                    self.close_connection = True
+                    ans.write(self.wfile)
+                    return
                 if isinstance(ans, tuple):
                     status, payload = ans
                     data = json.dumps(payload).encode()

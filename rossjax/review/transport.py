@@ -34,9 +34,11 @@ class Secrets:
     """The API key and any credentials of the base URL; `scrub(text)` hides each in `text`."""
 
     def __init__(self, api_key: str, parts: urllib.parse.SplitResult):
-        values = [api_key, parts.password or "", parts.username or ""]
-        if parts.username is not None:  # the raw userinfo, as it appears in the URL text
-            values.append(parts.netloc.rsplit("@", 1)[0])
+        values = [api_key, parts.password or ""]
+        if parts.username is not None:
+            values.append(parts.netloc.rsplit("@", 1)[0])  # the raw userinfo, as in the URL
+            if not parts.password:  # https://TOKEN@host: the user name is the secret
+                values.append(parts.username)
         # short strings are not secrets worth mangling text for (vLLM's dummy key is "EMPTY")
         self._values = sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
 
@@ -66,7 +68,7 @@ class _Deadline:
     """Shuts the connection's socket down when the exchange's time is up."""
 
     def __init__(self, conn: http.client.HTTPConnection, seconds: float):
-        self.conn, self.expired = conn, False
+        self.conn, self.expired, self.sock = conn, False, None
         self._lock = threading.Lock()
         self._timer = threading.Timer(seconds, self._fire)
         self._timer.daemon = True
@@ -75,12 +77,19 @@ class _Deadline:
     def _fire(self):
         with self._lock:
             self.expired = True
-            sock = self.conn.sock
+            # the response keeps reading from a socket the connection may have let go of
+            # (http.client drops conn.sock on a `Connection: close` response)
+            sock = self.sock or self.conn.sock
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)  # the blocked recv returns at once
             except OSError:
                 pass
+
+    def hold(self, sock):
+        with self._lock:
+            self.sock = sock
+        self.check()
 
     def check(self):
         with self._lock:
@@ -112,7 +121,7 @@ class Connection:
         try:
             if self.conn.sock is None:
                 self.conn.connect()
-            deadline.check()
+            deadline.hold(self.conn.sock)
             self.conn.sock.settimeout(self.timeout_s)
             self.conn.request("POST", path, body=data, headers=headers)
             resp = self.conn.getresponse()
