@@ -270,7 +270,7 @@ class ReviewerClient:
                 last = self.secrets.scrub(f"{type(e).__name__}: {e}; is the server up?")
             if attempt < self.max_retries:
                 time.sleep(self._delay(attempt, retry_after))
-        raise ReviewerError(f"reviewer endpoint {self.url} failed {self.max_retries + 1} times "
+        raise ReviewerError(f"reviewer endpoint {self.url} failed {self.max_retries + 1} time(s) "
                             f"(last: {last})")
 
     def _parse(self, body: bytes) -> dict:
