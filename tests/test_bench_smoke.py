@@ -25,3 +25,7 @@ def test_bench_sft_smoke(capsys):
                            "--skip_memory"]) == 0
     out = capsys.readouterr().out
     assert "MFU vs matmul" in out and "tokens/s" in out
+    # The peer did the same work: same initial parameters and rows give the same first loss.
+    ours, theirs = map(float, re.search(r"rossjax ([\d.]+), torch ([\d.]+)", out).groups())
+    assert ours == pytest.approx(theirs, rel=1e-4)
+    assert "ratio rossjax / torch:" in out

@@ -3,6 +3,10 @@
 1. Throughput: full training steps (forward, backward, AdamW) of the ~30M Qwen2-shaped preset
    on packed 2,048-token rows; prints tokens/s, supervised tokens/s and MFU relative to a jitted
    fp32 matmul measured in the same process (the CPU's achievable FLOP/s, not a datasheet peak).
+   The peer: the same model in Hugging Face transformers (PyTorch), the same packed rows (its
+   attention mask is block-diagonal from the restarting position_ids, as rossjax's segment ids
+   make it), the same micro-batches accumulated before one AdamW step, gradient checkpointing
+   on exactly when rossjax's remat is; the ratio of the two step times is printed.
 2. Memory: one step at batch 1 x 8,192 tokens with Qwen's vocabulary (151,936) and the chunked
    loss; prints the peak resident memory while the steps run (after compilation, whose freed
    heap is handed back first) and the process peak including compilation (target < 3 GB;
@@ -59,11 +63,71 @@ def _loss_only(args) -> dict:
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
 
 
+def _torch_peer(args) -> dict:
+    """The transformers step on the throughput part's rows: forward, backward, AdamW."""
+    import tempfile
+
+    import jax
+    import torch
+
+    from rossjax import models
+    from rossjax.train import optim
+
+    cfg = models.get_preset("qwen2_30m")
+    with tempfile.TemporaryDirectory() as d:
+        models.save_hf(cfg, models.init_params(cfg, jax.random.key(0)), d)
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                     attn_implementation="sdpa")
+    if args.remat != "none":
+        model.gradient_checkpointing_enable()
+    model.train()
+    ocfg = optim.default_config()
+    opt = torch.optim.AdamW(model.parameters(), lr=ocfg.peak_lr, eps=ocfg.eps,
+                            betas=(ocfg.b1, ocfg.b2), weight_decay=ocfg.weight_decay)
+    rows = packed_rows(np.random.default_rng(0), args.rows, args.seq, cfg.vocab_size)
+    ids = torch.tensor(rows["input_ids"], dtype=torch.long)
+    pos = torch.tensor(rows["positions"], dtype=torch.long)
+    # rossjax supervises token t+1 where loss_mask[t+1] (same shift as its loss): -100 elsewhere,
+    # and never across a document boundary.
+    labels = ids.clone()
+    keep = torch.tensor(rows["loss_mask"] > 0)
+    labels[~keep] = -100
+    per = args.rows // args.micro
+
+    def step():
+        n_sup = int(keep[:, 1:].sum())
+        for i in range(args.micro):
+            sl = slice(i * per, (i + 1) * per)
+            logits = model(input_ids=ids[sl], position_ids=pos[sl]).logits
+            lab = labels[sl, 1:]
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]).float(), lab.reshape(-1),
+                ignore_index=-100, reduction="sum") / n_sup
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss)
+
+    first_loss = step()  # also the warm-up (allocator, autograd graph caches)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    dt = (time.perf_counter() - t0) / args.steps
+    return {"part": "peer", "step_s": dt, "tokens_per_s": args.rows * args.seq / dt,
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "checkpointing": args.remat != "none", "first_loss": first_loss}
+
+
 def _child(part: str, args) -> dict:
     import jax
 
     if part == "loss":
         return _loss_only(args)
+    if part == "peer":
+        return _torch_peer(args)
 
     from rossjax import models, sharding
     from rossjax.models import shardings as model_shardings
@@ -102,7 +166,7 @@ def _child(part: str, args) -> dict:
         _reset_peak()
     # Run the executable compiled above: calling `step` again would compile (and hold) a second copy.
     state, m = compiled(state, batch)
-    jax.block_until_ready(m)
+    first_loss = float(m["loss"])
     compile_s = time.perf_counter() - t0
     n = args.steps if part == "throughput" else 1
     t0 = time.perf_counter()
@@ -113,7 +177,8 @@ def _child(part: str, args) -> dict:
     tokens, sup = float(m["tokens"]), float(m["supervised_tokens"])
     out = {"part": part, "params_m": cfg.num_params() / 1e6, "rows": rows, "seq": seq, "ran": True,
            "predicted_gb": predicted,
-           "step_s": dt, "compile_s": compile_s, "loss": float(m["loss"])}
+           "step_s": dt, "compile_s": compile_s, "loss": float(m["loss"]),
+           "first_loss": first_loss}
     if part == "throughput":
         peak = metrics.measure_matmul_flops(2048)
         fpt = metrics.train_flops_per_token(cfg, seq)
@@ -176,6 +241,7 @@ def _parser():
     p.add_argument("--remat", default="full")
     p.add_argument("--chunk", type=int, default=256, help="loss chunk for the memory check")
     p.add_argument("--skip_memory", action="store_true")
+    p.add_argument("--skip_peer", action="store_true", help="do not run the transformers step")
     p.add_argument("--max_gb", type=float, default=8.0,
                    help="do not run the memory step if XLA predicts more than this")
     p.add_argument("--_part", default="", help=argparse.SUPPRESS)
@@ -200,6 +266,15 @@ def main(argv=None) -> int:
     print(f"  model FLOP/s         {t['model_gflops']:10.1f} GFLOP/s")
     print(f"  jitted matmul        {t['matmul_gflops']:10.1f} GFLOP/s (same run)")
     print(f"  MFU vs matmul        {t['mfu']:10.1%}")
+    if not args.skip_peer:
+        pr = _run_child("peer", argv)
+        ck = "on" if pr["checkpointing"] else "off"
+        print(f"bench sft peer: transformers (torch {pr['torch']}, {pr['threads']} threads, "
+              f"gradient checkpointing {ck}) on the same packed rows: {pr['step_s']:.2f} s/step, "
+              f"{pr['tokens_per_s']:.0f} tokens/s")
+        print(f"  first-step loss: rossjax {t['first_loss']:.6f}, torch {pr['first_loss']:.6f} "
+              f"(same parameters, same rows)")
+        print(f"  ratio rossjax / torch: {pr['step_s'] / t['step_s']:.2f}x")
     if not args.skip_memory:
         lo = _run_child("loss", argv)
         print(f"bench sft memory: chunked loss + backward alone, 1 x 8192 x vocab 151,936 (chunk "
