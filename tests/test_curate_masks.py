@@ -290,3 +290,74 @@ def test_tokenizer_template_masks_or_refuses():
 MATH_TWO_TURNS = dict(MATH, messages=MATH["messages"] + [
     {"role": "user", "content": "And 3*5?"},
     {"role": "assistant", "reasoning": "3*5 = 15.", "content": "\\boxed{15}"}])
+
+
+def _big_row(n_lines: int):
+    """About 55 bytes a line: 18000 lines is a 1 MB assistant turn."""
+    lines = [f"line {i} says x{i}; and then some filler text here ok" for i in range(n_lines)]
+    return lines, [{"role": "user", "content": "go"},
+                   {"role": "assistant", "content": "\n".join(lines)}]
+
+
+def test_a_1mb_row_with_thousands_of_selectors_compiles_in_seconds():
+    """Issue 22: resolution was quadratic (each selector split the whole turn, each exclusion was
+    compared with every protected span): a 1 MB row ran past 3 minutes. Now it is linear."""
+    import time
+
+    from rossjax.curate.selectors import exclude_intervals, keep_intervals
+
+    lines, msgs = _big_row(18000)
+    assert len(msgs[1]["content"]) > 1_000_000
+    ann = {"status": "revise",
+           "exclude": [{"message": 1, "line": i + 1, "quote": f"x{i};"} for i in range(0, 18000, 2)],
+           "protect": [{"message": 1, "line": i + 1} for i in range(1, 18000, 2)]}
+    keep = [{"message": 1, "start": f"line {i} says", "end": f"x{i};"} for i in range(0, 18000, 3)]
+    for a in (ann, {"status": "accept", "keep": keep}):
+        t0 = time.perf_counter()
+        ex = compile_rollout({"id": "big", "messages": msgs, "annotation": a}, QWEN)
+        assert ex.status == "kept" and time.perf_counter() - t0 < 20  # was > 180 s
+    # the intervals, against offsets computed from the lines directly
+    r = render_chat(msgs, "chatml", QWEN)
+    base = r.part(1, "content").text_start
+    starts = np.cumsum([0] + [len(x) + 1 for x in lines])[:-1] + base
+    excl = exclude_intervals(r, ann)
+    assert excl == [(int(starts[i]) + lines[i].index(f"x{i};"),
+                     int(starts[i]) + lines[i].index(f"x{i};") + len(f"x{i};"))
+                    for i in range(0, 18000, 2)]
+    kept = keep_intervals(r, keep)
+    assert kept[:3] == [(int(starts[i]), int(starts[i]) + lines[i].index(";") + 1)
+                        for i in (0, 3, 6)]
+
+
+def test_suffix_array_anchors_agree_with_the_scan(monkeypatch):
+    """Long messages with many anchors are counted on a suffix array: same intervals, same
+    reasons as one scan per anchor (multi-byte text, anchors across parts, ambiguous, missing)."""
+    from rossjax.curate import selectors
+
+    rng = random.Random(3)
+    words = "ab a b aba é 日本 ✓ 😀 x\n".split(" ")
+    seen = set()
+    for trial in range(300):
+        msgs = [{"role": "user", "content": "q"}]
+        for _ in range(2):
+            msgs.append({"role": "assistant", "reasoning": "".join(rng.choices(words, k=6)),
+                         "content": "".join(rng.choices(words, k=rng.randint(1, 25)))})
+            msgs.append({"role": "user", "content": "ok"})
+        c = msgs[1]["content"]
+
+        def sub():
+            i = rng.randrange(len(c))
+            return c[i:i + rng.randint(1, 3)]
+        keep = [{"message": rng.choice([1, 1, 3]), "start": sub(), "end": sub()}
+                for _ in range(rng.randint(1, 2))]
+        got = []
+        for budget in (1 << 25, 0):
+            monkeypatch.setattr(selectors, "FIND_BUDGET", budget)
+            r = render_chat(msgs, "chatml", QWEN)
+            try:
+                got.append(selectors.keep_intervals(r, keep))
+            except selectors.SelectorError as e:
+                got.append((e.code, e.detail))
+        assert got[0] == got[1], (keep, got)
+        seen.add(got[0][0] if isinstance(got[0], tuple) else "ok")
+    assert {"ok", "anchor_missing", "anchor_ambiguous"} <= seen
