@@ -190,10 +190,10 @@ LAYERS = {
     "rossjax.review": 3,
     "rossjax.sharding": 4,
     "rossjax.models": 5,
-    "rossjax.sample": 6,
+    "rossjax.sample": 6, "rossjax.engine": 6,
     "rossjax.probes": 7,
     "rossjax.train": 8,
-    "rossjax.bench": 9, "rossjax.demo": 9, "rossjax.repro": 9,
+    "rossjax.bench": 9, "rossjax.demo": 9, "rossjax.repro": 9, "rossjax.serve": 9,
     "rossjax.cli": 10,
 }
 

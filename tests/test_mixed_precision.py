@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from rossjax import models, sample, sharding
+from rossjax.engine import kv_slots
 from rossjax.models import shardings as model_shardings
 from rossjax.train import grpo_step, sft, state as state_lib
 
@@ -119,16 +120,7 @@ def test_sampler_decodes_in_bf16_with_a_bf16_cache():
     params = models.init_params(cfg, jax.random.key(0))
     res = sample.generate(cfg, params, [[1, 2, 3], [4, 5]], max_new_tokens=6)
     assert res.tokens.shape == (2, 6) and res.logprobs.dtype == np.float32
-    spec = sample._Spec(cfg, 2, 16, 6, 1, True, 1)
-    s = sample.Sampler(spec)
-    args = (params, np.zeros((2, 16), np.int32), np.zeros((2, 16), np.int32),
-            np.ones((2, 16), bool), jax.random.PRNGKey(0),
-            (np.float32(1), np.int32(0), np.float32(1), np.asarray([-1], np.int32)))
-    jaxpr = jax.make_jaxpr(s._run)(*args)
-    loop = next(e for e in jaxpr.eqns if e.primitive.name == "while")
-    caches = [v.aval for v in loop.outvars
-              if v.aval.ndim >= 4 and v.aval.shape[-1] == cfg.head_dim]
-    assert caches and all(a.dtype == jnp.bfloat16 for a in caches)
+    # the decode loop's carried cache is bf16: tests/test_engine.py::test_decode_runs_in_the_model_dtype
 
 
 def test_accelerator_layout_decodes_like_the_cpu_layout(monkeypatch):
@@ -136,11 +128,11 @@ def test_accelerator_layout_decodes_like_the_cpu_layout(monkeypatch):
     cfg = models.get_preset("tiny_llama", initializer_range=0.2)
     params = models.init_params(cfg, jax.random.key(3))
     prompts = [[5, 6, 7, 8], [9, 10]]
-    sample.get_sampler.cache_clear()
+    kv_slots.programs.cache_clear()
     cpu = sample.generate(cfg, params, prompts, max_new_tokens=8)
-    monkeypatch.setattr(sample.jax, "default_backend", lambda: "gpu")
-    sample.get_sampler.cache_clear()
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    kv_slots.programs.cache_clear()
     acc = sample.generate(cfg, params, prompts, max_new_tokens=8)
-    sample.get_sampler.cache_clear()
+    kv_slots.programs.cache_clear()
     np.testing.assert_array_equal(acc.tokens, cpu.tokens)
     np.testing.assert_allclose(acc.logprobs, cpu.logprobs, atol=1e-5)
