@@ -9,7 +9,7 @@ from rossjax.tokenizers import load_tokenizer
 
 def test_synthetic_rollouts_compile_like_the_peer():
     tok = load_tokenizer("qwen")
-    for i in range(5):  # 3 keep-mode, 2 exclude-mode
+    for i in range(10):  # 6 keep-mode (reasoning + content anchors), 4 exclude-mode (tool calls)
         rec = synth_record(i, target_tokens=400)
         ex = compile_rollout(rec, tok)
         assert ex.status == "kept", ex.detail

@@ -3,8 +3,9 @@
 Compiles N synthetic rollouts (~2,000 Qwen tokens each; 60% single-turn math with keep anchors,
 40% agentic multi-turn with tool calls and exclude/protect selectors) with the real Qwen tokenizer
 over a process pool, and prints rollouts/s and tokens/s. The peer is the obvious slime-style
-compiler (tiktoken's own `decode_with_offsets`, a per-character Python mask and a per-token
-`any()` loop), run single-process on a subset next to ours; the ratio is printed. Then math
+compiler, written without rossjax's renderer or selectors (ChatML by hand, anchors by str.find,
+tiktoken's own `decode_with_offsets`, a per-character Python mask and a per-token `any()` loop),
+run single-process on a subset next to ours; the ratio is printed. Then math
 (math-verify) and code (sandboxed HumanEval-style tests) verification throughput in programs/s.
 Targets on 2 CPU cores: >= 500 rollouts/s compiled, >= 20 sandboxed programs/s.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import multiprocessing as mp
 import os
 import time
@@ -105,27 +107,83 @@ def _work(args):
                 gen_s=t1 - t0, compile_s=time.perf_counter() - t1)
 
 
-def peer_compile(record, tok) -> np.ndarray:
-    """The obvious slime-style compiler: library offsets, per-character list, per-token any()."""
-    from rossjax.curate.selectors import exclude_intervals, keep_intervals
-    from rossjax.templates import render_chat
+def _peer_chatml(messages):
+    """ChatML in Qwen3's layout written out by hand (no rossjax renderer): the text, each assistant
+    turn's trained span [start of <think> or content, end of <|im_end|>), and where each
+    assistant part's own text starts."""
+    text, trained, where = "", [], {}
+    for i, m in enumerate(messages):
+        role, content = m["role"], m.get("content") or ""
+        if role == "tool":
+            if i == 0 or messages[i - 1]["role"] != "tool":
+                text += "<|im_start|>user"
+            text += "\n<tool_response>\n" + content + "\n</tool_response>"
+            if i == len(messages) - 1 or messages[i + 1]["role"] != "tool":
+                text += "<|im_end|>\n"
+            continue
+        text += f"<|im_start|>{role}\n"
+        if role != "assistant":
+            text += content + "<|im_end|>\n"
+            continue
+        start = len(text)
+        if m.get("reasoning") is not None:
+            text += "<think>\n"
+            where[(i, "reasoning")] = (len(text), m["reasoning"])
+            text += m["reasoning"] + "\n</think>\n\n"
+        where[(i, "content")] = (len(text), content)
+        text += content
+        calls = [json.dumps({"name": c["name"]}, ensure_ascii=False)[:-1] + ', "arguments": '
+                 + json.dumps(c["arguments"], ensure_ascii=False) + "}"
+                 for c in m.get("tool_calls") or []]
+        if calls:
+            text += ("\n" if content else "") + "\n".join(
+                f"<tool_call>\n{c}\n</tool_call>" for c in calls)
+        where[(i, "body_end")] = len(text)
+        text += "<|im_end|>"
+        trained.append((start, len(text)))
+        text += "\n"
+    return text, trained, where
 
-    r = render_chat(record["messages"], "chatml")
+
+def peer_compile(record, tok) -> np.ndarray:
+    """The obvious slime-style compiler, independent of rossjax's renderer and selectors: ChatML
+    by hand, anchors by str.find, lines by str.split, tiktoken's own offsets, per-character
+    lists and a per-token any(). It follows docs/data.md's rules, so equal masks check them."""
+    text, trained, where = _peer_chatml(record["messages"])
     ann = record.get("annotation") or {}
-    ids = tok._enc.encode(r.text, allowed_special="all")
+    ids = tok._enc.encode(text, allowed_special="all")
     _, starts = tok._enc.decode_with_offsets(ids)
-    ends = starts[1:] + [len(r.text)]
-    elig = [False] * len(r.text)
-    for s, e in r.eligible_intervals():
+    ends = starts[1:] + [len(text)]
+    elig = [False] * len(text)
+    for s, e in trained:
         for c in range(s, e):
             elig[c] = True
-    keep = [not ann.get("keep")] * len(r.text)
-    for s, e in keep_intervals(r, ann.get("keep") or []):
-        for c in range(s, e):
+    keep = [not ann.get("keep")] * len(text)
+    for k in ann.get("keep") or []:
+        msg = k["message"]
+        texts = [where[key] for key in ((msg, "reasoning"), (msg, "content")) if key in where]
+        # Each anchor occurs exactly once, inside one part's text.
+        lo, hi = (next(base + body.find(k[name]) for base, body in texts if body.count(k[name]))
+                  for name in ("start", "end"))
+        hi += len(k["end"])
+        if hi >= where[(msg, "body_end")]:  # kept to the turn's last words: <|im_end|> too
+            hi = where[(msg, "body_end")] + len("<|im_end|>")
+        for c in range(lo, hi):
             keep[c] = True
-    excl = [False] * len(r.text)
-    for s, e in exclude_intervals(r, ann):
-        for c in range(s, e):
+    excl = [False] * len(text)
+    for sel in ann.get("exclude") or []:
+        base, body = where[(sel["message"], sel.get("part", "content"))]
+        lines = body.split("\n")
+        off = base + sum(len(ln) + 1 for ln in lines[:sel["line"] - 1])
+        line = lines[sel["line"] - 1]
+        if sel.get("quote") is None:
+            lo, hi = off, off + len(line)
+        else:
+            at = -1
+            for _ in range(sel.get("occurrence", 0) + 1):
+                at = line.find(sel["quote"], at + 1)
+            lo, hi = off + at, off + at + len(sel["quote"])
+        for c in range(lo, hi):
             excl[c] = True
     return np.array([any(elig[s:e]) and any(keep[s:e]) and not any(excl[s:e])
                      for s, e in zip(starts, ends)], np.uint8)
