@@ -186,3 +186,58 @@ def test_sft_lora_run_exports_adapters_peft_loads(tmp_path):
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
     np.testing.assert_allclose(_logits(peft_model, ids), _logits(merged, ids), atol=1e-4,
                                rtol=1e-4)
+
+
+def test_every_export_carries_a_working_tokenizer_or_says_why(tmp_path):
+    """A run on the ascii tokenizer (GRPO's WORKDIR/tokenizer) exports an HF tokenizer with a
+    chat template that renders what rossjax trained on; an SFT run on data curated with `qwen`
+    gets Qwen's tokenizer.json (the same ids as rossjax's); a run with no known tokenizer is an
+    error naming --tokenizer, and --tokenizer=none writes the weights alone."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from rossjax.templates import render_chat
+    from rossjax.tokenizers import load_tokenizer
+    from rossjax.tokenizers.ascii import write_ascii_tokenizer
+
+    base = _base(tmp_path / "base")
+    run = _lora_run(tmp_path / "run", base)
+    os.remove(os.path.join(run, "lora.json"))  # a full-weights run of the same model
+    cfg = read_hf_config(str(base))
+    ck = ckpt_lib.Checkpointer(os.path.join(run, "checkpoints"), async_save=False)
+    from rossjax import models
+
+    ck.save(6, {"params": models.init_params(cfg, jax.random.key(0))}, force=True)
+    ck.close()
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3?"}]
+
+    write_ascii_tokenizer(os.path.join(run, "tokenizer"))  # what a GRPO run on ascii leaves
+    json.dump({"tokenizer": "ascii", "template": "chatml", "model": {"path": ""}},
+              open(os.path.join(run, "config.json"), "w"))
+    export(str(run), str(tmp_path / "a"), "hf")
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "a"))
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == render_chat(msgs, "chatml").text + "<|im_start|>assistant\n"
+    ours = load_tokenizer(os.path.join(run, "tokenizer"))
+    assert tok(text)["input_ids"] == list(ours.encode(text)) and tok.eos_token == "<|im_end|>"
+    assert GenerationConfig.from_pretrained(str(tmp_path / "a")).eos_token_id == 130
+
+    curated = tmp_path / "curated"
+    os.makedirs(curated)
+    json.dump({"config": {"tokenizer": "qwen", "template": "chatml"}},
+              open(curated / "report.json", "w"))
+    json.dump({"model": {"path": ""}, "data": {"train": str(curated)}},
+              open(os.path.join(run, "config.json"), "w"))
+    export(str(run), str(tmp_path / "q"), "hf")
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "q"))
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert tok(text)["input_ids"] == list(load_tokenizer("qwen").encode(text))
+
+    json.dump({"model": {"path": ""}}, open(os.path.join(run, "config.json"), "w"))
+    r = subprocess.run([sys.executable, "-m", "rossjax.cli", "export", f"--checkpoint={run}",
+                        str(tmp_path / "none")], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+    assert r.returncode == 2 and "no tokenizer found" in r.stderr and "--tokenizer=none" in r.stderr
+    assert not os.path.exists(tmp_path / "none")  # refused before writing anything
+    export(str(run), str(tmp_path / "bare"), "hf", tokenizer="none")
+    assert sorted(os.listdir(tmp_path / "bare")) == ["config.json", "model.safetensors"]

@@ -1,12 +1,12 @@
 """`rossjax export --checkpoint DIR [--step N] [--format hf|orbax|peft] [--dtype D]
-[--tokenizer HF_DIR] OUT` (or `--workdir=OUT`): write a training run's weights as a Hugging Face
-folder with the base's tokenizer files, chat template and generation config (hf), an orbax
+[--tokenizer HF_DIR|NAME|none] OUT` (or `--workdir=OUT`): write a training run's weights as a
+Hugging Face folder with a working tokenizer, chat template and generation config (hf), an orbax
 params folder (orbax), or a LoRA run's adapters in PEFT format (peft)."""
 
 from __future__ import annotations
 
 USAGE = ("usage: rossjax export --checkpoint DIR [--step N] [--format hf|orbax|peft] "
-         "[--dtype float32|bfloat16|float16] [--tokenizer HF_DIR] OUT")
+         "[--dtype float32|bfloat16|float16] [--tokenizer HF_DIR|NAME|none] OUT")
 
 
 def main(argv=None) -> int:
@@ -25,9 +25,11 @@ def main(argv=None) -> int:
         flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
                           "Weight dtype (default: the base model folder's dtype, else the run's "
                           "parameter dtype).", flag_values=fv)
-        flags.DEFINE_string("tokenizer", None, "HF model folder whose tokenizer files, chat "
-                            "template and generation config go with the export (default: the "
-                            "LoRA run's base, else the run's config model.path).", flag_values=fv)
+        flags.DEFINE_string("tokenizer", None, "HF model folder, tokenizer.json or tokenizer "
+                            "name (qwen, ...) the export carries with a chat template and "
+                            "generation config (default: the LoRA run's base, else the run's "
+                            "model.path, else the tokenizer the run trained with; none found is "
+                            "an error); 'none': the weights alone.", flag_values=fv)
 
     _, fv, rest = parse_config(list(argv or []), extra_flags=extra)
     out = rest[0] if len(rest) == 1 else (fv.workdir if not rest else None)

@@ -2,9 +2,10 @@
 
 DIR is a training workdir (holding model_config.json and checkpoints/), its checkpoints/ folder,
 or one step folder inside it. `hf` writes a folder that transformers and vLLM load as is:
-config.json + safetensors, plus the tokenizer files, chat template and generation config of the
-base model folder (`--tokenizer=HF_DIR`, else a LoRA run's base, else the run's saved
-config.json `model.path`). `orbax` writes params only (OUT/params + OUT/model_config.json), which
+config.json + safetensors, plus a working tokenizer with its chat template and generation config
+(export_tokenizer.py: `--tokenizer=HF_DIR_OR_NAME`, else a LoRA run's base, else the run's
+`model.path` folder, else the tokenizer the run trained with; none found is an error unless
+`--tokenizer=none`). `orbax` writes params only (OUT/params + OUT/model_config.json), which
 `--config.model.path=OUT` accepts as an initialization. A LoRA run (lora.json beside
 model_config.json) checkpoints adapters only: `hf` and `orbax` get the base with them merged in,
 `peft` writes the adapters alone in PEFT's format (adapter_config.json +
@@ -26,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rossjax.errors import InputError
-from rossjax.train import checkpoint as ckpt_lib
+from rossjax.train import checkpoint as ckpt_lib, export_tokenizer
 
 FORMATS = ("hf", "orbax", "peft")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -104,10 +105,7 @@ def merged_lora(model_cfg, adapters, manifest, where: str):
 def base_folder(cfg_dir: str, manifest, tokenizer: str | None = None) -> str | None:
     """The HF folder whose tokenizer files the export copies: `tokenizer` if given, else a LoRA
     run's HF base, else the `model.path` in the run's saved config.json when it is an HF folder."""
-    if tokenizer:
-        if not os.path.isdir(tokenizer):
-            raise InputError(f"--tokenizer {tokenizer}: not a folder (pass the Hugging Face "
-                             f"model folder whose tokenizer files the export should carry).")
+    if tokenizer and os.path.isdir(tokenizer):
         return tokenizer
     if manifest is not None and manifest.get("base_source") == "hf":
         return manifest["base_path"]
@@ -236,6 +234,8 @@ def export(checkpoint: str, out: str, fmt: str = "hf", step: int | None = None, 
         raise InputError(f"--format peft: {cfg_dir} is not a LoRA run (no lora.json); export its "
                          f"full weights with --format hf.")
     base = base_folder(cfg_dir, manifest, tokenizer)
+    tok_spec, template, tok_where = (export_tokenizer.find_source(cfg_dir, manifest, tokenizer)
+                                     if fmt in ("hf", "peft") else (None, None, ""))
     dtype = dtype or base_dtype(base) or model_cfg.param_dtype
     step, params = restore_params(ckpt_dir, step)
     if fmt == "peft":
@@ -255,8 +255,8 @@ def export(checkpoint: str, out: str, fmt: str = "hf", step: int | None = None, 
         else:
             ckpt_lib.save_params(out, params)
             ckpt_lib.write_model_config(out, model_cfg)
-    if fmt in ("hf", "peft"):
-        if base is None or not copy_tokenizer(base, out):
-            print(f"rossjax export: no tokenizer files copied into {out} (no base model folder "
-                  f"with them found); pass --tokenizer=HF_DIR to add them.", file=sys.stderr)
+    if tok_spec is not None:
+        export_tokenizer.write(tok_spec, out, template)
+        print(f"rossjax export: tokenizer {tok_spec} (from {tok_where}) written into {out} with "
+              f"its chat template and generation config.", file=sys.stderr)
     return step
