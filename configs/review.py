@@ -65,9 +65,9 @@ def get_config():
     c.max_repair_rounds = 2  # single-turn audit -> repair rounds before annotation_drop
     c.step_group = 4  # agentic: assistant steps judged per discovery request
     c.max_answer_chars = 50_000  # a longer answer is withheld reviewer_oversized
-    # The paper's IF rule: verifier-positive instruction-following rows skip review, fully
-    # supervised (their verifier checks the whole response).
-    c.if_bypass = False
+    # The paper's IF rule (on by default, as in the paper): verifier-positive rows of these
+    # domains skip review, fully supervised (their verifier checks the whole response).
+    c.if_bypass = True
     c.if_domains = "if,ifeval,instruction_following"
     # What validation compiles with: set these as in the curate run that reads the output.
     c.tokenizer = "qwen"

@@ -7,8 +7,8 @@ import os
 import time
 
 import pytest
-from review_server import Raw, Reviewer, as_json, completion, drip, http_200, stage_of
-from test_review import CLEAN, REPO, SPANS, config, math_row, reviewed, withheld, write
+from review_server import Raw, Reviewer, completion, drip, http_200, stage_of
+from test_review import CLEAN, REPO, SPANS, config, math_row, propose, reviewed, withheld, write
 
 from rossjax.cli import main as cli_main
 from rossjax.review import client as client_mod
@@ -234,7 +234,7 @@ def test_no_eligible_row_is_one_line_naming_the_setting(tmp_path, capsys):
 
 
 def test_a_run_that_kept_nothing_exits_2(tmp_path, capsys):
-    reject = as_json({"decision": "reject", "reason": "the derivation is wrong"})
+    reject = propose("reject", reason="the derivation is wrong")
     code, out, _ = _cli(tmp_path, [math_row("a"), math_row("b")], {"a": [reject], "b": ["x"]},
                         capsys, "--config.max_step_retries=0")
     assert code == 2

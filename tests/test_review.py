@@ -79,11 +79,25 @@ def withheld(workdir):
 
 SPAN_A = {"message": 2, "start": "Since 7!/5!", "end": "= 42."}
 SPAN_B = {"message": 2, "start": "The answer is", "end": "\\boxed{42}."}
-SPANS = as_json({"decision": "spans", "keep": [SPAN_A, SPAN_B], "reason": "skip the bad check"})
-WHOLE = as_json({"decision": "whole", "reason": "all clean"})
+
+
+def propose(decision, keep=(), left_out=None, risk=(), reason="", **extra):
+    """A proposal answer with the paper's outputs, consistent with `decision` unless `extra`
+    overrides a field; each keep span gets a reason unless it has one."""
+    obj = {"decision": decision, "whole_clean": decision == "whole",
+           "clean_solution": decision != "reject",
+           "keep": [{"reason": f"kept part {j}", **k} for j, k in enumerate(keep)],
+           "left_out": ("the wrong check" if decision == "spans" else "") if left_out is None
+           else left_out, "risk": list(risk), "reason": reason, **extra}
+    return as_json(obj)
+
+
+SPANS = propose("spans", [SPAN_A, SPAN_B], reason="skip the bad check")
+WHOLE = propose("whole", reason="all clean")
 CLEAN = as_json({"verdict": "clean", "errors": []})
 AUDIT_ERR = as_json({"verdict": "error", "errors": [
-    {"quote": "6 + 7 = 13, wrong but harmless", "problem": "an irrelevant wrong check"}]})
+    {"kind": "error", "quote": "6 + 7 = 13, wrong but harmless",
+     "problem": "an irrelevant wrong check"}]})
 
 
 # -- answers and prompts ---------------------------------------------------------------------
@@ -218,10 +232,10 @@ def test_audit_finds_error_then_repair_succeeds(tmp_path):
     assert rep["stages"]["repair"]["requests"] == 1
 
 
-BAD_SPANS = as_json({"decision": "spans", "keep": [{"message": 2, "start": "Nope", "end": "x"}]})
+BAD_SPANS = propose("spans", [{"message": 2, "start": "Nope", "end": "x"}])
 REPAIR_FAILS = {
     "errors": ([WHOLE, AUDIT_ERR, SPANS, AUDIT_ERR], "still finds errors after 1 repair round"),
-    "reject": ([WHOLE, AUDIT_ERR, as_json({"decision": "reject", "reason": "no clean part"})],
+    "reject": ([WHOLE, AUDIT_ERR, propose("reject", reason="no clean part")],
                "no clean part"),
     "unfixable": ([WHOLE, AUDIT_ERR, BAD_SPANS, BAD_SPANS], "'Nope' does not occur in message 2"),
 }
@@ -240,8 +254,8 @@ def test_repair_fails_row_is_dropped(tmp_path, ending):
 
 
 def test_out_of_order_spans_and_missing_final_answer_are_asked_again(tmp_path):
-    swapped = as_json({"decision": "spans", "keep": [SPAN_B, SPAN_A]})
-    no_answer = as_json({"decision": "spans", "keep": [SPAN_A]})
+    swapped = propose("spans", [SPAN_B, SPAN_A])
+    no_answer = propose("spans", [SPAN_A])
     srv, rep = _run(tmp_path, [math_row("order"), math_row("final")],
                     {"order": [swapped, SPANS, CLEAN], "final": [no_answer, SPANS, CLEAN]})
     assert rep["buckets"]["kept"] == 2
@@ -281,7 +295,7 @@ def test_rows_gating_bypass_and_pass_through(tmp_path):
             math_row("failed", verifier={"name": "math", "passed": False}),
             {k: v for k, v in math_row("reward_only").items() if k != "verifier"},
             math_row("if1", task={"id": "if", "domain": "ifeval", "prompt": "Answer in caps."})]
-    srv, rep = _run(tmp_path, rows, {}, if_bypass=True)
+    srv, rep = _run(tmp_path, rows, {})  # if_bypass=True is the default (the paper's IF rule)
     assert srv.requests == []
     assert rep["kept_by"] == {"reviewed": 0, "passed_through": 1, "bypassed": 1}
     assert rep["reasons"]["withheld"] == {"unverified": 1, "verifier_failed": 1}
@@ -290,7 +304,7 @@ def test_rows_gating_bypass_and_pass_through(tmp_path):
     assert by["if1"]["annotation"] == {"status": "accept"}
     assert by["if1"]["review"]["bypass"] == "instruction_following"
     # without the IF rule the instruction-following row is reviewed like any other
-    srv, rep = _run(tmp_path, rows[3:], {"if1": [WHOLE, CLEAN]}, name="b")
+    srv, rep = _run(tmp_path, rows[3:], {"if1": [WHOLE, CLEAN]}, name="b", if_bypass=False)
     assert srv.stages() == ["proposal", "audit"] and rep["kept_by"]["reviewed"] == 1
 
 
@@ -316,3 +330,105 @@ def test_review_imports_without_jax():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=REPO)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# -- the paper's reviewer rules --------------------------------------------------------------
+
+def test_prompts_state_the_papers_rules():
+    tok = load_tokenizer("qwen")
+    rec = math_row()
+    r = render_chat(rec["messages"], "chatml", tok)
+    prop = prompts.proposal(rec, r, "\\boxed{42}")[1]["content"]
+    assert "Redundancy alone is not an error: a correct second check" in prop
+    assert "self-contained" in prop and "dependencies present" in prop
+    assert "derivation present" in prop and "needlessly repeated" not in prop
+    for field in ('"whole_clean"', '"clean_solution"', '"left_out"', '"risk"', '"reason"'):
+        assert field in prop
+    assert ", ".join(prompts.RISKS) in prop
+    audit = prompts.audit(rec, "selected")[1]["content"]
+    assert '"dependency"' in audit and '"derivation"' in audit
+    assert "Redundancy alone is not an error" in audit and "Do not judge what was left out" not in audit
+    schema = prompts.SCHEMAS["proposal"]
+    assert {"whole_clean", "clean_solution", "risk"} <= set(schema["required"])
+    assert schema["properties"]["keep"]["items"]["required"] == ["message", "start", "end",
+                                                                 "reason"]
+
+
+@pytest.mark.parametrize("answer, detail", [
+    (propose("spans", [SPAN_A, SPAN_B], whole_clean=None), "answer.whole_clean must be true or false"),
+    (propose("whole", whole_clean=False),
+     "answer.whole_clean is false but decision is whole"),
+    (propose("reject", clean_solution=True),
+     "answer.clean_solution is true but decision is reject"),
+    (propose("spans", [SPAN_A, SPAN_B], left_out=""), "answer.left_out is empty but decision is spans"),
+    (propose("spans", [SPAN_A, {**SPAN_B, "reason": ""}]), "keep[1].reason must be a non-empty"),
+    (propose("spans", [SPAN_A, SPAN_B], risk=["sloppy"]), "answer.risk must be a list of tags"),
+])
+def test_proposal_outputs_are_checked_and_asked_again(tmp_path, answer, detail):
+    srv, rep = _run(tmp_path, [math_row("p")], {"p": [answer, SPANS, CLEAN]})
+    assert srv.stages() == ["proposal", "retry", "audit"] and rep["buckets"]["kept"] == 1
+    assert detail in srv.bodies("p")[1]["messages"][-1]["content"]
+
+
+def test_proposal_outputs_are_recorded_with_the_row(tmp_path):
+    risky = propose("spans", [{**SPAN_A, "reason": "the derivation"}, SPAN_B],
+                    left_out="the check 6 + 7 = 13 line, which is wrong",
+                    risk=["unjustified_step", "calculation_error", "unjustified_step"])
+    srv, rep = _run(tmp_path, [math_row("p"), math_row("w")],
+                    {"p": [risky, CLEAN], "w": [WHOLE, CLEAN]})
+    _, by = reviewed(tmp_path / "out")
+    out = by["p"]["review"]["proposal"]
+    assert out["whole_clean"] is False and out["clean_solution"] is True
+    assert [sp["reason"] for sp in out["spans"]] == ["the derivation", "kept part 1"]
+    assert out["left_out"] == "the check 6 + 7 = 13 line, which is wrong"
+    assert out["risk"] == ["calculation_error", "unjustified_step"]
+    assert by["p"]["annotation"] == {"status": "revise", "keep": [SPAN_A, SPAN_B]}  # curate's form
+    assert by["w"]["review"]["proposal"]["whole_clean"] is True
+    assert rep["risk_tags"] == {"calculation_error": 1, "unjustified_step": 1}
+
+
+WRONG_KEPT = propose("spans", [{"message": 2, "start": "Since 7!/5!", "end": "\\boxed{42}."}])
+
+
+def test_acceptance_check_refuses_a_revision_that_keeps_an_audited_error(tmp_path):
+    srv, rep = _run(tmp_path, [math_row("a")],
+                    {"a": [WHOLE, AUDIT_ERR, WRONG_KEPT, WHOLE, SPANS, CLEAN]})
+    # the two revisions that still keep the audited line are refused without an audit
+    assert srv.stages() == ["proposal", "audit", "repair", "retry", "retry", "audit"]
+    msgs = [b["messages"][-1]["content"] for b in srv.bodies("a")]
+    assert ("the selection still keeps '6 + 7 = 13, wrong but harmless', which the audit found "
+            "wrong (an irrelevant wrong check): leave it out") in msgs[3]
+    assert rep["stages"]["repair"]["failed_checks"] == {"audit_error_kept": 2}
+    _, by = reviewed(tmp_path / "out")
+    assert by["a"]["annotation"]["keep"] == [SPAN_A, SPAN_B]
+    assert by["a"]["review"]["excluded_errors"] == ["6 + 7 = 13, wrong but harmless"]
+
+
+@pytest.mark.parametrize("audit, kept", [
+    # a missing dependency is fixed by keeping more, not by leaving text out
+    ({"kind": "dependency", "quote": "The answer is", "problem": "uses 7!/5! unexplained"}, True),
+    # an error quoted from text the audit was not shown (SPANS leaves the check line out) is not
+    # confirmed: nothing to keep out, so the revision may keep that line
+    ({"kind": "error", "quote": "6 + 7 = 13", "problem": "wrong"}, True),
+    ({"kind": "error", "quote": "The answer is", "problem": "wrong"}, False),
+])
+def test_only_errors_found_in_the_audited_text_are_kept_out(tmp_path, audit, kept):
+    err = as_json({"verdict": "error", "errors": [audit]})
+    srv, rep = _run(tmp_path, [math_row("d")], {"d": [SPANS, err, WHOLE, CLEAN]},
+                    max_step_retries=0)
+    assert rep["buckets"]["kept"] == int(kept)
+    if not kept:
+        assert srv.stages() == ["proposal", "audit", "repair"]
+        assert rep["reasons"]["withheld"] == {"annotation_drop": 1}
+
+
+@pytest.mark.parametrize("audit, detail", [
+    ({"verdict": "error", "errors": [{"quote": "x", "problem": "y"}]},
+     "errors[0].kind must be one of error, dependency, derivation"),
+    ({"verdict": "clean", "errors": [{"kind": "error", "problem": "y"}]},
+     "lists problems but verdict is clean"),
+])
+def test_audit_answers_are_checked(tmp_path, audit, detail):
+    srv, rep = _run(tmp_path, [math_row("c")], {"c": [WHOLE, as_json(audit), CLEAN]})
+    assert srv.stages() == ["proposal", "audit", "retry"] and rep["buckets"]["kept"] == 1
+    assert detail in srv.bodies("c")[2]["messages"][-1]["content"]

@@ -12,7 +12,18 @@ import time
 import numpy as np
 import pytest
 from review_server import Reviewer, as_json, stage_of
-from test_review import AUDIT_ERR, CLEAN, REPO, SPANS, WHOLE, config, math_row, reviewed, write
+from test_review import (
+    AUDIT_ERR,
+    CLEAN,
+    REPO,
+    SPANS,
+    WHOLE,
+    config,
+    math_row,
+    propose,
+    reviewed,
+    write,
+)
 from test_review_agentic import AGENT, ERR_RM, LOC_OMIT, LOC_RM, OMIT, discovery, judge
 
 from rossjax.review.run import run
@@ -96,8 +107,7 @@ def _every_shape(tmp_path):
     """Request bodies of a run that takes every path: proposal, retry, audit, repair, discovery
     (with a retry), localization, with extra_body fields and per-stage JSON schemas."""
     script = {
-        "m": [as_json({"decision": "spans", "keep": [{"message": 2, "start": "Since 7!/5!",
-                                                       "end": "= 42."}]}),
+        "m": [propose("spans", [{"message": 2, "start": "Since 7!/5!", "end": "= 42."}]),
               WHOLE, AUDIT_ERR, SPANS, CLEAN],
         "fib": [discovery([judge(2, 0, operation="fail")], []),
                 discovery([judge(2, 0, operation="fail"), judge(2, 1),
@@ -151,8 +161,7 @@ def _sample_reviewer(orig, rows):
         stage, ann = stage_of(body), orig.get(rid) or {}
         if stage == "proposal":
             keep = ann.get("keep")
-            return as_json({"decision": "spans", "keep": keep} if keep else
-                           {"decision": "whole"})
+            return propose("spans", keep) if keep else propose("whole")
         if stage == "audit":
             return CLEAN
         if stage == "discovery":

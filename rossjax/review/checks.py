@@ -3,10 +3,15 @@ is the exact sentence the retry request quotes and whose code is the withheld re
 retry fixes it.
 
 Single-turn proposals (and revisions): the shape (decision whole | spans | reject, keep spans of
-verbatim start/end anchors); the annotation compiles with curate's own compiler (anchors exist
-and are unique, spans in source order and disjoint, inside an assistant message: curate's codes
-anchor_missing, anchor_ambiguous, anchor_order, anchor_not_eligible, ...); and the selected text
-contains the complete final answer as the verifier extracts it (`final_answer_missing`).
+verbatim start/end anchors, each with its reason; the whole_clean and clean_solution flags, the
+left_out summary and risk tags) and the flags' agreement with the decision
+(`review_inconsistent`); the annotation compiles with curate's own compiler (anchors exist and
+are unique, spans in source order and disjoint, inside an assistant message: curate's codes
+anchor_missing, anchor_ambiguous, anchor_order, anchor_not_eligible, ...); the selected text
+contains the complete final answer as the verifier extracts it (`final_answer_missing`); and the
+acceptance check: no kept span touches text an audit confirmed wrong (`audit_error_kept`).
+Audits: verdict, and per error its kind (error | dependency | derivation), problem and quote;
+`confirmed_errors` locates each quoted error in the text the audit saw.
 
 Agentic discovery: every call of the group is judged once on each axis (ok | fail |
 unresolved), every finding names a call of the group, every failed dimension is referenced by
@@ -22,6 +27,7 @@ import re
 from typing import NamedTuple
 
 from rossjax.review.answers import BadAnswer, malformed, want_int, want_list, want_str
+from rossjax.review.prompts import AUDIT_KINDS, RISKS
 
 DECISIONS = ("whole", "spans", "reject")
 AXES = ("contract", "operation", "environment", "execution")
@@ -75,6 +81,15 @@ class Proposal(NamedTuple):
     annotation: dict | None  # the record annotation (None for reject)
     selected: str  # the exact selected text, spans concatenated in order
     reason: str
+    outputs: dict  # whole_clean, clean_solution, spans (with reasons), left_out, risk
+    body: list = []  # the kept (start, end) intervals of the rendered text
+
+
+class Confirmed(NamedTuple):
+    """An error an audit quoted, found at `interval` of the rendered text it was shown."""
+    interval: tuple[int, int]
+    quote: str
+    problem: str
 
 
 def _keep_entries(obj: dict) -> list[dict]:
@@ -83,7 +98,48 @@ def _keep_entries(obj: dict) -> list[dict]:
         want_int(k, "message", f"keep[{j}]")
         want_str(k, "start", f"keep[{j}]")
         want_str(k, "end", f"keep[{j}]")
-    return [{"message": k["message"], "start": k["start"], "end": k["end"]} for k in keep]
+        want_str(k, "reason", f"keep[{j}]")
+    return [{"message": k["message"], "start": k["start"], "end": k["end"], "reason": k["reason"]}
+            for k in keep]
+
+
+def _outputs(obj: dict, decision: str) -> dict:
+    """The proposal's flags, left_out summary and risk tags, checked against the decision."""
+    flags = {}
+    for key in ("whole_clean", "clean_solution"):
+        if not isinstance(obj.get(key), bool):
+            raise malformed(f"answer.{key}", f"must be true or false, got {obj.get(key)!r:.40}")
+        flags[key] = obj[key]
+    if flags["whole_clean"] != (decision == "whole"):
+        raise BadAnswer("review_inconsistent",
+                        f"answer.whole_clean is {str(flags['whole_clean']).lower()} but decision "
+                        f"is {decision}: whole_clean is true exactly when the decision is whole")
+    if flags["clean_solution"] == (decision == "reject"):
+        raise BadAnswer("review_inconsistent",
+                        f"answer.clean_solution is {str(flags['clean_solution']).lower()} but "
+                        f"decision is {decision}: clean_solution is false exactly when the "
+                        f"decision is reject")
+    risk = obj.get("risk")
+    if not isinstance(risk, list) or any(t not in RISKS for t in risk):
+        raise malformed("answer.risk", f"must be a list of tags from {', '.join(RISKS)}, got "
+                                       f"{risk!r:.80}")
+    left_out = obj.get("left_out", "")
+    if not isinstance(left_out, str):
+        raise malformed("answer.left_out", f"must be a string, got {type(left_out).__name__}")
+    if decision == "spans" and not left_out.strip():
+        raise malformed("answer.left_out", "is empty but decision is spans: say in one sentence "
+                                           "what the spans leave out and why")
+    return {**flags, "left_out": left_out, "risk": sorted(set(risk))}
+
+
+def _acceptance(body: list[tuple[int, int]], confirmed: list[Confirmed]):
+    """The deterministic acceptance check: no kept interval touches a confirmed error."""
+    for c in confirmed:
+        a, b = c.interval
+        if any(s < b and a < e for s, e in body):
+            raise BadAnswer("audit_error_kept",
+                            f"the selection still keeps {c.quote[:120]!r}, which the audit found "
+                            f"wrong ({c.problem[:160]}): leave it out")
 
 
 def selected_text(rendered, spans: list[tuple[int, int]]) -> str:
@@ -97,8 +153,10 @@ def selected_text(rendered, spans: list[tuple[int, int]]) -> str:
     return "".join(out)
 
 
-def check_proposal(obj: dict, record: dict, rendered, compile_) -> Proposal:
-    """A proposal or revision that passed every single-turn check, or `BadAnswer`."""
+def check_proposal(obj: dict, record: dict, rendered, compile_,
+                   confirmed: list[Confirmed] = ()) -> Proposal:
+    """A proposal or revision that passed every single-turn check, or `BadAnswer`; `confirmed`
+    are the errors earlier audits of this row found, which no kept span may touch."""
     from rossjax.curate.masks import ordered_keep_intervals
     from rossjax.curate.selectors import SelectorError
 
@@ -107,11 +165,14 @@ def check_proposal(obj: dict, record: dict, rendered, compile_) -> Proposal:
         raise malformed("answer.decision", f"must be one of {', '.join(DECISIONS)}, got "
                                            f"{decision!r:.60}")
     reason = obj.get("reason") if isinstance(obj.get("reason"), str) else ""
+    outputs = _outputs(obj, decision)
     if decision == "reject":
-        return Proposal(decision, None, "", reason)
-    keep = _keep_entries(obj) if decision == "spans" else []
-    if decision == "spans" and not keep:
+        return Proposal(decision, None, "", reason, outputs)
+    spans = _keep_entries(obj) if decision == "spans" else []
+    if decision == "spans" and not spans:
         raise malformed("answer.keep", "is empty but decision is spans (use whole or reject)")
+    outputs["spans"] = spans
+    keep = [{k: sp[k] for k in ("message", "start", "end")} for sp in spans]
     ann = {"status": "accept"} if decision == "whole" else {"status": "revise", "keep": keep}
     ex = compile_({**record, "annotation": ann})
     if ex.status != "kept":
@@ -133,23 +194,46 @@ def check_proposal(obj: dict, record: dict, rendered, compile_) -> Proposal:
             raise BadAnswer("final_answer_missing",
                             f"the selected text does not contain the complete final answer "
                             f"{text[:200]!r}: one keep span must include all of it")
-    return Proposal(decision, ann, selected_text(rendered, body), reason)
+    _acceptance(body, list(confirmed))
+    return Proposal(decision, ann, selected_text(rendered, body), reason, outputs, body)
 
 
 def check_audit(obj: dict) -> tuple[bool, list[dict], str]:
-    """(clean, errors [{quote, problem}], reason) of an audit answer."""
+    """(clean, errors [{kind, quote, problem}], reason) of an audit answer."""
     verdict = obj.get("verdict")
     if verdict not in ("clean", "error"):
         raise malformed("answer.verdict", f"must be clean or error, got {verdict!r:.60}")
     errors = want_list(obj, "errors", "answer")
     for j, e in enumerate(errors):
+        if e.get("kind") not in AUDIT_KINDS:
+            raise malformed(f"errors[{j}].kind", f"must be one of {', '.join(AUDIT_KINDS)}, got "
+                                                 f"{e.get('kind')!r:.40}")
         want_str(e, "problem", f"errors[{j}]")
         want_str(e, "quote", f"errors[{j}]", required=False)
     if verdict == "error" and not errors:
         raise malformed("answer.errors", "is empty but verdict is error: name each error")
+    if verdict == "clean" and errors:
+        raise _inconsistent("answer.errors lists problems but verdict is clean: give verdict "
+                            "error, or no errors")
     reason = obj.get("reason") if isinstance(obj.get("reason"), str) else ""
-    return verdict == "clean", [{"quote": e.get("quote"), "problem": e["problem"]}
-                                for e in errors], reason
+    return verdict == "clean", [{"kind": e["kind"], "quote": e.get("quote"),
+                                 "problem": e["problem"]} for e in errors], reason
+
+
+def confirmed_errors(errors: list[dict], rendered, body: list[tuple[int, int]]) -> list[Confirmed]:
+    """The audit's errors (kind "error") whose quote occurs in the text it was shown (inside the
+    kept intervals `body`), at every such occurrence: what the acceptance check keeps out."""
+    out = []
+    for e in errors:
+        q = e.get("quote")
+        if e["kind"] != "error" or not q:
+            continue
+        for s, end in body:
+            k = rendered.text.find(q, s, end)
+            while k >= 0:
+                out.append(Confirmed((k, k + len(q)), q, e["problem"]))
+                k = rendered.text.find(q, k + 1, end)
+    return out
 
 
 # -- agentic ---------------------------------------------------------------------------------

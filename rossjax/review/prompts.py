@@ -13,7 +13,13 @@ from __future__ import annotations
 from rossjax.errors import ConfigError
 from rossjax.review.render import context, render_transcript
 
-PROMPT_VERSION = "ross-review-v2"
+PROMPT_VERSION = "ross-review-v3"
+
+# The proposal's risk tags (a rossjax vocabulary: the reviewer names what makes a response risky
+# to learn from, whether or not its spans leave that text out).
+RISKS = ("lucky_answer", "unjustified_step", "calculation_error", "self_corrected_error",
+         "unverified_claim", "missing_dependency", "missing_derivation", "format_problem")
+AUDIT_KINDS = ("error", "dependency", "derivation")
 
 SYSTEM = """\
 You review rollouts of a language model that a verifier has already judged correct. The model \
@@ -28,44 +34,63 @@ character for character (same spaces, punctuation, LaTeX backslashes).
 Answer with exactly one JSON object and nothing else."""
 
 _PROPOSAL = """\
-PROPOSAL. Decide what of this single-turn response the model should learn from:
-- "whole": the whole assistant response (reasoning and answer) is clean;
-- "spans": only parts are clean: list them as keep spans;
-- "reject": nothing can be kept without teaching an error (right answer by luck, wrong or \
-unjustified reasoning).
-A keep span is {"message": I, "start": "...", "end": "..."}: it runs from the beginning of the \
-verbatim text `start` to the end of the verbatim text `end`. Each anchor must occur EXACTLY ONCE \
-in message I (make it long enough to be unique, within one line), `end` must come after \
-`start`, spans must be listed in the order they appear and must not overlap, and only the \
-assistant message can be kept (a span may begin in its reasoning and end in its content). \
-Leave out wrong, confused or needlessly repeated reasoning. The kept text must contain the \
-complete final answer{final}.
+PROPOSAL. Decide what of this single-turn response the model should learn from. The kept text \
+is a training target: it must teach nothing wrong and must stand on its own.
+- Leave out only text that is wrong: a false statement, an invalid or unjustified step, a \
+calculation mistake, reasoning that does not support the answer. Redundancy alone is not an \
+error: a correct second check, a restatement or a verification of earlier work stays.
+- The kept text must be self-contained: every quantity, definition or intermediate result it \
+uses is stated in the task or in the kept text (dependencies present), and the final answer is \
+derived in it, not merely asserted (derivation present).
+Decide "whole" (the whole assistant response, reasoning and answer, is clean), "spans" (only \
+parts are: list them as keep spans) or "reject" (no clean, self-contained selection containing \
+the complete final answer exists: e.g. a right answer by luck, or wrong or unjustified \
+reasoning throughout).
+A keep span is {"message": I, "start": "...", "end": "...", "reason": "..."}: it runs from the \
+beginning of the verbatim text `start` to the end of the verbatim text `end`. Each anchor must \
+occur EXACTLY ONCE in message I (make it long enough to be unique, within one line), `end` must \
+come after `start`, spans must be listed in the order they appear and must not overlap, and \
+only the assistant message can be kept (a span may begin in its reasoning and end in its \
+content). The kept text must contain the complete final answer{final}.
+Also report: "whole_clean" (true exactly when the whole response is clean as it stands), \
+"clean_solution" (true exactly when a clean, self-contained solution can be kept, i.e. you do \
+not reject), a "reason" per keep span (why that text is kept), "left_out" (one sentence: what \
+the spans leave out and why; "" for whole), and "risk": the tags that apply to the response, \
+from {risks} ([] if none).
 
-Reply: {"decision": "whole" | "spans" | "reject", "keep": [{"message": 2, "start": "...", \
-"end": "..."}], "reason": "one sentence"}"""
+Reply: {"decision": "whole" | "spans" | "reject", "whole_clean": false, "clean_solution": true, \
+"keep": [{"message": 2, "start": "...", "end": "...", "reason": "..."}], "left_out": "...", \
+"risk": [], "reason": "one sentence"}"""
 
 _AUDIT = """\
-AUDIT. Below is the exact text selected from a model's answer for training (kept spans in \
-order; [...] marks left-out text). Judge only this text: does it contain an error — a false \
-statement, an invalid or unjustified step, a calculation mistake, a claim contradicted by the \
-task, or reasoning that does not support the final answer? Do not judge what was left out, \
-only whether what is kept teaches something wrong.
+AUDIT. Below is the exact text selected from a model's answer as a training target (kept spans \
+in order; [...] marks left-out text). Judge it as a target that must stand on its own:
+- "error": a false statement, an invalid or unjustified step, a calculation mistake, a claim \
+contradicted by the task, or reasoning that does not support the final answer;
+- "dependency": the text uses a quantity, definition or result that is neither in the task nor \
+in the selected text (it was left out);
+- "derivation": the final answer is asserted, not derived in the selected text.
+Redundancy alone is not an error: a correct second check or a restatement is fine. Quote the \
+wrong text verbatim for an error; for a dependency or derivation problem quote the text that \
+relies on what is missing.
 
 Selected text:
 <<<
 {selected}
 >>>
 
-Reply: {{"verdict": "clean" | "error", "errors": [{{"quote": "verbatim text from the selected \
-text", "problem": "what is wrong"}}], "reason": "one sentence"}}"""
+Reply: {{"verdict": "clean" | "error", "errors": [{{"kind": "error" | "dependency" | \
+"derivation", "quote": "verbatim text from the selected text", "problem": "what is wrong"}}], \
+"reason": "one sentence"}}"""
 
 _REPAIR = """\
 REPAIR. An independent audit of the text your proposal selects found these errors:
 {errors}
-Revise the proposal so that the kept text no longer contains them: move or split the keep \
-spans around the wrong text, or reject the rollout if no clean selection that contains the \
-complete final answer exists. Never invent text: spans select verbatim text only. Same rules \
-and same reply format as before."""
+Revise the proposal: leave out the text of every "error" (a revision that still keeps it is \
+refused), and for a "dependency" or "derivation" problem keep the text the selection relies on \
+(widen or add spans); or reject the rollout if no clean, self-contained selection that contains \
+the complete final answer exists. Never invent text: spans select verbatim text only. Same \
+rules and same reply format as before."""
 
 _DISCOVERY = """\
 SEMANTIC ERROR DISCOVERY. Judge these assistant steps of the rollout: {steps}. A step's calls \
@@ -122,7 +147,8 @@ def proposal(record: dict, rendered, answer: str | None) -> list[dict]:
     final = f" ({answer[:300]})" if answer else ""
     return [{"role": "system", "content": SYSTEM},
             {"role": "user", "content": _user(record, rendered,
-                                              _PROPOSAL.replace("{final}", final))}]
+                                              _PROPOSAL.replace("{final}", final)
+                                              .replace("{risks}", ", ".join(RISKS)))}]
 
 
 def audit(record: dict, selected: str) -> list[dict]:
@@ -133,8 +159,8 @@ def audit(record: dict, selected: str) -> list[dict]:
 
 
 def repair(proposal_messages: list[dict], accepted_answer: str, errors: list[dict]) -> list[dict]:
-    lines = "\n".join(f"- {e['problem']}" + (f" (at {e['quote']!r})" if e.get("quote") else "")
-                      for e in errors)
+    lines = "\n".join(f"- {e.get('kind', 'error')}: {e['problem']}"
+                      + (f" (at {e['quote']!r})" if e.get("quote") else "") for e in errors)
     return [*proposal_messages[:2], {"role": "assistant", "content": accepted_answer},
             {"role": "user", "content": _REPAIR.format(errors=lines)}]
 
@@ -165,6 +191,7 @@ def _obj(props: dict, required: list[str]) -> dict:
 
 _STR = {"type": "string"}
 _INT = {"type": "integer"}
+_BOOL = {"type": "boolean"}
 _SEL = _obj({"message": _INT, "line": _INT, "quote": _STR, "occurrence": _INT,
              "part": {"type": "string", "enum": ["content", "reasoning", "tool_calls"]}},
             ["message", "line"])
@@ -172,13 +199,17 @@ _JUDGE = {"type": "string", "enum": ["ok", "fail", "unresolved"]}
 _AXES = ("contract", "operation", "environment", "execution")
 SCHEMAS = {
     "proposal": _obj({"decision": {"type": "string", "enum": ["whole", "spans", "reject"]},
+                      "whole_clean": _BOOL, "clean_solution": _BOOL,
                       "keep": {"type": "array", "items": _obj(
-                          {"message": _INT, "start": _STR, "end": _STR},
-                          ["message", "start", "end"])},
-                      "reason": _STR}, ["decision"]),
+                          {"message": _INT, "start": _STR, "end": _STR, "reason": _STR},
+                          ["message", "start", "end", "reason"])},
+                      "left_out": _STR,
+                      "risk": {"type": "array", "items": {"type": "string", "enum": list(RISKS)}},
+                      "reason": _STR}, ["decision", "whole_clean", "clean_solution", "risk"]),
     "audit": _obj({"verdict": {"type": "string", "enum": ["clean", "error"]},
-                   "errors": {"type": "array", "items": _obj({"quote": _STR, "problem": _STR},
-                                                             ["problem"])},
+                   "errors": {"type": "array", "items": _obj(
+                       {"kind": {"type": "string", "enum": list(AUDIT_KINDS)}, "quote": _STR,
+                        "problem": _STR}, ["kind", "problem"])},
                    "reason": _STR}, ["verdict"]),
     "discovery": _obj({"calls": {"type": "array", "items": _obj(
         {"message": _INT, "call": _INT, **{a: _JUDGE for a in _AXES}},

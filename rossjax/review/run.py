@@ -180,6 +180,7 @@ class ReviewRun:
         self.rows_read = 0
         self.answered = 0  # reviewer answers received so far (a refusal before any: setup error)
         self.kept_by, self.procedures, self.attempts = Counter(), Counter(), Counter()
+        self.risks = Counter()  # the proposal's risk tags over kept reviewed rows
         self.stage_withheld = {s: Counter() for s in STAGES}
         self.stage_checks = {s: Counter() for s in STAGES}
         self.shards = _Shards(workdir, cfg.rows_per_shard, cfg.compress)
@@ -267,7 +268,9 @@ class ReviewRun:
         else:
             info = {"model": self.client.model, "prompt_version": PROMPT_VERSION,
                     "procedure": proc, "answers": r.answers, "reason": out["reason"]}
-            info.update({k: out[k] for k in ("repair_rounds", "findings") if k in out})
+            info.update({k: out[k] for k in ("repair_rounds", "proposal", "excluded_errors",
+                                             "findings") if k in out})
+            self.risks.update((out.get("proposal") or {}).get("risk", ()))
             self.keep({**r.record, "annotation": out["annotation"], "review": info}, "reviewed",
                       out["annotation"]["status"])
         self.transcripts.write(json.dumps(
@@ -326,6 +329,7 @@ class ReviewRun:
             "kept_by": {k: self.kept_by[k] for k in KEPT_BY},
             "kept_by_status": {k: n for k, n in sorted(kept_by_review.items()) if n},
             "procedures": dict(sorted(self.procedures.items())),
+            "risk_tags": dict(sorted(self.risks.items())),
             "attempts": {str(k): v for k, v in sorted(self.attempts.items())},
             "requests": {**self.client.totals(), "connections": self.client.connections},
             "stages": self.stages(),

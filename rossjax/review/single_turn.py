@@ -1,15 +1,21 @@
 """The single-turn procedure: proposal, deterministic checks, audit, repair (docs/review.md).
 
   proposal  the judge chooses whole response / ordered keep spans / reject, with verbatim
-            unique start and end anchors;
+            unique start and end anchors and a reason per span, plus the paper's outputs: the
+            whole_clean and clean_solution flags, what was left out, risk tags. Redundancy alone
+            is not an error; the kept text must be self-contained (dependencies and the
+            derivation of the answer present);
   checks    after every proposal or revision (checks.check_proposal): anchors resolve with
             curate's compiler, spans in source order and disjoint, inside the assistant
             response, and the selected text contains the complete final answer; a failure is
             asked again with the failing check quoted (config.max_step_retries);
   audit     a separate request judges the exact selected text (spans concatenated in order),
-            not the proposal's own account of it;
+            not the proposal's own account of it: errors, missing dependencies, a missing
+            derivation;
   repair    an audit that finds errors gets a revision request carrying the audit evidence; the
             revision is checked and audited again, for at most config.max_repair_rounds rounds.
+            Every error an audit quotes from the selection is confirmed at its place, and the
+            deterministic acceptance check refuses any later revision that still keeps it.
             A rejected revision, or errors still found after the last round, withhold the row
             as `annotation_drop`: the text is never patched with anything the model did not say.
 
@@ -20,7 +26,7 @@ passes the checks, with the code of its last failed check.
 from __future__ import annotations
 
 from rossjax.review import prompts
-from rossjax.review.checks import answer_interval, check_audit, check_proposal
+from rossjax.review.checks import answer_interval, check_audit, check_proposal, confirmed_errors
 from rossjax.review.steps import Row, RowWithheld
 
 
@@ -28,9 +34,10 @@ def review_single_turn(row: Row, max_repair_rounds: int) -> dict:
     """The annotation for a single-turn row, or `RowWithheld`."""
     rec, r = row.record, row.rendered
     ans = answer_interval(r, rec)
+    confirmed = []  # errors audits found in the selections they were shown, by position
 
     def checked(obj):
-        return check_proposal(obj, rec, r, row.compile_)
+        return check_proposal(obj, rec, r, row.compile_, confirmed)
 
     base = prompts.proposal(rec, r, ans[1] if ans else None)
     prop, text = row.ask("proposal", base, checked)
@@ -43,7 +50,10 @@ def review_single_turn(row: Row, max_repair_rounds: int) -> dict:
             ann = dict(prop.annotation)
             if round_:
                 ann["status"] = "revise"  # repaired: the kept text differs from the proposal
-            return {"annotation": ann, "reason": prop.reason, "repair_rounds": round_}
+            return {"annotation": ann, "reason": prop.reason, "repair_rounds": round_,
+                    "proposal": prop.outputs,
+                    "excluded_errors": sorted({c.quote for c in confirmed})}
+        confirmed += confirmed_errors(errors, r, prop.body)
         if round_ == max_repair_rounds:
             break
         try:
