@@ -107,6 +107,7 @@ HELP_SHOWS = {
     "grpo": "--config.model.path=", "eval-generator": "--config.workdir=''",
     "label-corpus": "--config.pool=''", "aux-set": "--config.run_labels=''",
     "bench": "benchmarks:", "demo": "--steps=30", "repro": "--quick",
+    "serve": "--max_len=2048",
 }
 BENCHES = ("model", "sft", "sample", "curate", "select", "grpo")
 

@@ -43,6 +43,7 @@ COMMANDS = {
     "eval-generator": "eval_generator",
     "bench": "bench",
     "repro": "repro",
+    "serve": "serve",
 }
 
 

@@ -1,0 +1,48 @@
+"""`rossjax serve --model=DIR [--tokenizer=NAME|PATH] [--host=127.0.0.1] [--port=8000]`:
+an OpenAI-compatible server (/v1/models, /v1/chat/completions, /v1/completions) on the rollout
+engine, for a local checkpoint (a Hugging Face folder, a `rossjax export` folder, or
+preset:NAME with --tokenizer). Point an OpenAI client at http://HOST:PORT/v1.
+
+  --template=chatml|llama3|mistral|tokenizer   (default: the folder's own chat template, else chatml)
+  --slots=16        KV-cache slots (concurrent sequences decoded together)
+  --max_len=2048    cache columns per slot (prompt bucket + completion)
+  --dtype=float32   compute dtype (bfloat16 on accelerators)
+  --model_id=NAME   the id /v1/models reports and requests name (default: the folder's name)
+Binds 127.0.0.1 unless --host says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rossjax.cli.flags import HELP_FLAGS, HelpRequested
+from rossjax.errors import UsageError
+
+
+def main(argv) -> int:
+    if any(a in HELP_FLAGS for a in argv):
+        raise HelpRequested("")
+    ap = argparse.ArgumentParser(prog="rossjax serve", add_help=False)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--template", default=None)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--max_len", type=int, default=2048)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--model_id", default=None)
+    args, extra = ap.parse_known_args(argv)
+    if extra or not args.model:
+        raise UsageError(f"unknown flags {' '.join(extra)} (rossjax serve --help)" if extra else
+                         "rossjax serve needs --model=DIR (or preset:NAME with --tokenizer).")
+    from rossjax import serve
+
+    server = serve.build(args.model, args.tokenizer, template=args.template, slots=args.slots,
+                         max_len=args.max_len, model_id=args.model_id, dtype=args.dtype)
+    print(f"rossjax serve: {server.model_id} on http://{args.host}:{args.port}/v1 "
+          f"({args.slots} slots x {args.max_len} tokens, template {server.template})",
+          file=sys.stderr)
+    serve.serve(server, args.host, args.port)
+    return 0

@@ -1,0 +1,109 @@
+"""`rossjax serve`: an OpenAI-compatible server over the rollout engine, for running review, the
+reconstruction agent and model solvers fully offline on a local checkpoint.
+
+  worker   the engine's thread (continuous batching across concurrent requests, stop strings,
+           incremental detokenization)
+  app      the aiohttp handlers: /v1/models, /v1/chat/completions, /v1/completions
+
+    server = build("runs/sft/export", slots=16, max_len=2048)
+    url, stop = start_background(server, port=0)      # tests, notebooks
+    serve(server, host="127.0.0.1", port=8000)        # the command
+
+Chat prompts render with the model folder's chat template (the tokenizer's jinja) when it has
+one, else rossjax's built-in chatml (or `template=`), cut where the assistant's answer starts,
+exactly as GRPO renders its prompts. Generation stops at the tokenizer's end-of-turn tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+from rossjax.errors import ConfigError
+
+# End-of-turn / end-of-text tokens the common templates close a turn with.
+_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>", "<|end|>",
+               "<|eom_id|>")
+
+
+def build(model: str, tokenizer: str | None = None, *, template: str | None = None,
+          slots: int = 16, max_len: int = 2048, model_id: str | None = None,
+          dtype: str = "float32", chunk: int = 16):
+    """Load the model folder (or preset:NAME) and tokenizer; start the engine thread."""
+    from rossjax.engine import Engine
+    from rossjax.models import loading
+    from rossjax.serve.app import Server
+    from rossjax.serve.worker import EngineWorker
+    from rossjax.templates import TEMPLATES
+    from rossjax.tokenizers import load_tokenizer
+
+    section = loading.section_from_spec(model, dtype, where="--model")
+    tok_spec = tokenizer or (model if os.path.isdir(model) else None)
+    if tok_spec is None:
+        raise ConfigError("rossjax serve: --tokenizer is needed when --model is a preset.")
+    try:
+        tok = load_tokenizer(tok_spec)
+    except FileNotFoundError:
+        raise ConfigError(f"rossjax serve: {tok_spec} has no tokenizer; pass --tokenizer=NAME|PATH.") \
+            from None
+    template = template or ("tokenizer" if tok.chat_template else "chatml")
+    if template not in TEMPLATES:
+        raise ConfigError(f"rossjax serve: --template {template!r} is not one of "
+                          f"{', '.join(TEMPLATES)}.")
+    cfg, params = loading.load_model(section, field="--model")
+    ends = {tok.special_tokens[t] for t in _END_TOKENS if t in tok.special_tokens}
+    if tok.eos_id is not None:
+        ends.add(tok.eos_id)
+    text_ends = {tok.eos_id} if tok.eos_id is not None else set()
+    if "<|endoftext|>" in tok.special_tokens:
+        text_ends.add(tok.special_tokens["<|endoftext|>"])
+    eng = Engine(cfg, params, slots=slots, max_len=max_len, n_stop=max(len(ends), 1), chunk=chunk)
+    name = model_id or os.path.basename(os.path.normpath(model)) or model
+    return Server(EngineWorker(eng, tok), tok, model_id=name, template=template,
+                  chat_stop_ids=tuple(sorted(ends)), text_stop_ids=tuple(sorted(text_ends)))
+
+
+def start_background(server, host: str = "127.0.0.1", port: int = 0):
+    """Serve on a thread of its own; returns (base url, stop()). port 0 picks a free port."""
+    from aiohttp import web
+
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    box = {}
+
+    async def start():
+        runner = web.AppRunner(server.app())
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        box["runner"] = runner
+        box["port"] = runner.addresses[0][1]
+
+    def run():
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        ready.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=run, name="rossjax-serve", daemon=True)
+    t.start()
+    ready.wait(30)
+
+    def stop():
+        asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(10)
+        server.worker.close()
+
+    return f"http://{host}:{box['port']}/v1", stop
+
+
+def serve(server, host: str = "127.0.0.1", port: int = 8000):
+    """Serve until interrupted (the command)."""
+    from aiohttp import web
+
+    try:
+        web.run_app(server.app(), host=host, port=port, print=None)
+    finally:
+        server.worker.close()

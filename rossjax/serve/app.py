@@ -1,0 +1,288 @@
+"""The OpenAI-compatible HTTP surface (aiohttp): /v1/models, /v1/chat/completions,
+/v1/completions, each request a job on the engine thread (rossjax.serve.worker).
+
+aiohttp because one maintained library gives the asyncio server, streamed responses (SSE) and
+graceful shutdown with no ASGI layer in between; handlers only parse, queue and format.
+
+Fields: n, max_tokens (max_completion_tokens), temperature, top_p, top_k (extension), seed, stop
+(a string or up to 4), logprobs (chat: bool, completions: int 0/1; the chosen token's log-prob
+at temperature 1, the sampler's; top_logprobs are not computed and asking for them is a 400),
+stream (SSE, `data: [DONE]` at the end; stream_options.include_usage adds the usage chunk),
+usage in every non-streamed reply. A bad request is a 400 whose error.message names the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+
+from aiohttp import web
+
+from rossjax.engine import SamplingParams, bucket_length
+from rossjax.errors import InputError
+from rossjax.serve.worker import Job
+
+_MAX_TOKENS_DEFAULT = 256
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+def _error(e: BadRequest) -> web.Response:
+    kind = "invalid_request_error" if e.status == 400 else "not_found_error"
+    return web.json_response({"error": {"message": str(e), "type": kind, "param": e.param,
+                                        "code": None}}, status=e.status)
+
+
+def _num(body, name, default, lo, hi, *, integer=False, lo_open=False):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if isinstance(v, bool) or not ok_type:
+        raise BadRequest(f"'{name}' must be {'an integer' if integer else 'a number'}, got {v!r}.",
+                         name)
+    if v < lo or v > hi or (lo_open and v == lo):
+        raise BadRequest(f"'{name}' is {v}; it must be in {'(' if lo_open else '['}{lo}, {hi}].",
+                         name)
+    return v
+
+
+class Server:
+    """State the handlers share: the worker, tokenizer, template, limits and model id."""
+
+    def __init__(self, worker, tokenizer, *, model_id: str, template: str, chat_stop_ids: tuple,
+                 text_stop_ids: tuple):
+        self.worker, self.tok, self.model_id, self.template = worker, tokenizer, model_id, template
+        self.chat_stop_ids, self.text_stop_ids = chat_stop_ids, text_stop_ids
+        self.engine = worker.engine
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 2**20)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        return app
+
+    async def models(self, request):
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model_id, "object": "model", "created": 0, "owned_by": "rossjax"}]})
+
+    # -- parsing --------------------------------------------------------------------------
+    async def _body(self, request) -> dict:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadRequest(f"the request body is not JSON ({e}).") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object.")
+        model = body.get("model", self.model_id)
+        if model != self.model_id:
+            raise BadRequest(f"model {model!r} is not served here; this server has "
+                             f"{self.model_id!r} (GET /v1/models).", "model", status=404)
+        return body
+
+    def _sampling(self, body, n_prompt: int, stop_ids: tuple):
+        n = _num(body, "n", 1, 1, self.engine.lay.slots, integer=True)
+        room = self.engine.lay.max_len - bucket_length(max(n_prompt, 1))
+        if room < 1:
+            raise BadRequest(f"the prompt is {n_prompt} tokens; this server's slots hold "
+                             f"{self.engine.lay.max_len} (rossjax serve --max_len).", "messages")
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        max_new = _num({name: limit}, name, min(_MAX_TOKENS_DEFAULT, room), 1, room, integer=True)
+        temperature = _num(body, "temperature", 1.0, 0, 2)
+        top_p = _num(body, "top_p", 1.0, 0, 1, lo_open=True)
+        top_k = _num(body, "top_k", 0, 0, 1 << 30, integer=True)
+        seed = body.get("seed")
+        if seed is None:
+            seed = secrets.randbits(63)
+        elif isinstance(seed, bool) or not isinstance(seed, int):
+            raise BadRequest(f"'seed' must be an integer, got {seed!r}.", "seed")
+        stop = body.get("stop")
+        stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or len(stops) > 4 or not all(
+                isinstance(s, str) and s for s in stops):
+            raise BadRequest("'stop' must be a non-empty string or a list of at most 4 of them.",
+                             "stop")
+        sp = SamplingParams(int(max_new), float(temperature), float(top_p), int(top_k),
+                            stop_ids, int(seed))
+        return sp, int(n), stops
+
+    def _chat_prompt(self, body) -> list[int]:
+        from rossjax.train.rollout import render_prompt
+
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise BadRequest("'messages' must be a non-empty list of {role, content} objects.",
+                             "messages")
+        clean = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant",
+                                                                 "tool", "developer"):
+                raise BadRequest(f"messages[{i}] needs a 'role' of system, user, assistant, tool "
+                                 f"or developer.", f"messages[{i}].role")
+            c = m.get("content")
+            if isinstance(c, list):   # content parts: text only
+                if not all(isinstance(p, dict) and p.get("type") == "text" for p in c):
+                    raise BadRequest(f"messages[{i}].content holds a non-text part; only text is "
+                                     f"served.", f"messages[{i}].content")
+                c = "".join(p.get("text", "") for p in c)
+            if not isinstance(c, str):
+                raise BadRequest(f"messages[{i}].content must be a string.", f"messages[{i}].content")
+            role = "system" if m["role"] == "developer" else m["role"]
+            clean.append({"role": role, "content": c})
+        try:
+            text = render_prompt(clean, self.template, self.tok)
+        except InputError as e:
+            raise BadRequest(f"the messages cannot be rendered with template {self.template}: {e}",
+                             "messages") from None
+        return self.tok.encode(text)
+
+    # -- endpoints ------------------------------------------------------------------------
+    async def chat(self, request):
+        try:
+            body = await self._body(request)
+            lp = body.get("logprobs", False)
+            if not isinstance(lp, bool):
+                raise BadRequest("'logprobs' must be true or false.", "logprobs")
+            if body.get("top_logprobs"):
+                raise BadRequest("'top_logprobs' is not supported: the sampler keeps the chosen "
+                                 "token's log-prob only.", "top_logprobs")
+            ids = self._chat_prompt(body)
+            sp, n, stops = self._sampling(body, len(ids), self.chat_stop_ids)
+        except BadRequest as e:
+            return _error(e)
+        return await self._run(request, body, ids, sp, n, stops, chat=True, logprobs=lp)
+
+    async def completions(self, request):
+        try:
+            body = await self._body(request)
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1:
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                ids = self.tok.encode(prompt)
+            elif isinstance(prompt, list) and prompt and all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                ids = prompt
+            else:
+                raise BadRequest("'prompt' must be a non-empty string, one string in a list, or a "
+                                 "list of token ids.", "prompt")
+            if not ids:
+                raise BadRequest("'prompt' encodes to no tokens.", "prompt")
+            if min(ids) < 0 or max(ids) >= self.engine.cfg.vocab_size:
+                raise BadRequest(f"'prompt' holds a token id outside [0, "
+                                 f"{self.engine.cfg.vocab_size}).", "prompt")
+            lp = body.get("logprobs")
+            if lp not in (None, 0, 1) or isinstance(lp, bool):
+                raise BadRequest("'logprobs' must be 0 or 1 here (only the chosen token's "
+                                 "log-prob is kept).", "logprobs")
+            sp, n, stops = self._sampling(body, len(ids), self.text_stop_ids)
+        except BadRequest as e:
+            return _error(e)
+        return await self._run(request, body, ids, sp, n, stops, chat=False, logprobs=bool(lp))
+
+    async def _run(self, request, body, ids, sp, n, stops, *, chat: bool, logprobs: bool):
+        job = Job(ids, sp, n, stops, self.tok, asyncio.get_running_loop())
+        self.worker.submit(job)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        head = {"id": rid, "created": int(time.time()), "model": self.model_id}
+        stream = body.get("stream", False)
+        if stream:
+            return await self._stream(request, body, job, head, chat, logprobs)
+        texts, toks, lps, reasons = [""] * n, [[] for _ in range(n)], [[] for _ in range(n)], \
+            [None] * n
+        try:
+            async for d in self._deltas(job):
+                texts[d.index] += d.text
+                toks[d.index] += d.token_ids
+                lps[d.index] += d.logprobs
+                reasons[d.index] = d.finish_reason or reasons[d.index]
+        except BadRequest as e:
+            return _error(e)
+        except asyncio.CancelledError:
+            self.worker.cancel(job)     # the client went away: free its slots
+            raise
+        choices = []
+        for j in range(n):
+            c = {"index": j, "finish_reason": reasons[j],
+                 "logprobs": self._logprobs(toks[j], lps[j], chat) if logprobs else None}
+            if chat:
+                c["message"] = {"role": "assistant", "content": texts[j]}
+            else:
+                c["text"] = texts[j]
+            choices.append(c)
+        done = sum(map(len, toks))
+        return web.json_response({**head, "object": "chat.completion" if chat else
+                                  "text_completion", "choices": choices,
+                                  "usage": _usage(len(ids), done)})
+
+    async def _deltas(self, job):
+        """The job's deltas until every candidate has finished."""
+        left = job.n
+        while left:
+            d = await job.out.get()
+            if d is None:       # the engine refused the job
+                raise BadRequest(str(job.error))
+            yield d
+            left -= d.finish_reason is not None
+
+    async def _stream(self, request, body, job, head, chat, logprobs):
+        n_total = job.n
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        await resp.prepare(request)
+
+        async def send(payload):
+            await resp.write(f"data: {json.dumps(payload)}\n\n".encode())
+
+        n_done = 0
+        try:
+            if chat:
+                for j in range(n_total):
+                    await send({**head, "object": obj, "choices": [
+                        {"index": j, "delta": {"role": "assistant", "content": ""},
+                         "logprobs": None, "finish_reason": None}]})
+            async for d in self._deltas(job):
+                n_done += len(d.token_ids)
+                lp = self._logprobs(d.token_ids, d.logprobs, chat) if logprobs else None
+                c = {"index": d.index, "logprobs": lp, "finish_reason": d.finish_reason}
+                if chat:
+                    c["delta"] = {"content": d.text} if d.text or d.finish_reason is None else {}
+                else:
+                    c["text"] = d.text
+                await send({**head, "object": obj, "choices": [c]})
+            opts = body.get("stream_options") or {}
+            if isinstance(opts, dict) and opts.get("include_usage"):
+                await send({**head, "object": obj, "choices": [],
+                            "usage": _usage(len(job.prompt), n_done)})
+            await resp.write(b"data: [DONE]\n\n")
+        except BadRequest as e:
+            await send({"error": {"message": str(e), "type": "invalid_request_error"}})
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.worker.cancel(job)     # the client went away: free its slots
+            raise
+        return resp
+
+    def _logprobs(self, ids, lps, chat: bool):
+        tok = self.tok
+        pieces = [tok.token_bytes(t) if t < tok.vocab_size else b"" for t in ids]
+        if chat:
+            return {"content": [{"token": p.decode("utf-8", errors="replace"), "logprob": lp,
+                                 "bytes": list(p), "top_logprobs": []}
+                                for p, lp in zip(pieces, lps)]}
+        return {"tokens": [p.decode("utf-8", errors="replace") for p in pieces],
+                "token_logprobs": list(lps), "top_logprobs": None, "text_offset": None}
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
