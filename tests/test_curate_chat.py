@@ -2,6 +2,7 @@
 
 import pytest
 
+from rossjax.curate.schema import iter_records
 from rossjax.templates import TemplateError, render_chat
 from rossjax.tokenizers import load_tokenizer
 
@@ -69,11 +70,94 @@ def test_llama3_and_mistral_text():
     assert eligible_text(r) == ("<think>\nR\n</think>\n\nA<|eot_id|>"
                                 'B\n{"name": "f", "parameters": {"x": 1}}<|eot_id|>C<|eot_id|>')
     r = render_chat(msgs, "mistral")
-    assert r.text == ("<s>[INST] S\n\nU[/INST] [THINK]R[/THINK]A</s>[INST] U2[/INST] B"
+    assert r.text == ("<s>[INST] U[/INST] [THINK]R[/THINK]A</s>[INST] S\n\nU2[/INST] B"
                       '[TOOL_CALLS] [{"name": "f", "arguments": {"x": 1}}]</s>'
                       "[TOOL_RESULTS] T[/TOOL_RESULTS] C</s>")
     assert eligible_text(r) == ('[THINK]R[/THINK]A</s>B[TOOL_CALLS] [{"name": "f", '
                                 '"arguments": {"x": 1}}]</s>C</s>')
+
+
+def _mistral_common_text(messages, tools=None) -> str:
+    """The text mistral-common's v3 tokenizer (finetuning mode) writes for `messages`."""
+    mc = pytest.importorskip("mistral_common")
+    from mistral_common.protocol.instruct import messages as mm, tool_calls as mt
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.protocol.instruct.validator import MistralRequestValidatorV3, ValidationMode
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    del mc
+    tok = MistralTokenizer.v3()
+    tok._chat_completion_request_validator = MistralRequestValidatorV3(ValidationMode.finetuning)
+    out = []
+    for m in messages:
+        if m["role"] == "system":
+            out.append(mm.SystemMessage(content=m["content"]))
+        elif m["role"] == "user":
+            out.append(mm.UserMessage(content=m["content"]))
+        elif m["role"] == "tool":
+            out.append(mm.ToolMessage(content=m["content"], tool_call_id=m["tool_call_id"]))
+        else:
+            calls = [mt.ToolCall(id=c["id"], function=mt.FunctionCall(
+                name=c["function"]["name"], arguments=c["function"]["arguments"]))
+                for c in m.get("tool_calls") or []]
+            out.append(mm.AssistantMessage(content=m.get("content") or None,
+                                           tool_calls=calls or None))
+    req = ChatCompletionRequest(messages=out, tools=[mt.Tool(**t) for t in tools or []] or None)
+    text = tok.encode_chat_completion(req).text
+    return text.replace("\u2581", " ").replace("<0x0A>", "\n")
+
+
+def test_mistral_matches_mistral_common_v3():
+    """System prompt in the last user turn, tools right before it, tool-call ids and results."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"type": "string"}}}}}]
+    call = {"id": "abcdefghi", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    convs = [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+         {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Oslo?"},
+         {"role": "assistant", "content": "Cold"}],
+        [{"role": "user", "content": "Weather in Oslo?"},
+         {"role": "assistant", "content": "", "tool_calls": [call]},
+         {"role": "tool", "content": "-3 C", "tool_call_id": "abcdefghi"},
+         {"role": "assistant", "content": "It is -3 C."}],
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+         {"role": "assistant", "content": "", "tool_calls": [call]},
+         {"role": "tool", "content": "sunny", "tool_call_id": "abcdefghi"},
+         {"role": "assistant", "content": "Sunny."}],
+    ]
+    for msgs in convs:
+        for t in (None, tools):
+            assert render_chat(msgs, "mistral", tools=t).text == _mistral_common_text(msgs, t)
+
+
+def test_tools_as_a_json_string_placed_per_template(tmp_path):
+    """A row whose `tools` is JSON text (verl, HF datasets): parsed, then placed where each
+    template puts it; the tool list is context, never supervised."""
+    import json
+
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    row = {"id": "r1", "tools": json.dumps(tools),
+           "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                        {"role": "assistant", "content": "A"}, {"role": "user", "content": "U2"},
+                        {"role": "assistant", "content": "B"}]}
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    rec = next(iter_records(str(path))).record
+    assert rec["tools"] == tools
+    sig = json.dumps(tools[0], ensure_ascii=False)
+    r = render_chat(rec["messages"], "chatml", tools=rec["tools"])
+    assert r.text.startswith("<|im_start|>system\nS\n\n# Tools\n")
+    assert r.text.index(sig) < r.text.index("<|im_start|>user\nU<")
+    r = render_chat(rec["messages"], "llama3", tools=rec["tools"])
+    first_user = r.text.index("<|start_header_id|>user<|end_header_id|>\n\n")
+    assert first_user < r.text.index(json.dumps(tools[0], indent=4)) < r.text.index("U<|eot_id|>")
+    r = render_chat(rec["messages"], "mistral", tools=rec["tools"])
+    assert r.text.index("A</s>") < r.text.index("[AVAILABLE_TOOLS]") < r.text.index("[INST] S\n\nU2")
+    for r in (render_chat(rec["messages"], t, tools=rec["tools"]) for t in ("chatml", "llama3",
+                                                                            "mistral")):
+        assert "lookup" not in eligible_text(r)
 
 
 # A hand-written ChatML jinja template in the style Hugging Face tokenizers ship.

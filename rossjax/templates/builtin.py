@@ -107,46 +107,56 @@ def llama3(messages, tools=None) -> Rendered:
 
 
 def mistral(messages, tools=None) -> Rendered:
+    """Mistral v3 as mistral-common's v3 tokenizer writes it (finetuning mode): the system prompt
+    opens the last user turn, the tool list comes right before that turn, tool calls and results
+    carry their 9-character ids when the row has them."""
     b = Builder()
     b.ctx("<s>")
-    pending_system = None
-    # Mistral v3: the tool list comes right before the last user turn (and its system prompt).
-    at = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
-    if at and messages[at - 1]["role"] == "system":
-        at -= 1
+    system = next((i for i, m in enumerate(messages) if m["role"] == "system"), None)
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
     for i, m in enumerate(messages):
         role, content = m["role"], m.get("content") or ""
-        if tools and i == at:
-            b.ctx(f"[AVAILABLE_TOOLS] {_tojson(tools)}[/AVAILABLE_TOOLS]")
         if role == "system":
-            # Mistral has no system turn: the system prompt opens the next [INST] block.
-            pending_system = i
-            b.ctx("[INST] ")
-            b.part(i, role, "content", content)
-            if i + 1 < len(messages) and messages[i + 1]["role"] == "user":
-                b.ctx("\n\n")
-            else:
-                b.ctx("[/INST]")
-            continue
+            continue  # rendered inside the last user turn below
         if role == "user":
-            if pending_system is None or pending_system != i - 1:
-                b.ctx("[INST] ")
+            if tools and i == last_user:
+                b.ctx(f"[AVAILABLE_TOOLS] {_tojson(tools)}[/AVAILABLE_TOOLS]")
+            b.ctx("[INST] ")
+            if i == last_user and system is not None:
+                b.part(system, "system", "content", messages[system].get("content") or "")
+                b.ctx("\n\n")
             b.part(i, role, "content", content)
             b.ctx("[/INST]")
-            pending_system = None
             continue
         if role == "tool":
-            b.ctx("[TOOL_RESULTS] ")
-            b.part(i, role, "content", content)
-            b.ctx("[/TOOL_RESULTS]")
+            if m.get("tool_call_id"):
+                b.ctx('[TOOL_RESULTS] {"content": ')
+                b.part(i, role, "content", _tojson(content))
+                b.ctx(f', "call_id": {_tojson(m["tool_call_id"])}}}[/TOOL_RESULTS]')
+            else:
+                b.ctx("[TOOL_RESULTS] ")
+                b.part(i, role, "content", content)
+                b.ctx("[/TOOL_RESULTS]")
             continue
-        b.ctx(" ")
-        _reasoning_then_content(b, i, m, content, "[THINK]", "[/THINK]")
         calls = m.get("tool_calls") or []
+        if content or m.get("reasoning") is not None or not calls:
+            b.ctx(" ")
+        _reasoning_then_content(b, i, m, content, "[THINK]", "[/THINK]")
         if calls:
             body = json.dumps([{"name": tool_call_fields(tc)[0],
-                                "arguments": tool_call_fields(tc)[1]} for tc in calls],
+                                "arguments": _call_args(tool_call_fields(tc)[1]),
+                                **({"id": tc["id"]} if tc.get("id") else {})} for tc in calls],
                               ensure_ascii=False)
             b.part(i, role, "tool_calls", body, prefix="[TOOL_CALLS] ", eligible=True)
         b.part(i, role, "end", "</s>", eligible=True)
     return b.done()
+
+
+def _call_args(args):
+    """Arguments as an object: mistral-common parses a JSON-string form before writing it."""
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except ValueError:
+            return args
+    return args
