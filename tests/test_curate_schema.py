@@ -104,3 +104,26 @@ def test_missing_file_and_unknown_suffix(tmp_path):
     (tmp_path / "x.csv").write_text("a")
     with pytest.raises(ValueError, match="x.csv"):
         list(iter_records(tmp_path / "x.csv"))
+
+
+def test_verl_dataset_fields_map_to_the_task(tmp_path):
+    """docs/data.md: `data_source` + `extra_info.index` -> task.id, `ability` -> task.domain,
+    `reward_model.ground_truth` -> task.reference, `data_source` -> source.run."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "verl.parquet"
+    pq.write_table(pa.Table.from_pylist([
+        {"data_source": "openai/gsm8k", "ability": "math",
+         "prompt": [{"role": "user", "content": f"What is {i}*7?"}],
+         "reward_model": {"style": "rule", "ground_truth": str(7 * i)},
+         "extra_info": {"index": 10 + i, "split": "train"},
+         "response": f"\\boxed{{{7 * i}}}"} for i in range(3)]), path)
+    recs = [r.record for r in iter_records(str(path))]
+    assert [r["task"]["id"] for r in recs] == ["openai/gsm8k-10", "openai/gsm8k-11",
+                                               "openai/gsm8k-12"]
+    assert [r["task"]["reference"] for r in recs] == ["0", "7", "14"]
+    assert {r["task"]["domain"] for r in recs} == {"math"}
+    assert recs[1]["source"]["run"] == "openai/gsm8k"
+    assert recs[1]["messages"] == [{"role": "user", "content": "What is 1*7?"},
+                                   {"role": "assistant", "content": "\\boxed{7}"}]
