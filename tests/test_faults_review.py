@@ -243,3 +243,20 @@ def test_a_run_that_kept_nothing_exits_2(tmp_path, capsys):
     assert "1 withheld as reviewer_unparseable (a rerun asks failed answers again" in out.err
     assert "next: rossjax curate" not in out.out
     assert json.load(open(tmp_path / "out" / "report.json"))["buckets"]["kept"] == 0
+
+
+@pytest.mark.parametrize("text", ["{" * 50_000, '{"' * 25_000, "\\boxed{4} " * 5_000])
+def test_an_answer_full_of_braces_is_searched_in_bounded_work(monkeypatch, text):
+    # each failed parse costs a scan of the whole answer: the number of attempts must be bounded
+    # (was: one per brace, 1.5 s for 50,000 of them)
+    import json as json_mod
+
+    calls = []
+    raw = json_mod.JSONDecoder.raw_decode
+    monkeypatch.setattr(json_mod.JSONDecoder, "raw_decode",
+                        lambda self, s, idx=0: calls.append(idx) or raw(self, s, idx))
+    from rossjax.review import answers
+
+    with pytest.raises(answers.Unparseable):
+        answers.extract_json(text)
+    assert len(calls) <= answers.MAX_FAILED + 2  # + json.loads' own call

@@ -15,6 +15,8 @@ import re
 
 _FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n?(.*?)```", re.S)
 _THINK = re.compile(r"<think>.*?</think>", re.S)
+_START = re.compile(r'\{\s*["}]')  # where an object can begin: a key or an empty object
+MAX_FAILED = 1000
 
 
 MAX_DEPTH = 32  # no stage's answer nests deeper than ~5 levels; deeper is junk, never parsed on
@@ -45,19 +47,26 @@ def _one(obj: dict) -> dict:
 
 
 def _objects_in(text: str) -> list[dict]:
-    """Every top-level JSON object embedded in `text`, left to right."""
-    dec, out, i = json.JSONDecoder(), [], text.find("{")
-    while i >= 0:
+    """Every top-level JSON object embedded in `text`, left to right. Only a brace followed by
+    a key or `}` can open an object, and at most MAX_FAILED such starts may fail to parse: each
+    failure costs a scan of the text, so a hostile answer ("{\"" * 25000) must not make the
+    search quadratic."""
+    dec, out, failed, pos = json.JSONDecoder(), [], 0, 0
+    while (m := _START.search(text, pos)) is not None:
         try:
-            obj, end = dec.raw_decode(text, i)
+            obj, end = dec.raw_decode(text, m.start())
         except RecursionError:
             raise Unparseable(_DEEP) from None
         except ValueError:
-            i = text.find("{", i + 1)
+            failed += 1
+            if failed > MAX_FAILED:
+                raise Unparseable(f"no JSON object found in the answer (gave up after "
+                                  f"{MAX_FAILED} braces that open none)") from None
+            pos = m.start() + 1
             continue
         if isinstance(obj, dict):
             out.append(obj)
-        i = text.find("{", end)
+        pos = end
     return out
 
 
