@@ -56,6 +56,18 @@ def export_parity(hf_dir: str, vocab_size: int) -> float:
     return float(np.abs(ours - theirs).max())
 
 
+def tensorboard_hint(logdir: str) -> str:
+    """How to look at the run's TensorBoard events: the command, and how to install the viewer
+    when it is not (rossjax writes the events with tensorboardX; the viewer is an extra)."""
+    import importlib.util
+    import shutil
+
+    cmd = f"tensorboard --logdir {logdir}"
+    if importlib.util.find_spec("tensorboard") is not None or shutil.which("tensorboard"):
+        return cmd
+    return f"{cmd}, after pip install 'rossjax[tensorboard]' (or pip install tensorboard)"
+
+
 def most_masked_example(curated: str) -> dict:
     """The compiled example whose mask excludes the most eligible tokens (the one worth viewing)."""
     from rossjax.curate import read_compiled

@@ -107,7 +107,7 @@ HELP_SHOWS = {
     "grpo": "--config.model.path=", "eval-generator": "--config.workdir=''",
     "label-corpus": "--config.pool=''", "aux-set": "--config.run_labels=''",
     "bench": "benchmarks:", "demo": "--steps=30", "repro": "--quick",
-    "serve": "--max_len=2048",
+    "serve": "--max_len=2048", "generate": "--max_new_tokens=256",
 }
 BENCHES = ("model", "sft", "sample", "curate", "select", "grpo")
 

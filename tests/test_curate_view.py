@@ -42,3 +42,35 @@ def test_inspect_main_on_rollout_file(tmp_path, capsys):
     ex = compile_rollout(rec, load_tokenizer("qwen"))
     assert page.count('class="tok supervised"') == ex.n_supervised
     assert page.count('class="tok excluded"') == ex.n_excluded_eligible
+
+
+def test_inspect_list_names_every_id_and_what_became_of_it(tmp_path, capsys):
+    """`rossjax inspect DIR --list` (through the dispatcher): every input row of a curated dir,
+    kept ones with their token counts, withheld and invalid ones with their reason; on a rollout
+    file, each row's turns and verdict; without --id or --list, one sentence."""
+    import json
+
+    from rossjax import cli
+    from rossjax.resources import config_path
+
+    out = tmp_path / "c"
+    assert cli.main(["curate", f"--config={config_path('curate.py')}", f"--config.input={SAMPLE}",
+                     f"--config.output={out}", "--config.progress=False",
+                     "--config.verify_workers=0"]) == 0
+    capsys.readouterr()
+    assert cli.main(["inspect", str(out), "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rep = json.load(open(out / "report.json"))
+    b = rep["buckets"]
+    assert lines[-1] == f"{b['kept']} kept, {b['withheld']} withheld, {b['invalid']} invalid"
+    assert len(lines) - 1 == rep["input_rows"]
+    kept = [x for x in lines if x.startswith("kept ")]
+    assert len(kept) == b["kept"] and "supervised" in kept[0]
+    assert any(x.startswith("withheld") and "verifier_failed" in x for x in lines)
+
+    assert cli.main(["inspect", SAMPLE, "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any("code-fib-s23-r0" in x and "turns" in x for x in lines)
+    assert lines[-1].startswith("27 record, 3 invalid")
+    assert cli.main(["inspect", str(out)]) == 2
+    assert "give --id ID (one example) or --list" in capsys.readouterr().err

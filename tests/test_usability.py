@@ -29,6 +29,9 @@ def _compiled(out, lengths, vocab_top=200):
         w.write(encode_example({"id": f"e{i}", "input_ids": rng.integers(0, vocab_top, n),
                                 "loss_mask": mask, "eligible_mask": mask}))
     w.close()
+    with open(os.path.join(out, "report.json"), "w") as f:  # train refuses a folder without one
+        json.dump({"shards": [{"path": "compiled-00000.array_record",
+                               "examples": len(lengths)}]}, f)
     return str(out)
 
 
@@ -250,3 +253,50 @@ def test_train_starts_from_a_grpo_workdir_and_complete_names_the_field(custom_gr
     assert "already complete" in said and "Raise --config.train.num_steps" in said
     assert cli.main(argv[:4] + argv[5:]) == 0  # no num_steps: the epochs end the run
     assert "Raise --config.train.epochs" in capsys.readouterr().out
+
+
+def test_generate_from_a_grpo_workdir_and_its_hf_export(custom_grpo, tmp_path, capsys):
+    """`rossjax generate` on a run's workdir (its checkpoint, the run's ascii tokenizer and
+    template) and on the Hugging Face export of it gives the same greedy completions, one JSON
+    line per prompt and sample; a bad prompts row is one sentence naming it."""
+    _, work = custom_grpo
+    prompts = _jsonl(tmp_path / "p.jsonl", [
+        {"id": "chat", "messages": [{"role": "user", "content": "What is 2 + 3?"}]},
+        {"id": "raw", "prompt": "1 + 1 ="}])
+    out = tmp_path / "o.jsonl"
+    assert cli.main(["generate", f"--model={work}", f"--prompts={prompts}", f"--out={out}",
+                     "--max_new_tokens=6", "--num_samples=2"]) == 0
+    rows = [json.loads(x) for x in open(out)]
+    assert [(r["id"], r["sample"]) for r in rows] == [("chat", 0), ("chat", 1), ("raw", 0), ("raw", 1)]
+    assert all(r["finish_reason"] in ("stop", "length") and 0 < r["completion_tokens"] <= 6
+               for r in rows)
+    assert rows[0]["completion"] == rows[1]["completion"]  # greedy: the samples agree
+    assert rows[0]["messages"][0]["content"] == "What is 2 + 3?" and rows[2]["prompt"] == "1 + 1 ="
+
+    hf = str(tmp_path / "hf")
+    assert cli.main(["export", f"--checkpoint={work}", "--format=hf", hf]) == 0
+    capsys.readouterr()
+    assert cli.main(["generate", f"--model={hf}", f"--prompts={prompts}", "--max_new_tokens=6",
+                     "--dtype=float32"]) == 0
+    again = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["completion"] for r in again] == [rows[0]["completion"], rows[2]["completion"]]
+
+    bad = _jsonl(tmp_path / "bad.jsonl", [{"id": "x", "text": "hello"}])
+    assert cli.main(["generate", f"--model={work}", f"--prompts={bad}"]) == 2
+    assert "bad.jsonl row 1: field 'messages'" in capsys.readouterr().err
+    assert cli.main(["generate", f"--model={tmp_path / 'nope'}", "--prompt=hi"]) == 2
+
+
+def test_demo_tensorboard_hint_says_how_to_install_the_viewer(monkeypatch):
+    import importlib.util
+    import shutil
+
+    from rossjax import demo
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert demo.tensorboard_hint("runs/demo/sft/tb") == (
+        "tensorboard --logdir runs/demo/sft/tb, after pip install 'rossjax[tensorboard]' (or pip "
+        "install tensorboard)")
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/tensorboard")
+    assert demo.tensorboard_hint("tb") == "tensorboard --logdir tb"

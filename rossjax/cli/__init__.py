@@ -35,6 +35,7 @@ COMMANDS = {
     "review": "review",
     "train": "train",
     "export": "export",
+    "generate": "generate",
     "extract": "extract",
     "probe-sweep": "probe_sweep",
     "label-corpus": "label_corpus",

@@ -91,7 +91,7 @@ rossjax demo done in {time.time() - t0:.0f} s; outputs under {wd}
 {b['invalid']} invalid; {report['tokens']['kept_supervised']} supervised tokens, \
 TER {report['ter']:.3f}   ({curated}/report.json)
   trained   {len(losses)} steps of masked SFT, loss {losses[0]:.3f} -> {losses[-1]:.3f}   \
-({sft}; tensorboard --logdir {sft}/tb)
+({sft}; {demo.tensorboard_hint(sft + '/tb')})
   exported  {hf_out}  (transformers reloads it; max |logit diff| {diff:.2e})
   look at   {html} (mask of {pick['id']}), {plot}, {sel}/selection.png""")
     return 0

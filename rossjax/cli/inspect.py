@@ -1,5 +1,6 @@
 """`rossjax inspect DIR --id ID`: draw one compiled example so a person can check its mask by eye
-(rossjax.curate.view)."""
+(rossjax.curate.view); `rossjax inspect DIR --list` lists every id there (kept with its token
+counts, withheld or invalid with its reason) to pick one from."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rossjax inspect", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("path", help="curated output dir, or a rollout .jsonl/.parquet file")
-    ap.add_argument("--id", required=True, help="example id")
+    ap.add_argument("--id", help="example id (see --list)")
+    ap.add_argument("--list", action="store_true", help="list the ids (kept, withheld, invalid) "
+                                                        "instead of drawing one")
     ap.add_argument("--out", help="HTML file to write (default WORKDIR/ID.html, else "
                                   "DIR/inspect/ID.html)")
     ap.add_argument("--workdir", help="folder for the HTML view")
@@ -26,6 +29,15 @@ def main(argv=None) -> int:
                                      "row's reviewer requests and answers (default: the rollout "
                                      "file's directory when it has one)")
     args = ap.parse_args(argv)
+    if args.list:
+        from rossjax.curate.view import format_list, list_examples
+
+        print(format_list(list_examples(args.path)))
+        return 0
+    if not args.id:
+        from rossjax.errors import UsageError
+
+        raise UsageError("rossjax inspect: give --id ID (one example) or --list (every id)")
     if args.workdir and not args.out:
         args.out = os.path.join(args.workdir, f"{args.id}.html")
     ex, tok, out = write_inspection(args.path, args.id, tokenizer=args.tokenizer,

@@ -1,4 +1,5 @@
-"""`rossjax inspect DIR --id ID`: draw one compiled example so a person can check its mask by eye.
+"""`rossjax inspect DIR --id ID`: draw one compiled example so a person can check its mask by eye
+(`rossjax inspect DIR --list`: every id there, kept, withheld or invalid, with its reason).
 
 Supervised tokens, eligible-but-excluded tokens and context are drawn differently, in an HTML
 page (written to DIR/inspect/ID.html, or --out) and in the terminal. DIR is a curated output dir
@@ -126,6 +127,68 @@ def find_example(path: str, example_id: str, tokenizer, template: str, mask_mode
         if row.record is not None and row.record["id"] == example_id:
             return compile_rollout(row.record, tokenizer, template=template, mask_mode=mask_mode)
     raise InputError(f"{path}: no valid record with id {example_id!r}")
+
+
+def list_examples(path: str) -> list[dict]:
+    """Every row `rossjax inspect --list` shows: for a curated dir its kept examples (id,
+    tokens, supervised, excluded), then its withheld and invalid rows (id, reason, detail); for
+    a rollout file each row (id, turns, verdict) or its invalid reason."""
+    out = []
+    if os.path.isdir(path):
+        from rossjax.curate.compiled import read_compiled
+
+        for ex in read_compiled(path):
+            loss, elig = np.asarray(ex["loss_mask"], bool), np.asarray(ex["eligible_mask"], bool)
+            out.append({"id": ex["id"], "status": "kept", "tokens": int(loss.size),
+                        "supervised": int(loss.sum()), "excluded": int((elig & ~loss).sum())})
+        for status in ("withheld", "invalid"):
+            name = os.path.join(path, f"{status}.jsonl")
+            if os.path.exists(name):
+                with open(name, encoding="utf-8") as f:
+                    for line in f:
+                        if line.strip():
+                            r = json.loads(line)
+                            out.append({"id": r.get("id"), "status": status, "row": r.get("row"),
+                                        "reason": r.get("reason"), "detail": r.get("detail", "")})
+        if not out and not os.path.exists(os.path.join(path, "report.json")):
+            raise InputError(f"{path}: not a curated dir (no compiled-*.array_record shards, no "
+                             f"report.json)")
+        return out
+    from rossjax.curate.schema import iter_records
+
+    for row in iter_records(path):
+        if row.record is None:
+            out.append({"id": row.id, "status": "invalid", "row": row.row, "reason": "invalid_record",
+                        "detail": row.reason})
+            continue
+        ver = row.record.get("verifier") or {}
+        out.append({"id": row.record["id"], "status": "record", "row": row.row,
+                    "turns": len(row.record.get("messages") or []),
+                    "verdict": {True: "passed", False: "failed", None: "undecided"}.get(
+                        ver.get("passed"), "undecided") if "passed" in ver else "none",
+                    "annotation": (row.record.get("annotation") or {}).get("status", "accept")
+                    if row.record.get("annotation") is not None else "none"})
+    return out
+
+
+def format_list(rows: list[dict]) -> str:
+    """The --list table: one line per row, kept examples first, the counts last."""
+    lines = []
+    for r in rows:
+        if r["status"] == "kept":
+            lines.append(f"kept      {r['id']}  {r['tokens']} tokens, {r['supervised']} supervised, "
+                         f"{r['excluded']} excluded")
+        elif r["status"] == "record":
+            lines.append(f"row {r['row']:<5} {r['id']}  {r['turns']} turns, verdict {r['verdict']}, "
+                         f"annotation {r['annotation']}")
+        else:
+            lines.append(f"{r['status']:<9} {r['id']}  row {r['row']}: {r['reason']}"
+                         + (f" ({str(r['detail'])[:100]})" if r.get("detail") else ""))
+    counts = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) or "no rows")
+    return "\n".join(lines)
 
 
 def _default_tokenizer(path: str) -> str:

@@ -219,6 +219,41 @@ def init_from_run(path: str, workdir: str, command: str = "train") -> str:
     return out
 
 
+def load_model_dir(path: str, step: int | None = None, dtype: str = ""):
+    """(ModelConfig, host params, tokenizer spec or None, template or None, what was loaded) of
+    a training or GRPO workdir (its latest checkpoint, or `step`; LoRA adapters merged), a
+    Hugging Face folder or a `--format orbax` export folder, for inference (`rossjax generate`)."""
+    from rossjax.models import loading
+
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--model {path} does not exist.")
+    run_like = is_run_dir(path) or os.path.basename(path) == "checkpoints" or (
+        os.path.basename(path).isdigit()
+        and os.path.isfile(os.path.join(os.path.dirname(os.path.dirname(path)), "model_config.json")))
+    if run_like:
+        ckpt_dir, cfg_dir, step = _locate(path, step)
+        model_cfg = ckpt_lib.read_model_config(cfg_dir)
+        manifest = ckpt_lib.read_lora_manifest(cfg_dir)
+        step, params = restore_params(ckpt_dir, step)
+        if manifest is not None:
+            params = merged_lora(model_cfg, params, manifest, os.path.join(cfg_dir, "lora.json"))
+        try:
+            spec, template, _ = export_tokenizer.find_source(cfg_dir, manifest, None)
+        except InputError:
+            spec, template = None, None
+        what = f"{cfg_dir} step {step}"
+    else:
+        section = {"path": path}
+        model_cfg, source = loading.abstract_model(section, field="--model")
+        params = jax.tree.map(np.asarray, loading.load_params(section, model_cfg, source))
+        spec = path if export_tokenizer.has_tokenizer(path) else None
+        template, what = None, f"{path} ({source})"
+    if dtype:
+        model_cfg = dataclasses.replace(model_cfg, dtype=dtype)
+    return model_cfg, params, spec, template, what
+
+
 def export(checkpoint: str, out: str, fmt: str = "hf", step: int | None = None, *,
            dtype: str | None = None, tokenizer: str | None = None) -> int:
     """Write one saved step of a training run to `out` (see the module docstring); returns the
