@@ -1,7 +1,8 @@
 """Per-row review transcripts: WORKDIR/transcripts.jsonl, one line per reviewed row
 {row, id, procedure, status, reason, entries}, each entry one request and its answer
 {stage, messages, answer, finish_reason, usage, cached, key, check?}. `key` names the cache entry
-(WORKDIR/cache/KK/KEY.json) holding the same request and the server's whole response.
+(WORKDIR/cache/KK/KEY.json) holding the same request and the response fields the reviewer read
+(content, finish_reason, usage; `failed` when the answer failed its check).
 `rossjax inspect` prints `format_transcript` next to the mask."""
 
 from __future__ import annotations
