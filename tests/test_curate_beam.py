@@ -77,6 +77,19 @@ def test_sample_equals_local(tmp_path):
     assert report["verify"]["rerun"] > 0  # verifiers ran inside the Beam workers
 
 
+def test_cli_runner_beam_equals_local(tmp_path):
+    """`rossjax curate --config.runner=beam` through the command line, as the README shows it."""
+    from rossjax.cli import main as dispatch
+
+    base = [f"--config={os.path.join(REPO, 'configs', 'curate.py')}", f"--config.input={SAMPLE}",
+            "--config.progress=False"]
+    assert dispatch(["curate", *base, f"--config.output={tmp_path / 'local'}"]) == 0
+    assert dispatch(["curate", *base, f"--config.output={tmp_path / 'beam'}",
+                     "--config.runner=beam", f"--config.beam_args={BEAM_ARGS}"]) == 0
+    report = assert_same_curation(tmp_path / "local", tmp_path / "beam")
+    assert report["buckets"]["kept"] > 0 and report["verify"]["rerun"] > 0
+
+
 def test_files_glob_gz_and_rows_across_files(tmp_path):
     """Two files through a glob (.jsonl then .jsonl.gz): rows count on across files, reasons
     name each file, as in the local run; small shards so several are written."""
