@@ -1,25 +1,55 @@
-"""Run untrusted, model-written Python in a separate, locked-down process.
+"""Run untrusted, model-written Python in a separate process that the kernel confines.
 
-`run(program, stdin, timeout_s)` -> RunResult(ok, stdout, stderr, reason); `run_tests(program,
-tests, entry_point)` -> Verdict (HumanEval style: program, then tests, then `check(entry_point)`).
+`run(program, stdin, timeout_s)` -> RunResult (stdin/stdout style: the caller compares stdout;
+an exit status of 0 alone proves nothing); `run_tests(program, tests, entry_point)` -> Verdict
+(HumanEval style); `run_checked(program, checker, entry_point)` -> (RunResult, reports), the
+general form both use: a trusted `checker` source runs against proxies of the program's
+functions. Each run is a fresh `python -I -S` (stdlib only) started by the host, which enforces
+wall time and an output cap and kills the process tree when either runs out.
 
-Each run is a fresh `python -I -S` child (stdlib only, ~15 ms to start) in a fresh temp dir.
-The host enforces wall time and an output cap (it reads both pipes with a byte budget and kills
-the process group — and every process of the sandbox uid — when either runs out). The child's
-bootstrap (sandbox_boot.py) adds, before running the program: a new network namespace, a private
-mount namespace with /tmp, /var/tmp, /dev/shm read-only except its own dir, a per-sandbox
-unprivileged uid (so concurrent sandboxes cannot touch each other, and RLIMIT_NPROC — which Linux
-does not enforce for root — counts only this sandbox), rlimits on CPU, address space, processes
-and file size, and an audit hook that refuses sockets, process creation, signals, ctypes and file
-access outside the temp dir and the stdlib. Namespaces and the uid need root (or user
-namespaces); without them the rlimits and the audit hook still hold, and `RunResult.isolation`
-says which layers were active. This is defence in depth for verifier workloads, not a jail for
+Verdicts a program cannot forge (checked runs). The bootstrap (sandbox_boot.py, trusted, before
+any untrusted code) forks a *program* process, which runs the model's code and then serves calls
+of its functions over pipes, and a *checker* process, which runs the trusted tests with
+`candidate` a proxy. Every return value crosses as a plain value (sandbox_wire.py: exact builtin
+types; the program's own classes and builtin subclasses are refused), rebuilt by the checker
+from builtins, so an always-true `__eq__` never reaches a comparison. Only the checker holds the
+report descriptor; it is a different uid (root) or another Landlock domain, and non-dumpable, so
+the program can neither signal, ptrace nor open it through /proc. The host passes only when the
+checker's final `done` arrives: `sys.exit(0)`, `os._exit(0)`, atexit hooks, a replaced
+`sys.excepthook`, closed or redirected stdout/stderr and fake lines on any descriptor change
+nothing, and a program that exits, hangs or is refused mid-call fails. The tests reach the
+checker through a descriptor opened before the sandbox is built: the program cannot read them.
+
+Confinement, by mode (`RunResult.isolation` names the active layers):
+  - root: network, IPC, mount and pid namespaces; the sandbox sees a read-only tmpfs root with
+    read-only binds of only the interpreter prefix, the shared-library dirs and zoneinfo, four
+    device nodes, its own /proc (only its own processes exist) and a size-capped tmpfs /sandbox
+    (the only writable place; `Limits.disk_mb` and `files` cap it in total), entered with
+    pivot_root and the host tree detached; per-sandbox uids (program and checker each their own;
+    RLIMIT_NPROC per sandbox). No host file is readable or writable and no host process is
+    visible or signalable whatever paths or links a program uses.
+  - Landlock (not root; kernel >= 5.13, ABI >= 6 for the scopes): reads only below the interpreter
+    prefix, library dirs and zoneinfo, writes only below the scratch dir; no TCP (ABI >= 4);
+    signals and abstract unix sockets scoped to the sandbox (ABI >= 6). Where unprivileged user
+    namespaces work (also here): network and pid namespaces and a size-capped tmpfs scratch dir.
+  - rlimits only (`Limits(landlock=False)`, or neither of the above): rlimits and the audit
+    hook, plus the user namespaces if available; files are confined by the hook alone (it resolves
+    links like the kernel, but a racing thread can still swap a link between check and use).
+In every mode: rlimits on CPU, address space, file size and core dumps; an audit hook as a second
+line (sockets, process creation, signals, ctypes, files outside the scratch dir and the stdlib),
+whose refusal ends the process at once (it cannot be caught or hidden); every process dies on
+timeout and with the host (PR_SET_PDEATHSIG down the chain; as init of the pid namespace the
+bootstrap's death kills every process of the sandbox). A row's timeout is capped by
+`Limits.max_timeout_s`. This is defence in depth for verifier workloads, not a jail for
 adversaries with kernel exploits.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import importlib.util
+import marshal
 import math
 import os
 import selectors
@@ -35,12 +65,15 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from rossjax.errors import InputError
+from rossjax.verify.sandbox_wire import wire_enc
 from rossjax.verify.verdict import Verdict
 
-_MARK = "\x1b[sandbox]\x1b "  # prefix of the bootstrap's own lines on stderr
-_UID_BASE, _UID_SLOTS = 2_100_000_000, 4096  # throw-away uids, far from real accounts
+_MARK = "\x1b[sandbox]\x1b "  # prefix of the audit hook's refusal lines on stderr
+_REFUSED = 113  # exit status of a process the audit hook ended (sandbox_boot.REFUSED)
+_UID_BASE, _UID_SLOTS = 2_100_000_000, 4096  # throw-away uids (two per slot), far from accounts
 _KILL = shutil.which("kill", path="/bin:/usr/bin") or "/bin/kill"
-_BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_boot.py")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPLY_CAP = 64 << 20  # bytes of one reply from the program to the checker
 
 
 class RunResult(NamedTuple):
@@ -48,9 +81,9 @@ class RunResult(NamedTuple):
     stdout: str
     stderr: str
     reason: str | None  # "<code>: <detail>", None when ok
-    returncode: int | None = None
+    returncode: int | None = None  # the program process's exit status (-N: killed by signal N)
     wall_s: float = 0.0
-    isolation: str = ""  # layers that were active, e.g. "netns,mountns,uid,rlimits,audit"
+    isolation: str = ""  # active layers, e.g. "netns,pidns,ipcns,mountns,rootfs,...,audit"
 
 
 @dataclass(frozen=True)
@@ -59,9 +92,14 @@ class Limits:
     memory_mb: int = 1024  # RLIMIT_AS
     procs: int = 16  # RLIMIT_NPROC for the sandbox uid (threads count too)
     file_mb: int = 16  # RLIMIT_FSIZE
+    disk_mb: int = 64  # all files of one run together (tmpfs size, where there is one)
+    files: int = 512  # files and dirs of one run (tmpfs inodes, else counted by the audit hook)
     output_bytes: int = 4 << 20  # stdout + stderr
+    max_timeout_s: float = 60.0  # a longer timeout_s is refused (rows carry their own)
     allow_fork: bool = False  # the audit hook refuses os.fork unless set (needs the uid layer)
     audit: bool = True  # False only to test the other layers on their own
+    landlock: bool = True  # False forces Landlock off (the rlimits-only mode, for tests)
+    namespaces: bool = True  # False: no namespaces either (tests of the other layers)
 
 
 class _Host:
@@ -76,21 +114,50 @@ class _Host:
         if st.st_uid != os.geteuid() or not stat.S_ISDIR(st.st_mode):
             raise ValueError(f"sandbox dir {self.base} is not a directory owned by this user")
         os.chmod(self.base, 0o711)
-        self.stage = os.path.join(self.base, "stage")  # mount point used inside child namespaces
+        self.stage = os.path.join(self.base, "stage")  # the new root's mount point (root mode)
         os.makedirs(self.stage, mode=0o755, exist_ok=True)
         self.locks = os.path.join(self.base, "locks")
         os.makedirs(self.locks, mode=0o700, exist_ok=True)
-        self.prefix = os.path.realpath(sys.base_prefix)
-        self.hidden = _first_hidden_ancestor(self.prefix) if self.root else None
-        self.read_roots = sorted({self.prefix, os.path.realpath(sys.base_exec_prefix),
-                                  "/usr/share/zoneinfo"})
-        with open(_BOOT, encoding="utf-8") as f:
-            self.boot = f.read()
+        prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
+        zone = ["/usr/share/zoneinfo"] if os.path.isdir("/usr/share/zoneinfo") else []
+        self.hook_reads = sorted(prefixes) + zone + sorted(  # sys.path may name the prefix
+            {p for p in (sys.base_prefix, sys.base_exec_prefix) if p not in prefixes})
+        # Shared libraries of the stdlib's extension modules (libssl, libz, libffi...).
+        libs, self.links = set(), {}
+        for d in ("/lib", "/lib64", "/usr/lib", "/usr/lib64"):
+            if os.path.islink(d):
+                self.links[d] = os.readlink(d)
+            elif os.path.isdir(d):
+                libs.add(d)
+        self.ro_dirs = _outermost(prefixes | libs | set(zone))
+        self.read_roots = sorted(self.ro_dirs)
+        with open(os.path.join(_HERE, "sandbox_boot.py"), encoding="utf-8") as f:
+            boot = f.read()
+        parts = []
+        for name in ("sandbox_wire.py", "sandbox_harness.py"):
+            with open(os.path.join(_HERE, name), encoding="utf-8") as f:
+                parts.append(f.read())
+        self.boot = self._compiled("\n".join(parts + [boot]))
         self.free: list[int] = []
         self.held: dict[int, int] = {}
         self.next_slot = (os.getpid() * 7919) % _UID_SLOTS
 
+    def _compiled(self, text: str) -> str:
+        """The bootstrap as a .pyc the child runs directly: compiling its text would cost every
+        sandbox start more than the interpreter's own startup."""
+        code = compile(text, "sandbox_boot", "exec")
+        key = hashlib.sha256(text.encode() + importlib.util.MAGIC_NUMBER).hexdigest()[:16]
+        path = os.path.join(self.base, f"boot-{key}.pyc")
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
+            with open(tmp, "wb") as f:
+                f.write(importlib.util.MAGIC_NUMBER + bytes(12) + marshal.dumps(code))
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        return path
+
     def acquire_uid(self) -> int | None:
+        """The program uid of a free slot (the checker's is the next one), or None (not root)."""
         if not self.root:
             return None
         with self.lock:
@@ -110,26 +177,26 @@ class _Host:
                 break
             else:
                 raise RuntimeError("no free sandbox uid slot")
-        uid = _UID_BASE + slot
-        if not _kill_uid(uid):  # a previous holder that died may have left processes behind
+        uid = _UID_BASE + 2 * slot
+        if not (_kill_uid(uid) and _kill_uid(uid + 1)):  # a dead holder may have left processes
             return self.acquire_uid()  # keep the slot locked (quarantined) and take another
         return uid
 
-    def release_uid(self, uid: int | None):
-        if uid is not None and _kill_uid(uid):
+    def release_uid(self, uid: int | None, pidns: bool):
+        # With a pid namespace the kernel has killed every process of the run with its init.
+        if uid is not None and (pidns or (_kill_uid(uid) and _kill_uid(uid + 1))):
             with self.lock:
                 self.free.append(uid)
         # else: processes of this uid outlived SIGKILL; the slot stays held, never reused.
 
 
-def _first_hidden_ancestor(path: str) -> str | None:
-    """The first directory on `path` that others cannot enter (e.g. /root), or None."""
-    cur = "/"
-    for part in path.strip("/").split("/"):
-        cur = os.path.join(cur, part)
-        if not os.stat(cur).st_mode & stat.S_IXOTH:
-            return cur
-    return None
+def _outermost(paths) -> list[str]:
+    """Paths not below another one of them (a bind of /usr/lib already holds /usr/lib/x)."""
+    out = []
+    for p in sorted(paths):
+        if not any(p.startswith(q + "/") for q in out):
+            out.append(p)
+    return out
 
 
 _host: _Host | None = None
@@ -172,57 +239,131 @@ def _kill_uid(uid: int, patience_s: float = 3.0) -> bool:
     return True
 
 
+def _check_timeout(timeout_s, lim: Limits) -> float:
+    t = float(timeout_s)
+    if not (t > 0 and math.isfinite(t)):
+        raise InputError(f"sandbox timeout_s {timeout_s!r} must be a positive number of seconds")
+    if t > lim.max_timeout_s:
+        raise InputError(f"sandbox timeout_s {t:g} is over the cap of {lim.max_timeout_s:g} s "
+                         "(Limits.max_timeout_s)")
+    return t
+
+
 def run(program: str, stdin: str = "", timeout_s: float = 10.0, *,
         limits: Limits | None = None) -> RunResult:
     """Run `program` (Python source) with `stdin`; ok iff it exits 0 within every limit without
-    a refused operation."""
-    lim = limits or Limits()
+    a refused operation. The caller judges stdout; ok alone proves nothing about correctness."""
+    return _run(program, stdin, timeout_s, limits or Limits(), None, "", None)[0]
+
+
+def run_checked(program: str, checker: str, entry_point: str, timeout_s: float = 10.0, *,
+                limits: Limits | None = None, prefix: str | None = None
+                ) -> tuple[RunResult, list[str]]:
+    """Run `program`, then the trusted `checker` source in its own process with `entry_point`
+    (and every top-level function of the program) bound to proxies; `prefix` (trusted, e.g. the
+    task's prompt) runs in the checker first, so the tests use its helpers. Returns the run and
+    the texts the checker passed to `_rj_report`; ok iff the checker finished ("done")."""
+    if not entry_point.isidentifier():
+        raise InputError(f"entry_point {entry_point!r} is not a Python identifier")
+    return _run(program, "", timeout_s, limits or Limits(), checker, entry_point, prefix)
+
+
+def run_tests(program: str, tests: str, entry_point: str, timeout_s: float = 10.0, *,
+              limits: Limits | None = None, prefix: str | None = None) -> Verdict:
+    """HumanEval style: `program` defines `entry_point`; `tests` defines `check(candidate)`,
+    called with the proxy in the checker process (see the module doc)."""
+    res, _ = run_checked(program, f"{tests}\n\ncheck({entry_point})\n", entry_point, timeout_s,
+                         limits=limits, prefix=prefix)
+    if res.ok:
+        return Verdict(True, f"check({entry_point}) passed in {res.wall_s:.2f} s")
+    if res.reason.startswith(("sandbox_error", "checker_error")):
+        return Verdict(None, res.reason)
+    return Verdict(False, res.reason)
+
+
+def _run(program, stdin, timeout_s, lim, checker, entry, prefix):
+    timeout_s = _check_timeout(timeout_s, lim)
     host = _get_host()
     uid = host.acquire_uid()
     tmp = tempfile.mkdtemp(prefix="run-", dir=host.base)
     t0 = time.monotonic()
+    fds, proc, got = [], None, None
     try:
-        with open(os.path.join(tmp, "main.py"), "w", encoding="utf-8") as f:
+        work = os.path.join(tmp, "work")
+        os.mkdir(work, 0o700)
+        with open(os.path.join(tmp, "main.py"), "w", encoding="utf-8",
+                  errors="surrogateescape") as f:
             f.write(program)
-        with open(os.path.join(tmp, "stdin.txt"), "w", encoding="utf-8") as f:
+        if checker is not None:
+            with open(os.path.join(tmp, "checker.bin"), "wb") as f:
+                f.write(wire_enc((checker, prefix or "")))
+        with open(os.path.join(tmp, "stdin.txt"), "w", encoding="utf-8",
+                  errors="surrogateescape") as f:
             f.write(stdin)
-        if uid is not None:
-            for p in (tmp, os.path.join(tmp, "main.py"), os.path.join(tmp, "stdin.txt")):
-                os.chown(p, uid, uid)
-        os.chmod(tmp, 0o700)
+        status_r, status_w = os.pipe()
+        fds += [status_r, status_w]
+        report_r, report_w = os.pipe() if checker is not None else (-1, -1)
+        fds += [report_r, report_w] if checker is not None else []
         params = {
-            "tmp": tmp, "mark": _MARK, "isolate": True, "uid": uid, "hidden": host.hidden,
-            "prefix": host.prefix, "stage": host.stage, "read_roots": host.read_roots,
-            "allow_fork": lim.allow_fork, "audit": lim.audit,
+            "tmp": tmp, "work": work, "mark": _MARK, "uid": uid,
+            "cuid": None if uid is None else uid + 1, "stage": host.stage,
+            "ro_dirs": host.ro_dirs, "links": host.links, "read_roots": host.read_roots,
+            "hook_reads": host.hook_reads, "allow_fork": lim.allow_fork, "audit": lim.audit,
+            "landlock": lim.landlock, "namespaces": lim.namespaces, "host_pid": os.getpid(),
+            "status_fd": status_w, "report_fd": report_w, "checked": checker is not None,
+            "entry": entry, "cap": _REPLY_CAP,
             "limits": {"cpu_s": int(lim.cpu_s or math.ceil(timeout_s)),
                        "memory_bytes": lim.memory_mb << 20, "file_bytes": lim.file_mb << 20,
+                       "disk_bytes": lim.disk_mb << 20, "files": lim.files,
                        "procs": lim.procs},
         }
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": tmp,
-               "TMPDIR": tmp}
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+               "HOME": "/sandbox" if host.root else work,
+               "TMPDIR": "/sandbox" if host.root else work}
         with open(os.path.join(tmp, "stdin.txt"), "rb") as stdin_f:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", host.boot, repr(params)],
+                [sys.executable, "-I", "-S", host.boot, repr(params)],
                 stdin=stdin_f, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp, env=env,
-                start_new_session=True, close_fds=True)
-        out, err, killed = _collect(proc, t0 + timeout_s, lim.output_bytes)
+                start_new_session=True, close_fds=True,
+                pass_fds=[fd for fd in (status_w, report_w) if fd >= 0])
+        for fd in (status_w, report_w):
+            if fd >= 0:
+                os.close(fd)
+                fds.remove(fd)
+        got, killed = _collect(proc, t0 + timeout_s, lim.output_bytes, status_r, report_r)
         wall = time.monotonic() - t0
     finally:
-        if "proc" in locals():
+        if proc is not None:
             _kill_group(proc)
-        host.release_uid(uid)
+        for fd in fds:
+            os.close(fd)
+        status = _status_of(got) if got is not None else {}
+        host.release_uid(uid, "pidns" in status.get("layers", ""))
         shutil.rmtree(tmp, ignore_errors=True)
-    return _judge(proc.returncode, out, err, killed, wall, timeout_s, lim)
+    res = _judge(got, status, killed, wall, timeout_s, lim, checker is not None)
+    reports = got.get("report", b"").decode("utf-8", "replace").splitlines()
+    return res, [line[2:] for line in reports if line.startswith("r ")]
 
 
-def _collect(proc, deadline: float, cap: int):
-    """Read stdout/stderr until EOF, the deadline or `cap` bytes; returns (out, err, killed)."""
+def _status_of(got) -> dict:
+    status = {}
+    for line in got["status"].decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition(" ")
+        status[key] = value
+    return status
+
+
+def _collect(proc, deadline: float, cap: int, status_fd: int, report_fd: int):
+    """Read stdout, stderr and the status and report pipes until EOF, the deadline or `cap`
+    bytes of output; returns ({name: bytes}, killed)."""
     sel = selectors.DefaultSelector()
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    bufs = {out_fd: bytearray(), err_fd: bytearray()}
-    for f in (proc.stdout, proc.stderr):
-        os.set_blocking(f.fileno(), False)
-        sel.register(f.fileno(), selectors.EVENT_READ)
+    names = {proc.stdout.fileno(): "out", proc.stderr.fileno(): "err", status_fd: "status"}
+    if report_fd >= 0:
+        names[report_fd] = "report"
+    bufs = {n: bytearray() for n in names.values()}
+    for fd in names:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
     killed, total, exited_at = None, 0, None
     try:
         while sel.get_map():
@@ -231,7 +372,7 @@ def _collect(proc, deadline: float, cap: int):
                 killed = "timeout"
                 break
             if proc.poll() is not None:
-                # Grandchildren may hold the pipes open after the program exited: stop soon.
+                # Without a pid namespace, grandchildren may hold the pipes open: stop soon.
                 exited_at = exited_at or now
                 if now - exited_at > 0.2:
                     break
@@ -243,11 +384,16 @@ def _collect(proc, deadline: float, cap: int):
                 if not chunk:
                     sel.unregister(key.fd)
                     continue
-                total += len(chunk)
-                if total > cap:
+                name = names[key.fd]
+                if name in ("out", "err"):
+                    total += len(chunk)
+                    if total > cap:
+                        killed = "output_limit"
+                        break
+                elif len(bufs[name]) + len(chunk) > cap:  # only trusted code writes these
                     killed = "output_limit"
                     break
-                bufs[key.fd] += chunk
+                bufs[name] += chunk
             if killed:
                 break
     finally:
@@ -262,7 +408,7 @@ def _collect(proc, deadline: float, cap: int):
             killed = killed or "timeout"
             _kill_group(proc)
             proc.wait()
-    return bytes(bufs[out_fd]), bytes(bufs[err_fd]), killed
+    return {n: bytes(b) for n, b in bufs.items()}, killed
 
 
 def _kill_group(proc):
@@ -272,58 +418,75 @@ def _kill_group(proc):
         pass
 
 
-def _judge(rc, out: bytes, err: bytes, killed, wall, timeout_s, lim) -> RunResult:
-    stdout = out.decode("utf-8", "replace")
-    lines, refusals, layers = [], [], ""
-    for line in err.decode("utf-8", "replace").split("\n"):
+def _exit_reason(rc, last, wall, timeout_s, lim) -> str | None:
+    """Why a process with exit status `rc` (and `last` its last stderr line) failed."""
+    if rc is None:
+        return None
+    if rc < 0:
+        sig = -rc
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        if sig in (signal.SIGXCPU, signal.SIGKILL) and wall < timeout_s:
+            return (f"cpu_limit: killed by {name} after the {lim.cpu_s or math.ceil(timeout_s)} s "
+                    "CPU limit")
+        if sig == signal.SIGXFSZ:
+            return f"file_size_limit: a file grew past {lim.file_mb} MB"
+        return f"signal: killed by {name}"
+    if rc != 0:
+        if last.startswith("MemoryError"):
+            return f"memory_limit: MemoryError under the {lim.memory_mb} MB address-space limit"
+        if "[Errno 27]" in last:  # EFBIG: Python ignores SIGXFSZ, so RLIMIT_FSIZE shows up here
+            return f"file_size_limit: a file grew past {lim.file_mb} MB"
+        if "[Errno 28]" in last:  # ENOSPC on the size-capped scratch tmpfs
+            return f"disk_limit: the run's files outgrew {lim.disk_mb} MB or {lim.files} files"
+        return f"exit_code: {rc}; {last[:300]}"
+    return None
+
+
+def _judge(got, status, killed, wall, timeout_s, lim, checked) -> RunResult:
+    stdout = got["out"].decode("utf-8", "replace")
+    lines, refusals = [], []
+    for line in got["err"].decode("utf-8", "replace").split("\n"):
         if line.startswith(_MARK):
-            body = line[len(_MARK):]
-            if body.startswith("layers "):
-                layers = body[len("layers "):]
-            else:
-                refusals.append(body)
+            refusals.append(line[len(_MARK):])
         else:
             lines.append(line)
     stderr = "\n".join(lines)
     last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+    layers = status.get("layers")
+    prog = int(status["program"]) if status.get("program", "").lstrip("-").isdigit() else None
+    chk = int(status["checker"]) if status.get("checker", "").lstrip("-").isdigit() else None
+    reports = got.get("report", b"").decode("utf-8", "replace").splitlines()
+    final = reports[-1] if reports else ""
     if killed == "output_limit":
         reason = f"output_limit: more than {lim.output_bytes} bytes of output"
     elif killed == "timeout":
         reason = f"timeout: still running after {timeout_s:g} s wall time"
-    elif refusals:
-        reason = f"sandbox_violation: {refusals[0]}"
-    elif not layers:
-        reason = f"sandbox_error: the sandbox did not start ({last or f'exit {rc}'})"
-    elif rc is not None and rc < 0:
-        sig = -rc
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        if sig in (signal.SIGXCPU, signal.SIGKILL) and wall < timeout_s:
-            reason = f"cpu_limit: killed by {name} after the {lim.cpu_s or math.ceil(timeout_s)} s CPU limit"
-        elif sig == signal.SIGXFSZ:
-            reason = f"file_size_limit: a file grew past {lim.file_mb} MB"
+    elif layers is None:
+        reason = f"sandbox_error: the sandbox did not start ({last or 'no status'})"
+    elif _REFUSED in (prog, chk):
+        # The hook's own line, when the program left stderr open; the last one, as the hook
+        # ends the process right after writing it.
+        reason = "sandbox_violation: " + (refusals[-1] if refusals else
+                                          "a refused operation (its message was hidden: the "
+                                          "program closed or redirected stderr)")
+    elif not checked:
+        if prog is None:
+            reason = "sandbox_error: the sandbox ended without the program's exit status"
         else:
-            reason = f"signal: killed by {name}"
-    elif rc != 0:
-        if last.startswith("MemoryError"):
-            reason = f"memory_limit: MemoryError under the {lim.memory_mb} MB address-space limit"
-        elif "[Errno 27]" in last:  # EFBIG: Python ignores SIGXFSZ, so RLIMIT_FSIZE shows up here
-            reason = f"file_size_limit: a file grew past {lim.file_mb} MB"
-        else:
-            reason = f"exit_code: {rc}; {last[:300]}"
-    else:
+            reason = _exit_reason(prog, last, wall, timeout_s, lim)
+    elif final == "done":
         reason = None
-    return RunResult(reason is None, stdout, stderr, reason, rc, wall, layers)
+    elif final.startswith("error "):
+        reason = "checker_error: " + final[len("error "):]
+    else:
+        why = final[len("fail "):] if final.startswith("fail ") else "the checker did not finish"
+        if "the program exited" in why and prog not in (None, 0):
+            why = _exit_reason(prog, last, wall, timeout_s, lim) or why
+        elif chk not in (None, 0):
+            why += f" (checker {_exit_reason(chk, last, wall, timeout_s, lim)})"
+        reason = why if why.split(":")[0] in _CODES else f"check_failed: {why}"
+    rc = prog
+    return RunResult(reason is None, stdout, stderr, reason, rc, wall, layers or "")
 
 
-def run_tests(program: str, tests: str, entry_point: str, timeout_s: float = 10.0, *,
-              limits: Limits | None = None) -> Verdict:
-    """HumanEval style: `program`, then `tests` (which define `check`), then check(entry_point)."""
-    if not entry_point.isidentifier():
-        raise InputError(f"entry_point {entry_point!r} is not a Python identifier")
-    source = f"{program}\n\n{tests}\n\ncheck({entry_point})\n"
-    res = run(source, timeout_s=timeout_s, limits=limits)
-    if res.ok:
-        return Verdict(True, f"check({entry_point}) passed in {res.wall_s:.2f} s")
-    if res.reason.startswith("sandbox_error"):
-        return Verdict(None, res.reason)
-    return Verdict(False, res.reason)
+_CODES = ("cpu_limit", "file_size_limit", "memory_limit", "disk_limit", "signal", "exit_code")

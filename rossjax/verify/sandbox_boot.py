@@ -1,137 +1,311 @@
-"""Bootstrap of a sandboxed child: `python -I -S -c <this file's text> <params dict literal>`.
+"""Bootstrap of a sandbox: `python -I -S -c <wire + harness + this text> <params dict literal>`.
 
-Runs before any untrusted code, while the child is still root (when the host is): it isolates
-itself, drops to a throw-away uid, installs an audit hook, then executes `main.py` from its
-temporary directory. Stdlib only, and no rossjax import, so the child starts in ~15 ms.
+Trusted code only, before any untrusted code runs; stdlib only, no rossjax import (startup
+matters). Processes (see sandbox.py for what each mode guarantees):
 
-Layers, each a backstop for the others:
-  1. new network namespace (no interfaces but a down loopback) and a private mount namespace in
-     which /tmp, /var/tmp and /dev/shm are read-only except the sandbox's own directory;
-  2. an unprivileged per-sandbox uid/gid (root-owned files become unwritable, the host and the
-     other sandboxes cannot be signalled) with rlimits on CPU, address space, processes, file size;
-  3. a Python audit hook refusing sockets, process creation, signals, ctypes and file access
-     outside the temp dir and the stdlib; each refusal is also reported on stderr so the host
-     fails the run even if the program swallows the exception.
+  P0  the process the host started. Dies with the host (PR_SET_PDEATHSIG, checked against the
+      host's pid). Unshares network, mount, pid, IPC namespaces (as root directly; otherwise
+      inside a new user namespace that maps only the host's own uid), then forks P1 and waits.
+  P1  init of the new pid namespace (when there is one: its death kills every process of the
+      sandbox, by the kernel), dies with P0. Builds the file system the sandbox sees, reports
+      the active layers on the status descriptor, forks the children below, reaps everything,
+      and reports each child's exit status. Non-dumpable; never runs untrusted code.
+  checker (checked runs only) runs the trusted tests against proxies of the program's functions
+      and alone holds the report descriptor (sandbox_harness.py). Its own uid as root, its own
+      Landlock domain otherwise; non-dumpable, so no other process can ptrace it or open its
+      descriptors through /proc.
+  program runs the model's code under the program uid / Landlock domain, rlimits and the audit
+      hook; in checked runs it then serves the checker's calls.
+
+A refusal by the audit hook is reported on stderr and then ends the process at once with exit
+status REFUSED: a program cannot swallow it, and closing stderr only hides the message.
 """
 
+import ctypes  # the kernel interfaces below have no os wrapper in Python 3.11
 import os
 import resource
 import sys
 
-P = eval(sys.argv[1], {"__builtins__": {}})  # a dict literal written by the host; json would cost 15 ms
-TMP = P["tmp"]
-MARK = P["mark"]  # prefix of a refusal line on stderr; the host looks for it
-layers = []
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # in the sandbox these come from the texts run before this one
+    from rossjax.verify.sandbox_harness import harness_check, harness_serve
+
+P = eval(sys.argv[1], {"__builtins__": {}})  # a dict literal written by the host
+REFUSED = 113
+_libc = ctypes.CDLL(None, use_errno=True)
+_ARCH = os.uname().machine
+_SYS = {"x86_64": {"pivot_root": 155, "capset": 126},
+        "aarch64": {"pivot_root": 41, "capset": 91}}.get(_ARCH, {})
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 
 
-def _mounts(params):
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
+def _call(fn, *args):
+    args = [a.encode() if isinstance(a, str) else a for a in args]
+    if fn(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{getattr(fn, '__name__', 'syscall')}: {os.strerror(err)}")
 
-    def call(fn, *args):
-        args = [a.encode() if isinstance(a, str) else a for a in args]
-        if fn(*args) != 0:
-            raise OSError(ctypes.get_errno(), "sandbox setup failed")
 
-    MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
-    CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWUSER = 0x00020000, 0x40000000, 0x10000000
-    if os.getuid() != 0:
-        # Unprivileged: a user namespace lets us at least own an empty network namespace.
-        try:
-            call(libc.unshare, CLONE_NEWUSER | CLONE_NEWNET)
-            layers.append("netns")
-        except OSError:
-            pass
-        return False
+def _prctl(option, value):
+    _call(_libc.prctl, option, ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0),
+          ctypes.c_ulong(0))
+
+
+def _mount(src, dst, fstype, flags, data=None):
+    _call(_libc.mount, src, dst, fstype, ctypes.c_ulong(flags), data)
+
+
+def _write(path, text):
+    fd = os.open(path, os.O_WRONLY)
     try:
-        call(libc.unshare, CLONE_NEWNS | CLONE_NEWNET)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _unshare(root):
+    """'root' or 'user' (which namespaces were made) or '' when the kernel refuses them."""
+    base = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+    try:
+        if root:
+            _call(_libc.unshare, base)
+            return "root"
+        uid, gid = os.geteuid(), os.getegid()
+        _call(_libc.unshare, base | CLONE_NEWUSER)
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        return "user"
     except OSError:
-        return False
-    layers.append("netns")
-    call(libc.mount, None, "/", None, MS_REC | MS_PRIVATE, None)
-    hidden, prefix, stage = params["hidden"], params["prefix"], params["stage"]
-    if hidden:
-        # The interpreter lives under a directory the sandbox uid cannot enter (e.g. /root/.pyenv):
-        # show only the interpreter's prefix there, on an empty read-only tmpfs.
-        call(libc.mount, prefix, stage, None, MS_BIND | MS_REC, None)
-        call(libc.mount, "sandbox", hidden, "tmpfs", 0, "mode=755,size=64k")
-        os.makedirs(prefix, exist_ok=True)
-        call(libc.mount, stage, prefix, None, MS_BIND | MS_REC, None)
-        call(libc.mount, None, prefix, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
-        call(libc.mount, None, hidden, None, MS_REMOUNT | MS_RDONLY, "mode=755")
-    for d in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(d) and not os.path.islink(d):
-            call(libc.mount, d, d, None, MS_BIND | MS_REC, None)
-            call(libc.mount, None, d, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
-    call(libc.mount, TMP, TMP, None, MS_BIND, None)
-    call(libc.mount, None, TMP, None, MS_BIND | MS_REMOUNT, None)  # rw again, only here
-    layers.append("mountns")
-    return True
+        return ""
 
 
-mounted = _mounts(P) if P["isolate"] else False
-os.chdir(TMP)  # after the mounts: the old cwd points below the read-only bind
-
-lim = P["limits"]
-resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu_s"], lim["cpu_s"] + 1))
-resource.setrlimit(resource.RLIMIT_AS, (lim["memory_bytes"], lim["memory_bytes"]))
-resource.setrlimit(resource.RLIMIT_FSIZE, (lim["file_bytes"], lim["file_bytes"]))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-if P["uid"] is not None and (mounted or not P["hidden"]):
-    resource.setrlimit(resource.RLIMIT_NPROC, (lim["procs"], lim["procs"]))
-    os.setgroups([])
-    os.setgid(P["uid"])
-    os.setuid(P["uid"])
-    layers.append("uid")
-# Without a private uid, RLIMIT_NPROC would count all of the host user's processes: fork then
-# stays refused by the audit hook alone (the host forces allow_fork off in that case).
-layers.append("rlimits")
-
-for _name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
-    del sys.modules[_name]  # a later `import ctypes` must go through the (refused) import event
+def _bind_ro(src, dst, is_dir=True):
+    if is_dir:
+        os.makedirs(dst, exist_ok=True)
+    else:
+        os.close(os.open(dst, os.O_CREAT | os.O_WRONLY, 0o644))
+    _mount(src, dst, None, MS_BIND | MS_REC)
+    _mount(None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID
+           | (0 if not is_dir else MS_NODEV))
 
 
-def _make_hook(tmp, read_roots, allow_fork, mark):
-    # Everything the hook uses is captured here as a local: user code may monkeypatch os, os.path
-    # or builtins, and must not be able to change how the hook resolves a path.
+def _build_root(p, program, uid):
+    """As root: a read-only tmpfs root holding read-only binds of the interpreter, its shared
+    libraries and /usr/share/zoneinfo, four device nodes, a /proc of the new pid namespace and a
+    size-limited tmpfs /sandbox (the only writable place); pivot_root into it and detach the
+    host's tree, so nothing else exists (no path check involved)."""
+    new = p["stage"]
+    lim = p["limits"]
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("rossjax-root", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
+    for d in p["ro_dirs"]:
+        _bind_ro(d, new + d)
+    for link, target in p["links"].items():
+        os.makedirs(os.path.dirname(new + link), exist_ok=True)
+        os.symlink(target, new + link)
+    os.makedirs(new + "/dev")
+    for dev in ("null", "zero", "urandom", "random"):
+        # Read-only binds; writes to /dev/null still work (the node, not the mount, takes them).
+        _bind_ro("/dev/" + dev, new + "/dev/" + dev, is_dir=False)
+    os.makedirs(new + "/proc")
+    _mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+    os.makedirs(new + "/sandbox")
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    _mount("rossjax-scratch", new + "/sandbox", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={lim['disk_bytes']},nr_inodes={lim['files']},mode=700{owner}")
+    os.symlink("/sandbox", new + "/tmp")
+    _put_program(new + "/sandbox/main.py", program, uid)
+    os.makedirs(new + "/.old")
+    if _libc.syscall(_SYS["pivot_root"], new.encode(), (new + "/.old").encode()) != 0:
+        raise OSError(ctypes.get_errno(), "pivot_root failed")
+    os.chdir("/")
+    _call(_libc.umount2, "/.old", 2)  # MNT_DETACH: the host's mounts are gone from this tree
+    os.rmdir("/.old")
+    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+    return "/sandbox"
+
+
+def _scratch_tmpfs(p, program):
+    """In a user namespace: the scratch dir becomes a size-limited tmpfs (total disk cap)."""
+    lim = p["limits"]
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("rossjax-scratch", p["work"], "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={lim['disk_bytes']},nr_inodes={lim['files']},mode=700")
+    _put_program(p["work"] + "/main.py", program, None)
+    return p["work"]
+
+
+def _put_program(path, program, uid):
+    with open(path, "wb") as f:
+        f.write(program)
+    if uid is not None:
+        os.chown(path, uid, uid)
+
+
+# Landlock (kernel >= 5.13): a ruleset handling every right this ABI knows, with rules granting
+# reads of `read` dirs, everything below `write`, and read/write of the device nodes.
+_LL_FS_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1,
+              5: (1 << 16) - 1}
+_LL_READ = (1 << 2) | (1 << 3)  # READ_FILE | READ_DIR
+_LL_FILE = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)  # rights valid on a file
+
+
+def landlock_abi():
+    abi = _libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return abi if abi > 0 else 0
+
+
+def _landlock(abi, read, write, devices):
+    fs = _LL_FS_ABI.get(abi, (1 << 16) - 1)
+    net = 3 if abi >= 4 else 0  # BIND_TCP | CONNECT_TCP, no rule: no TCP at all
+    scoped = 3 if abi >= 6 else 0  # ABSTRACT_UNIX_SOCKET | SIGNAL: nothing outside the domain
+    attr = (ctypes.c_uint64 * 3)(fs, net, scoped)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    rfd = _libc.syscall(444, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if rfd < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+
+    class Beneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    def allow(path, rights):
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            rule = Beneath(rights, fd)
+            if _libc.syscall(445, rfd, 1, ctypes.byref(rule), 0) != 0:
+                raise OSError(ctypes.get_errno(), f"landlock_add_rule {path} failed")
+        finally:
+            os.close(fd)
+
+    for d in read:
+        allow(d, _LL_READ & fs)
+    if write:
+        allow(write, fs)
+    for d in devices:
+        allow(d, (_LL_FILE & fs) & ~1)
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if _libc.syscall(446, rfd, 0) != 0:
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+    os.close(rfd)
+
+
+def _drop_caps():
+    """In a user namespace: drop every capability (the program must not mount or ptrace)."""
+    head = (ctypes.c_uint32 * 2)(0x20080522, 0)
+    data = (ctypes.c_uint32 * 6)()
+    if _libc.syscall(_SYS["capset"], ctypes.byref(head), ctypes.byref(data)) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def _limit(lim, uid):
+    resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu_s"], lim["cpu_s"] + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (lim["memory_bytes"], lim["memory_bytes"]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (lim["file_bytes"], lim["file_bytes"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if uid is not None:
+        # RLIMIT_NPROC counts a real uid's processes system-wide: only with a private uid.
+        resource.setrlimit(resource.RLIMIT_NPROC, (lim["procs"], lim["procs"]))
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+
+def _keep_fds(keep):
+    prev = 3
+    for fd in sorted(keep):
+        if fd >= prev:
+            os.closerange(prev, fd)
+            prev = fd + 1
+    os.closerange(prev, 1 << 16)
+
+
+def _confine(uid, keep, write, ns, ll_abi):
+    """A child's own walls, in an order where each step still has the rights it needs."""
+    _keep_fds(keep)
+    _limit(P["limits"], uid)
+    if ns == "user":
+        _drop_caps()
+    if ll_abi:
+        _landlock(ll_abi, P["read_roots"], write,
+                  ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"))
+    else:
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    _prctl(PR_SET_PDEATHSIG, 9)  # after the uid change, which clears it
+
+
+def _make_hook(tmp, read_roots, allow_fork, mark, max_files):
+    """The audit hook, a second line behind the kernel's walls: it refuses sockets, process
+    creation, signals, ctypes and file access outside the scratch dir and the stdlib. A refusal
+    is written to stderr and ends the process (status REFUSED) at once: it cannot be caught.
+    `max_files` (when the scratch dir is no size-limited tmpfs) caps files and dirs created, so
+    disk use stays under max_files x RLIMIT_FSIZE."""
+    # Everything the hook uses is captured here: user code may monkeypatch os, os.path or
+    # builtins, and must not be able to change how the hook resolves a path.
     import posix
-    getcwd, write, fspath, isinstance_, str_, bytes_, int_ = (
-        posix.getcwd, posix.write, os.fspath, isinstance, str, bytes, int)
+    getcwd, write, exit_, fspath, stat_, readlink = (posix.getcwd, posix.write, posix._exit,
+                                                     os.fspath, posix.stat, posix.readlink)
+    isinstance_, str_, bytes_, int_, len_ = isinstance, str, bytes, int, len
     enc = sys.getfilesystemencoding()
     write_roots = (os.path.realpath(tmp),)
     read_roots = tuple(os.path.realpath(p) for p in read_roots) + write_roots
     devices = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
     blocked = ("socket.", "ctypes.", "subprocess.", "os.system", "os.exec", "os.posix_spawn",
                "os.spawn", "os.kill", "os.killpg", "signal.pthread_kill", "os.forkpty", "pty.",
-               "gc.get_", "resource.setrlimit", "resource.prlimit", "sys._current_frames")
+               "gc.get_", "resource.setrlimit", "resource.prlimit", "sys._current_frames",
+               "os.setuid", "os.setgid")
     if not allow_fork:
         blocked += ("os.fork",)
     blocked_imports = ("ctypes", "_ctypes", "_posixsubprocess", "_socket", "socket", "mmap")
     write_events = ("os.mkdir", "os.remove", "os.rmdir", "os.rename", "os.link", "os.symlink",
                     "os.truncate", "os.chmod", "os.chown", "os.utime", "os.chflags",
                     "os.setxattr", "os.removexattr", "shutil.")
-    read_events = ("os.listdir", "os.scandir", "glob.glob", "os.listxattr", "os.getxattr")
+    read_events = ("os.listdir", "os.scandir", "glob.glob", "os.listxattr", "os.getxattr",
+                   "os.chdir")
     wflags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    created = [0]
 
-    def normalize(path):
-        # Lexical normalisation (no symlink lookups, which user code could fake); links that
-        # leave the temp dir cannot be made because os.symlink/os.link are checked below.
+    def normalize(path, base=None):
+        # Resolves symlinks the way the kernel will (each link against its own folder), with
+        # readlink captured above: a lexical check against the cwd is fooled by relative links.
         p = path if isinstance_(path, str_) else bytes_.decode(path, enc, "surrogateescape")
         if not p.startswith("/"):
-            p = getcwd() + "/" + p
-        parts = []
-        for c in p.split("/"):
+            p = (base or getcwd()) + "/" + p
+        todo, out, links = p.split("/")[::-1], [], 0
+        while todo:
+            c = todo.pop()
+            if c == "" or c == ".":
+                continue
             if c == "..":
-                if parts:
-                    parts.pop()
-            elif c and c != ".":
-                parts.append(c)
-        return "/" + "/".join(parts)
+                if out:
+                    out.pop()
+                continue
+            out.append(c)
+            try:
+                target = readlink("/" + "/".join(out))
+            except (OSError, ValueError):
+                continue
+            links += 1
+            if links > 40:
+                return "/\0too-many-links"
+            out.pop()
+            if target.startswith("/"):
+                out = []
+            todo.extend(target.split("/")[::-1])
+        return "/" + "/".join(out)
 
-    def inside(path, roots):
+    def inside(path, roots, base=None):
         if isinstance_(path, int_):
             return True
-        p = normalize(path if isinstance_(path, (str_, bytes_)) else fspath(path))
+        p = normalize(path if isinstance_(path, (str_, bytes_)) else fspath(path), base)
         if roots is read_roots and p in devices:
             return True
         for r in roots:
@@ -140,12 +314,23 @@ def _make_hook(tmp, read_roots, allow_fork, mark):
         return False
 
     def refuse(what):
-        msg = "sandbox refused " + what
         try:
-            write(2, ("\n" + mark + msg + "\n").encode("utf-8", "replace"))
+            write(2, ("\n" + mark + "sandbox refused " + what + "\n").encode("utf-8", "replace"))
         except OSError:
             pass
-        raise PermissionError(msg)
+        exit_(REFUSED)
+
+    def count_new(path):
+        if max_files is None or isinstance_(path, int_):
+            return
+        try:
+            stat_(path)
+            return
+        except OSError:
+            pass
+        created[0] += 1
+        if created[0] > max_files:
+            refuse(f"creating more than {max_files} files (the sandbox's disk cap)")
 
     def hook(event, args):
         if event == "open":
@@ -156,14 +341,22 @@ def _make_hook(tmp, read_roots, allow_fork, mark):
             w = w or bool((flags or 0) & wflags)
             if not inside(path, write_roots if w else read_roots):
                 refuse(f"open({path!r}) for {'writing' if w else 'reading'} outside the sandbox")
+            if w:
+                count_new(path)
         elif event.startswith(blocked):
             refuse(event)
         elif event == "import" and args[0].split(".")[0] in blocked_imports:
             refuse("import " + args[0])
         elif event.startswith(write_events):
+            if event == "os.symlink" and len_(args) >= 2 and isinstance_(args[1], (str_, bytes_)):
+                link = normalize(args[1])
+                if not inside(args[0], write_roots, link.rsplit("/", 1)[0] or "/"):
+                    refuse(f"os.symlink({args[0]!r}) pointing outside the sandbox")
             for a in args:
                 if isinstance_(a, (str_, bytes_)) and not inside(a, write_roots):
                     refuse(f"{event}({a!r}) outside the sandbox")
+            if event == "os.mkdir":
+                count_new(args[0])
         elif event.startswith(read_events):
             if args and isinstance_(args[0], (str_, bytes_)) and not inside(args[0], read_roots):
                 refuse(f"{event}({args[0]!r}) outside the sandbox")
@@ -171,17 +364,145 @@ def _make_hook(tmp, read_roots, allow_fork, mark):
     return hook
 
 
-if P["audit"]:
-    sys.addaudithook(_make_hook(TMP, P["read_roots"], P["allow_fork"] and "uid" in layers, MARK))
-    layers.append("audit")
-del _make_hook
-os.write(2, f"{MARK}layers {','.join(layers)}\n".encode())  # also tells the host we started
-del P, resource, mounted, lim
-sys.argv = ["main.py"]
-_main = type(sys)("__main__")  # user code gets a fresh __main__, not the bootstrap's namespace
-_main.__file__ = "main.py"
-sys.modules["__main__"] = _main
-with open("main.py", encoding="utf-8") as _f:
-    _code = compile(_f.read(), "main.py", "exec")
-del _f
-exec(_code, _main.__dict__)
+def _status(fd, line):
+    os.write(fd, (line + "\n").encode())
+
+
+def _p0():
+    _prctl(PR_SET_PDEATHSIG, 9)
+    if os.getppid() != P["host_pid"]:  # the host died before the line above
+        os._exit(1)
+    ns = _unshare(os.geteuid() == 0) if P["namespaces"] else ""
+    pid = os.fork()
+    if pid == 0:
+        _p1(ns)
+        os._exit(0)
+    os.close(P["status_fd"])
+    if P["report_fd"] >= 0:
+        os.close(P["report_fd"])
+    _, st = os.waitpid(pid, 0)
+    os._exit(min(255, max(0, os.waitstatus_to_exitcode(st))))
+
+
+def _p1(ns):
+    _prctl(PR_SET_PDEATHSIG, 9)
+    _prctl(PR_SET_DUMPABLE, 0)
+    status_fd, report_fd = P["status_fd"], P["report_fd"]
+    layers = []
+    if ns:
+        layers += ["userns"] if ns == "user" else []
+        layers += ["netns", "pidns", "ipcns"]
+    with open(os.path.join(P["tmp"], "main.py"), "rb") as f:
+        program = f.read()
+    spec_fd = os.open(os.path.join(P["tmp"], "checker.bin"), os.O_RDONLY) if P["checked"] else -1
+    uid, cuid = P["uid"], P["cuid"]
+    if ns == "root":
+        scratch = _build_root(P, program, uid)
+        layers += ["mountns", "rootfs", "scratch-tmpfs"]
+    elif ns == "user":
+        scratch = _scratch_tmpfs(P, program)
+        layers += ["mountns", "scratch-tmpfs"]
+    else:
+        scratch = P["work"]
+        _put_program(scratch + "/main.py", program, uid)
+        if uid is not None:
+            os.chown(scratch, uid, uid)
+    os.chdir(scratch)
+    capped = ns in ("root", "user")
+    ll_abi = landlock_abi() if P["landlock"] and ns != "root" else 0
+    if ll_abi:
+        layers.append(f"landlock{ll_abi}")
+    if uid is not None:
+        layers.append("uid")
+    layers.append("rlimits")
+    allow_fork = P["allow_fork"] and uid is not None
+    if P["audit"]:
+        layers.append("audit")
+    _status(status_fd, "layers " + ",".join(layers))
+    kids = {}
+    req_r = req_w = rep_r = rep_w = -1
+    if P["checked"]:
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(0)
+                _confine(cuid, {spec_fd, req_w, rep_r, report_fd}, None, ns, ll_abi)
+                _prctl(PR_SET_DUMPABLE, 0)  # after the uid change, which resets it
+                if P["audit"]:
+                    sys.addaudithook(_make_hook(scratch, P["hook_reads"], False, P["mark"], None))
+                harness_check(spec_fd, req_w, rep_r, report_fd, P["entry"], P["cap"])
+            finally:
+                os._exit(0)
+        kids[pid] = "checker"
+        for fd in (spec_fd, req_w, rep_r, report_fd):
+            os.close(fd)
+    pid = os.fork()
+    if pid == 0:
+        _program(scratch, uid, {req_r, rep_w} - {-1}, ns, ll_abi, allow_fork, req_r, rep_w,
+                 capped)
+    kids[pid] = "program"
+    if not P["checked"] and report_fd >= 0:
+        os.close(report_fd)
+    for fd in (req_r, rep_w):
+        if fd >= 0:
+            os.close(fd)
+    _supervise(kids, status_fd)
+
+
+def _supervise(kids, status_fd):
+    """Reap every process (orphans of the namespace too) until both children have ended; a
+    program still running once the checker is finished is given a moment, then killed."""
+    import time
+    done, deadline = {}, None
+    while len(done) < len(kids):
+        flags = os.WNOHANG if deadline else 0
+        try:
+            pid, st = os.waitpid(-1, flags)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            if time.monotonic() > deadline:
+                for p, name in kids.items():
+                    if name not in done:
+                        os.kill(p, 9)
+                deadline = None
+            else:
+                time.sleep(0.002)
+            continue
+        if pid in kids:
+            done[kids[pid]] = os.waitstatus_to_exitcode(st)
+            _status(status_fd, f"{kids[pid]} {done[kids[pid]]}")
+            if kids[pid] == "checker" and "program" not in done:
+                deadline = time.monotonic() + 0.5
+
+
+def _program(scratch, uid, keep, ns, ll_abi, allow_fork, req_r, rep_w, capped):
+    global P
+    try:
+        _confine(uid, keep, scratch, ns, ll_abi)
+    except BaseException as e:
+        os.write(2, f"sandbox setup failed: {e}\n".encode())
+        os._exit(REFUSED)
+    for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
+        del sys.modules[name]  # a later `import ctypes` must go through the (refused) import event
+    if P["audit"]:
+        count = None if capped else P["limits"]["files"]
+        sys.addaudithook(_make_hook(scratch, P["hook_reads"], allow_fork, P["mark"], count))
+    checked, cap = P["checked"], P["cap"]
+    del P
+    sys.argv = ["main.py"]
+    main = type(sys)("__main__")  # user code gets a fresh __main__, not the bootstrap's namespace
+    main.__file__ = "main.py"
+    sys.modules["__main__"] = main
+    with open("main.py", encoding="utf-8") as f:
+        code = compile(f.read(), "main.py", "exec")
+    exec(code, main.__dict__)
+    if checked:
+        harness_serve(main.__dict__, req_r, rep_w, cap)
+        sys.stdout.flush()
+    sys.exit(0)
+
+
+_p0()
