@@ -28,15 +28,10 @@ import orbax.checkpoint as ocp
 
 from rossjax.errors import InputError
 from rossjax.train import checkpoint as ckpt_lib, export_tokenizer
+from rossjax.train.export_tokenizer import TOKENIZER_FILES, copy_tokenizer  # noqa: F401 (public)
 
 FORMATS = ("hf", "orbax", "peft")
 DTYPES = ("float32", "bfloat16", "float16")
-# What AutoTokenizer, a chat template and generate() read beside the weights (transformers and
-# vLLM look for these names in the model folder).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
-                   "spiece.model", "chat_template.jinja", "chat_template.json",
-                   "generation_config.json")
 # rossjax adapter name -> the HF module PEFT targets (models/hf.py's tensor names).
 PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
                 "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
@@ -127,17 +122,6 @@ def base_dtype(base: str | None) -> str | None:
         return None
     name = hf.get("torch_dtype") or hf.get("dtype")
     return name if name in DTYPES else None
-
-
-def copy_tokenizer(base: str, out: str) -> list[str]:
-    """Copy the tokenizer files, chat template and generation config of `base` into `out`."""
-    copied = []
-    for name in TOKENIZER_FILES:
-        src = os.path.join(base, name)
-        if os.path.isfile(src):
-            shutil.copyfile(src, os.path.join(out, name))
-            copied.append(name)
-    return copied
 
 
 def _cast(params, dtype: str):

@@ -25,7 +25,14 @@ import shutil
 
 from rossjax.errors import InputError
 
-NONE = "none"
+NONE = "none"  # --tokenizer=none: the weights alone
+
+# What AutoTokenizer, a chat template and generate() read beside the weights (transformers and
+# vLLM look for these names in the model folder).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "spiece.model", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json")
 
 # ChatML as rossjax's builtin `chatml` renders it (system/user/assistant turns, reasoning in
 # <think>, tool results in one user turn of <tool_response> blocks), with the generation prompt.
@@ -57,6 +64,17 @@ def _read(path: str) -> dict:
         return out if isinstance(out, dict) else {}
     except (OSError, ValueError):
         return {}
+
+
+def copy_tokenizer(base: str, out: str) -> list[str]:
+    """Copy the tokenizer files, chat template and generation config of `base` into `out`."""
+    copied = []
+    for name in TOKENIZER_FILES:
+        src = os.path.join(base, name)
+        if os.path.isfile(src):
+            shutil.copyfile(src, os.path.join(out, name))
+            copied.append(name)
+    return copied
 
 
 def has_tokenizer(folder: str | None) -> bool:
@@ -158,7 +176,6 @@ def write(spec: str, out: str, template: str | None) -> list[str]:
     from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
     from rossjax.tokenizers import HFTokenizer, TiktokenTokenizer, load_tokenizer
-    from rossjax.train.export import copy_tokenizer
 
     os.makedirs(out, exist_ok=True)
     if os.path.isdir(spec):
