@@ -42,7 +42,6 @@ import numpy as np
 
 from rossjax import sharding
 from rossjax.errors import ConfigError
-from rossjax.models import lora
 from rossjax.monitor import MetricsWriter, Progress, RunFile, read_metrics, step_at_most, write_plot
 from rossjax.train import (
     checkpoint as ckpt_lib,
@@ -50,11 +49,10 @@ from rossjax.train import (
     grpo_step,
     history,
     rollout,
-    state as state_lib,
     workdir as workdir_lib,
 )
 from rossjax.train.grpo_config import check_config, default_config  # noqa: F401 (configs use it)
-from rossjax.train.grpo_setup import Run
+from rossjax.train.grpo_setup import STEP_CACHE, Run, StepCache  # noqa: F401 (StepCache: callers)
 from rossjax.train.loop import Diverged
 
 
@@ -89,7 +87,7 @@ class _Scored:
 class Loop:
     """The GRPO run: `start()` restores or initializes, `step(i)` runs one step, `close()`."""
 
-    def __init__(self, cfg, workdir: str, cpu_scorer=None):
+    def __init__(self, cfg, workdir: str, cpu_scorer=None, step_cache=STEP_CACHE):
         sharding.initialize_distributed(cfg.distributed)
         if jax.process_count() > 1 and "probe" in cfg.reward.functions:
             raise ConfigError(f"config.reward.functions uses 'probe', which runs on one host, but "
@@ -110,10 +108,9 @@ class Loop:
         self.complete = workdir_lib.finished_step(self.ckpt, cfg.grpo.steps)
         if self.complete is not None:
             return
-        self.R = Run(cfg, workdir, cpu_scorer)
-        R = self.R
-        workdir_lib.check_free_space(workdir, workdir_lib.tree_bytes(state_lib.abstract_state(
-            R.s_shard, R.optimizer, R.abstract_t)), cfg.checkpoint.keep, "grpo")
+        self.R = Run(cfg, workdir, cpu_scorer, step_cache=step_cache,
+                     fresh_start=self.ckpt.latest_step() is None)
+        workdir_lib.check_free_space(workdir, workdir_lib.tree_bytes(self.R.abstract_state()), cfg.checkpoint.keep, "grpo")
 
     def start(self):
         """Restore the latest checkpoint (state, task index, history) or start fresh; open files."""
@@ -123,22 +120,15 @@ class Loop:
         hist_path = os.path.join(self.workdir, "history.jsonl")
         self.start_step = self.ckpt.latest_step()
         if self.start_step is not None:
-            self.state, ds = self.ckpt.restore(self.start_step, state_lib.abstract_state(
-                R.s_shard, R.optimizer, R.abstract_t))
+            self.state, ds = self.ckpt.restore(self.start_step, R.abstract_state())
             self.source.set_state({"index": ds["tasks_index"]})
             self.hist = history.HistoryWriter(hist_path, resume_bytes=ds["history_bytes"], enabled=lead)
         else:
             self.start_step = 0
-            self.state = state_lib.init_state(R._trainable0, R.optimizer, R.s_shard, cfg.train.seed)
+            self.state = R.new_state()
             self.hist = history.HistoryWriter(hist_path, enabled=lead)
-        del R._trainable0
-        if lead:
-            ckpt_lib.write_model_config(self.workdir, R.model_cfg)
-        if cfg.lora.enabled and lead:  # checkpoints hold adapters only; export merges them into this base
-            ckpt_lib.write_lora_manifest(self.workdir, rank=cfg.lora.rank, alpha=cfg.lora.alpha,
-                                         targets=lora.resolve_targets(cfg.lora.targets),
-                                         base_source=R.base_source, base_path=cfg.model.path,
-                                         seed=cfg.train.seed)
+        if lead:  # model_config.json (+ lora.json: checkpoints then hold adapters only)
+            R.trainable.write_run_files(self.workdir)
         log = cfg.get("log") or {}
         self.writer = MetricsWriter(self.workdir, resume_step=self.start_step,
                                     wandb=log.get("wandb", ""), config=cfg.to_dict())
@@ -289,12 +279,13 @@ class Loop:
                        title=f"rossjax grpo {self.cfg.run_name}")
 
 
-def run(cfg, workdir: str, *, cpu_scorer=None) -> dict:
+def run(cfg, workdir: str, *, cpu_scorer=None, step_cache=STEP_CACHE) -> dict:
     """`rossjax grpo`. `cpu_scorer(kinds, records) -> [{kind: (reward, verdict)}]` replaces
     `rewards.score_batch` on the reward workers (a picklable module-level function; the
-    benchmark's chosen-cost reward). Returns the final state, last metrics, tokenizer spec,
-    history path and the run's model/step holder."""
-    loop = Loop(cfg, workdir, cpu_scorer)
+    benchmark's chosen-cost reward). `step_cache` keeps compiled steps for the next run in
+    this process with the same settings (a `StepCache`; the default is shared). Returns the
+    final state, last metrics, tokenizer spec, history path and the run's model/step holder."""
+    loop = Loop(cfg, workdir, cpu_scorer, step_cache)
     try:
         if loop.complete is not None:  # nothing to run: the last logged metrics
             return {"state": None, "metrics": (read_metrics(workdir) or [{}])[-1],

@@ -1,6 +1,7 @@
-"""What a GRPO run holds (grpo.py runs the loop): tokenizer, partitioner, model (base, LoRA
-adapters, frozen reference), optimizer and state shardings, the compiled step functions, and the
-reward machinery (CPU workers, probe reward). Also how a batch is sampled and scored.
+"""What a GRPO run holds (grpo.py runs the loop): tokenizer, partitioner, the trainable set-up
+(trainable.py: full params or LoRA adapters, the frozen base and reference), optimizer and state
+shardings, the compiled step functions (`StepCache`), and the reward machinery (CPU workers, probe
+reward). Also how a batch is sampled and scored.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ import numpy as np
 
 from rossjax import sample, sharding
 from rossjax.errors import ConfigError
-from rossjax.models import loading, lora, shardings as model_shardings
 from rossjax.probes import reward as reward_lib
 from rossjax.tokenizers import load_tokenizer
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
-from rossjax.train import grpo_step, optim, rollout, state as state_lib
+from rossjax.train import grpo_step, optim, rollout, trainable as trainable_lib
 from rossjax.train.grpo_config import check_config
 from rossjax.verify import induction_task, rewards
 from rossjax.verify.pool import WorkerPool
@@ -53,13 +53,35 @@ def _render_fn(cfg, tok):
     return render
 
 
-_STEP_FNS: dict = {}
+class StepCache:
+    """The compiled step functions of the last run built, reused by the next run in this process
+    with the same settings (a resumed run, tests): jit caches per function object, and each
+    `grpo_step.StepFns` is new ones. It holds one entry, so compiled programs of another model
+    are not kept alive."""
+
+    def __init__(self):
+        self.key, self.fns = None, None
+
+    def get(self, key, build):
+        """The cached functions when `key` matches the last one, else `build()` (replacing it)."""
+        if self.key != key:
+            self.key, self.fns = None, None   # let the old programs go before compiling
+            self.fns, self.key = build(), key
+        return self.fns
+
+    def clear(self):
+        self.key, self.fns = None, None
+
+
+STEP_CACHE = StepCache()  # what grpo.run uses unless it is given its own
 
 
 class Run:
-    """Holds the model, step functions and reward machinery of one run."""
+    """Holds the model, step functions and reward machinery of one run. `fresh_start=False`
+    (the loop will restore a checkpoint) does not keep the loaded weights for `new_state`."""
 
-    def __init__(self, cfg, workdir, cpu_scorer=None):
+    def __init__(self, cfg, workdir, cpu_scorer=None, *, step_cache: StepCache = STEP_CACHE,
+                 fresh_start: bool = True):
         check_config(cfg)
         self.cfg, self.workdir = cfg, workdir
         self.tok, self.tok_spec = _setup_tokenizer(cfg, workdir)
@@ -69,36 +91,44 @@ class Run:
             cfg.model.vocab_size = self.tok.vocab_size
         self.part = sharding.partitioner_from_config(cfg)
         self.mesh = self.part.mesh
-        trainable = self._setup_model()
-        self._setup_updates(trainable)
+        self._setup_model(fresh_start)
+        self._setup_updates(step_cache)
         self._setup_rewards(cpu_scorer)
 
-    def _setup_model(self):
-        """Model, the frozen base (LoRA) or reference copy; returns the trainable params."""
+    def _setup_model(self, fresh_start: bool):
+        """The trainable set-up, the frozen base (LoRA) and the reference: the base with the
+        adapters off, or with full fine-tuning a copy of the initial weights."""
         cfg, g = self.cfg, self.cfg.grpo
-        self.model_cfg, self.base_source = loading.abstract_model(cfg.model)
+        self.trainable = t = trainable_lib.Trainable(cfg, self.part)
+        self.model_cfg, self.base_source, self.lora_alpha = t.model_cfg, t.source, t.lora_alpha
         if self.tok.vocab_size > self.model_cfg.vocab_size:
             raise ConfigError(f"config.tokenizer has {self.tok.vocab_size} tokens but the model "
                               f"only {self.model_cfg.vocab_size}.")
-        self.p_shard = model_shardings.param_shardings(self.model_cfg, self.part)
-        base = loading.load_params(cfg.model, self.model_cfg, self.base_source, self.part,
-                                   seed=cfg.train.seed)
-        self.lora_alpha = float(cfg.lora.alpha) if cfg.lora.enabled else None
-        if cfg.lora.enabled:
-            ad = lora.init_lora(self.model_cfg, jax.random.PRNGKey(cfg.train.seed + 1), cfg.lora.rank,
-                                cfg.lora.targets)
-            self.t_shard = lora.shardings(self.model_cfg, ad, self.part)
-            self.base, self.base_shard = base, self.p_shard
-            self.ref = base  # adapters off
-            return jax.device_put(ad, self.t_shard)
-        self.t_shard = self.p_shard
-        self.base, self.base_shard = {}, None
-        # A frozen copy: the trainable params are donated and updated in place.
-        self.ref = (jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.p_shard)(base)
-                    if g.beta > 0 or self._uses_probe() else None)
-        return base
+        self._initial_weights = None  # full fine-tuning: what new_state() starts from
+        if t.lora is not None:
+            self.base = self.ref = t.load_weights()  # the reference is the base, adapters off
+            return
+        self.base, self.ref = {}, None
+        needs_ref = g.beta > 0 or self._uses_probe()
+        if not (fresh_start or needs_ref):
+            return  # a resumed run's weights come from its checkpoint
+        weights = t.load_weights()
+        if needs_ref:  # a frozen copy: the trained params are donated and updated in place
+            self.ref = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
+                               out_shardings=t.param_shardings)(weights)
+        if fresh_start:
+            self._initial_weights = weights
 
-    def _setup_updates(self, trainable):
+    def new_state(self):
+        """A fresh run's train state: new LoRA adapters, or the loaded weights, which the state
+        takes over (so a full fine-tuning Run gives one)."""
+        weights, self._initial_weights = self._initial_weights, None
+        if self.trainable.lora is None and weights is None:
+            raise RuntimeError("Run.new_state: this Run's loaded weights were given to a state "
+                               "already, or it was built with fresh_start=False.")
+        return self.trainable.init_state(self.optimizer, self.state_shardings, weights)
+
+    def _setup_updates(self, step_cache: StepCache):
         """Minibatch plan, optimizer, state shardings and the (cached) compiled step functions."""
         cfg, g = self.cfg, self.cfg.grpo
         rows = g.contexts * g.group_size
@@ -112,25 +142,22 @@ class Run:
                               f"minibatch of {self.minibatch} rows.")
         self.updates_per_step = g.num_iterations * (rows // self.minibatch)
         self.optimizer, schedule = optim.make_optimizer(cfg.optim, g.steps * self.updates_per_step)
-        self.abstract_t = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                       trainable, self.t_shard)
-        self.s_shard = state_lib.state_shardings(self.t_shard, self.optimizer, self.abstract_t,
-                                                 self.part)
-        self._trainable0 = trainable
-        # Compiled steps are reused by later runs in this process with the same settings (a
-        # resumed run, tests): jit caches per function object, and StepFns builds new ones.
+        t = self.trainable
+        self.state_shardings = t.state_shardings(self.optimizer)
+        # The settings the compiled steps depend on (stop_after only ends the loop).
         g_key = json.dumps({k: v for k, v in g.to_dict().items() if k != "stop_after"},
                            sort_keys=True, default=str)
         key = (self.model_cfg, cfg.optim.to_json(), g_key, cfg.lora.to_json(), self.lora_alpha,
                g.steps, self.part)
-        if key not in _STEP_FNS:
-            _STEP_FNS.clear()  # hold one: compiled programs of other models are not kept alive
-            _STEP_FNS[key] = grpo_step.StepFns(
-                self.model_cfg, self.optimizer, schedule, partitioner=self.part,
-                param_shardings=self.p_shard, state_shardings=self.s_shard,
-                base_shardings=self.base_shard or {}, lora_alpha=self.lora_alpha, loss_cfg=g,
-                chunk=g.loss_chunk, max_new=g.max_new_tokens)
-        self.fns = _STEP_FNS[key]
+        self.fns = step_cache.get(key, lambda: grpo_step.StepFns(
+            self.model_cfg, self.optimizer, schedule, partitioner=self.part,
+            param_shardings=t.param_shardings, state_shardings=self.state_shardings,
+            base_shardings=t.base_shardings or {}, lora_alpha=self.lora_alpha, loss_cfg=g,
+            chunk=g.loss_chunk, max_new=g.max_new_tokens))
+
+    def abstract_state(self):
+        """The train state's ShapeDtypeStructs with shardings: a checkpoint restore target."""
+        return self.trainable.abstract_state(self.optimizer, self.state_shardings)
 
     def _setup_rewards(self, cpu_scorer):
         """CPU reward kinds on the worker pool, and the probe reward (a second forward)."""

@@ -22,7 +22,7 @@ import jax
 
 from rossjax import sharding
 from rossjax.errors import ConfigError, InputError
-from rossjax.models import loading, lora, shardings as model_shardings
+from rossjax.models import loading
 from rossjax.monitor import MetricsWriter, Progress, read_metrics, write_plot
 from rossjax.train import (
     checkpoint as ckpt_lib,
@@ -31,7 +31,7 @@ from rossjax.train import (
     metrics as metrics_lib,
     optim,
     sft,
-    state as state_lib,
+    trainable as trainable_lib,
     workdir as workdir_lib,
 )
 
@@ -150,34 +150,25 @@ class Trainer:
                                           keep=cfg.checkpoint.keep,
                                           async_save=cfg.checkpoint.async_save)
         self.part = sharding.partitioner_from_config(cfg)
-        self.model_cfg, self.source = loading.abstract_model(cfg.model)
-        self.optimizer, self.schedule = optim.make_optimizer(cfg.optim, self.plan.total)
-        self.p_shard = model_shardings.param_shardings(self.model_cfg, self.part)
-        self.abstract_params = model_shardings.sharded_abstract_params(self.model_cfg, self.p_shard)
         # config.lora.enabled: the state trains LoRA adapters; the base is loaded frozen.
-        self.lora_alpha = float(cfg.lora.alpha) if cfg.get("lora") and cfg.lora.enabled else None
-        self.t_shard, self.abstract_t = self.trainable_layout()
-        self.shardings = state_lib.state_shardings(self.t_shard, self.optimizer,
-                                                   self.abstract_t, self.part)
+        self.trainable = trainable_lib.Trainable(cfg, self.part)
+        self.model_cfg, self.source = self.trainable.model_cfg, self.trainable.source
+        self.optimizer, self.schedule = optim.make_optimizer(cfg.optim, self.plan.total)
+        self.shardings = self.trainable.state_shardings(self.optimizer)
         self.batch_shard = self.part.rows(2, (self.plan.global_rows, cfg.data.seq_len),
                                           name="the training batch (config.train.global_batch)")
         # A finished workdir (of this model): say so, run() returns its last metrics.
         self.complete = workdir_lib.finished_step(self.ckpt, self.plan.total)
         if self.complete is not None:
-            self.ckpt.check_compatible(self.complete, self.abstract_t)
+            self.ckpt.check_compatible(self.complete, self.trainable.abstract)
             return
-        workdir_lib.check_free_space(workdir, workdir_lib.tree_bytes(state_lib.abstract_state(
-            self.shardings, self.optimizer, self.abstract_t)), cfg.checkpoint.keep, "train")
+        workdir_lib.check_free_space(workdir, workdir_lib.tree_bytes(self.trainable.abstract_state(
+            self.optimizer, self.shardings)), cfg.checkpoint.keep, "train")
         self.it = iter(open_train(cfg, self.plan.train_paths, self.plan.rows))
         self.start, self.state = self.restore_or_init()
         if lead:
             workdir_lib.save_config(workdir, cfg)
-            ckpt_lib.write_model_config(workdir, self.model_cfg)
-            if self.lora_alpha is not None:  # checkpoints hold adapters; export merges them
-                ckpt_lib.write_lora_manifest(workdir, rank=cfg.lora.rank, alpha=cfg.lora.alpha,
-                                             targets=lora.resolve_targets(cfg.lora.targets),
-                                             base_source=self.source, base_path=cfg.model.path,
-                                             seed=cfg.train.seed)
+            self.trainable.write_run_files(workdir)
         self.step_fn, self.eval_step = self.compile_steps()
         log = cfg.get("log") or {}
         self.writer = MetricsWriter(workdir, resume_step=self.start, wandb=log.get("wandb", ""),
@@ -190,51 +181,32 @@ class Trainer:
         self.announce()
         self.bar = Progress(self.plan.total, initial=self.start, desc=f"train {cfg.recipe}")
 
-    def trainable_layout(self):
-        """(shardings, abstract arrays) of what the state trains: the params, or LoRA adapters."""
-        if self.lora_alpha is None:
-            return self.p_shard, self.abstract_params
-        shapes = jax.eval_shape(self._init_adapters)
-        t_shard = lora.shardings(self.model_cfg, shapes, self.part)
-        return t_shard, jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                     shapes, t_shard)
-
-    def _init_adapters(self):
-        c = self.cfg
-        return lora.init_lora(self.model_cfg, jax.random.PRNGKey(c.train.seed + 1), c.lora.rank,
-                              c.lora.targets)
-
     def restore_or_init(self):
         """(first step, state): the latest checkpoint (with the data iterator's state), or a
         fresh state from the configured model. A LoRA run loads its frozen base either way."""
-        def load():
-            return loading.load_params(self.cfg.model, self.model_cfg, self.source, self.part,
-                                       seed=self.cfg.train.seed)
-
-        self.base = load() if self.lora_alpha is not None else None
+        t = self.trainable
+        self.base = t.load_weights() if t.lora is not None else None
         start = self.ckpt.latest_step()
         if start is not None:
-            state, data_state = self.ckpt.restore(start, state_lib.abstract_state(
-                self.shardings, self.optimizer, self.abstract_t))
+            state, data_state = self.ckpt.restore(start, t.abstract_state(self.optimizer,
+                                                                          self.shardings))
             if data_state is not None:
                 self.it.set_state(data_state)
             return start, state
-        params = (load() if self.lora_alpha is None
-                  else jax.device_put(self._init_adapters(), self.t_shard))
-        return 0, state_lib.init_state(params, self.optimizer, self.shardings, seed=self.cfg.train.seed)
+        return 0, t.init_state(self.optimizer, self.shardings)
 
     def compile_steps(self):
-        cfg = self.cfg
-        lora_kw = dict(lora_alpha=self.lora_alpha, base_shardings=self.p_shard)
+        cfg, t = self.cfg, self.trainable
+        lora_kw = dict(lora_alpha=t.lora_alpha, base_shardings=t.base_shardings)
         step_fn = sft.make_train_step(self.model_cfg, self.optimizer, self.schedule, mesh=self.part,
                                       shardings=self.shardings, batch_sharding=self.batch_shard,
                                       micro_batches=int(cfg.train.micro_batches),
                                       chunk_size=cfg.train.loss_chunk, **lora_kw)
-        eval_step = (sft.make_eval_step(self.model_cfg, mesh=self.part, params_shardings=self.t_shard,
+        eval_step = (sft.make_eval_step(self.model_cfg, mesh=self.part, params_shardings=t.shardings,
                                         batch_sharding=self.batch_shard,
                                         chunk_size=cfg.train.loss_chunk, **lora_kw)
                      if self.plan.eval_paths else None)
-        if self.lora_alpha is None:
+        if t.lora is None:
             return step_fn, eval_step
         # LoRA: both steps also take the frozen base.
         return ((lambda state, batch: step_fn(state, batch, self.base)),
