@@ -22,7 +22,14 @@ def test_heads_learn_separable_signal(head):
     probe = heads.train_probe(x[tr], y[tr], x[va], y[va], cfg, train_ids=tr, val_ids=va)
     pred = (probe.score(x[te]) >= 0.5).astype(int)
     assert metrics.balanced_accuracy(y[te], pred) >= 0.9
-    assert 0 < len(probe.history) <= 20
+    # the kept parameters are the best validation epoch's, and early stopping follows patience
+    hist = probe.history
+    assert [h["epoch"] for h in hist] == list(range(len(hist)))
+    best = max(range(len(hist)), key=lambda i: (hist[i]["val_balanced_accuracy"], -i))
+    val_pred = (probe.score(x[va]) >= 0.5).astype(int)
+    assert metrics.balanced_accuracy(y[va], val_pred) == pytest.approx(
+        hist[best]["val_balanced_accuracy"], abs=1e-12)
+    assert len(hist) == 20 or len(hist) - 1 - best == 5
 
 
 def test_training_refuses_overlapping_ids():
