@@ -8,15 +8,23 @@ carries one of two test styles:
     is `code_prefix + program` — joined directly when the program is an indented body
     continuation, on a new line when it is a full definition (which then replaces the stub);
   - stdin/stdout: `task.cases = [{"input": str, "output": str}, ...]`; each case is a separate
-    sandboxed run, and outputs compare line by line with trailing whitespace ignored.
-Optional `task.timeout_s` (default 10) bounds each run.
+    sandboxed run, and outputs compare line by line with trailing whitespace ignored, here in
+    the host (the program's exit status alone proves nothing).
+The HumanEval tests run in the sandbox's checker process (sandbox.py): the program cannot end,
+fake or override the verdict. The prefix runs there too, so the tests' helpers (HumanEval's
+`poly`, `encode_cyclic`) are the task's, not the program's. Optional `task.timeout_s` (default
+10) bounds each run, capped at `MAX_TIMEOUT_S` (a longer one runs with the cap, and says so).
 """
 
 from __future__ import annotations
 
+import math
+
 from rossjax.verify import sandbox
 from rossjax.verify.answers import extract_code, last_assistant_content
 from rossjax.verify.verdict import Verdict
+
+MAX_TIMEOUT_S = sandbox.Limits().max_timeout_s  # a row's task.timeout_s is capped here
 
 
 def _norm(out: str) -> list[str]:
@@ -36,23 +44,45 @@ def verify(record: dict) -> Verdict:
     code = program_of(record)
     if code is None:
         return Verdict(False, "no ```python block in the last assistant message")
-    timeout = float(task.get("timeout_s") or 10.0)
+    timeout, note = _timeout(task.get("timeout_s"))
+    if timeout is None:
+        return Verdict(None, note)
     if task.get("tests") and task.get("entry_point"):
         prefix = task.get("code_prefix")
         if prefix is None:
             prompt = task.get("prompt") or ""
             prefix = prompt if f"def {task['entry_point']}(" in prompt else ""
         program = prefix + code if code[:1] in (" ", "\t") else f"{prefix}\n{code}"
-        return sandbox.run_tests(program, task["tests"], task["entry_point"], timeout_s=timeout)
+        if not str(task["entry_point"]).isidentifier():
+            return Verdict(None, f"task.entry_point {task['entry_point']!r} is not a Python name")
+        v = sandbox.run_tests(program, task["tests"], task["entry_point"], timeout_s=timeout,
+                              prefix=prefix or None)
+        return Verdict(v.passed, v.evidence + note)
     cases = task.get("cases")
     if not cases:
         return Verdict(None, "task has neither tests+entry_point nor stdin/stdout cases")
     for i, case in enumerate(cases):
         res = sandbox.run(code, stdin=str(case.get("input", "")), timeout_s=timeout)
         if not res.ok:
-            return Verdict(False, f"case {i}: {res.reason}")
+            return Verdict(False, f"case {i}: {res.reason}{note}")
         if _norm(res.stdout) != _norm(str(case.get("output", ""))):
             got = res.stdout.strip().splitlines()[:1]
             return Verdict(False, f"case {i}: wrong output (first line {got[0][:60]!r} )"
                            if got else f"case {i}: no output")
-    return Verdict(True, f"{len(cases)}/{len(cases)} stdin/stdout cases passed")
+    return Verdict(True, f"{len(cases)}/{len(cases)} stdin/stdout cases passed{note}")
+
+
+def _timeout(value) -> tuple[float | None, str]:
+    """(seconds per run, a note for the evidence) from task.timeout_s; (None, why) if unusable."""
+    if value is None or value == "":
+        return 10.0, ""
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        return None, f"task.timeout_s {value!r} is not a number of seconds"
+    if not (t > 0 and math.isfinite(t)):
+        return None, f"task.timeout_s {value!r} must be a positive number of seconds"
+    if t > MAX_TIMEOUT_S:
+        return MAX_TIMEOUT_S, (f" (task.timeout_s {t:g} capped at {MAX_TIMEOUT_S:g} s, "
+                               "sandbox.Limits.max_timeout_s)")
+    return t, ""

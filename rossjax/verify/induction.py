@@ -9,10 +9,12 @@ reference `f` on every hidden input. rossjax.verify.induction_task builds such t
 generator's output (AZR protocol: 10 inputs, 5 shown, 5 hidden). Each input is a string of
 Python literal arguments, e.g. "[1, 2], 'a'" (parsed with ast.literal_eval — never eval).
 
-Outputs are compared through a canonical form (sets and dicts sorted, types named), computed
-inside the sandbox, so reference and solver run in separate sandboxes and a solver object with a
-lying `__eq__` gains nothing. `task.hidden_outputs` (canonical strings) may be stored to save the
-reference run.
+Outputs are compared through a canonical form (sets and dicts sorted, types named), computed in
+the sandbox's checker process from plain values (sandbox.run_checked: the program's f is called
+through a proxy and only exact builtin values come back, so an object with a lying `__eq__` or a
+builtin subclass is refused, and exiting, printing fake lines or patching anything in the
+program's process changes nothing). Reference and solver run in separate sandboxes.
+`task.hidden_outputs` (canonical strings) may be stored to save the reference run.
 
 `task_valid(task)` screens generated tasks: the program parses, defines `f`, imports nothing
 banned, runs deterministically (two separate runs, different hash seeds), every input succeeds
@@ -24,12 +26,11 @@ paths compared on whole components: `os` bans `os` and `os.path`; `os.path` bans
 from __future__ import annotations
 
 import ast
-import json
-import secrets
 import warnings
 
 from rossjax.verify import sandbox
 from rossjax.verify.answers import extract_code, last_assistant_content
+from rossjax.verify.sandbox_wire import WireRefused, wire_enc
 from rossjax.verify.verdict import Verdict
 
 BANNED_MODULES = ("os", "sys", "subprocess", "shutil", "socket", "ctypes", "multiprocessing",
@@ -40,7 +41,9 @@ BANNED_CALLS = ("__import__", "eval", "exec", "compile", "open", "input", "globa
                 "vars", "breakpoint", "getattr", "setattr", "delattr")
 TIME_LIMIT_S = 2.0
 
-_HARNESS = '''
+# Runs in the sandbox's checker process (sandbox.run_checked): `f` is a proxy of the program's
+# f, so every value here is a plain builtin rebuilt from the wire, canonicalised by trusted code.
+_CHECKER = '''
 def _rj_canon(x, depth=0):
     if depth > 50:
         raise RecursionError("output nested too deeply")
@@ -54,35 +57,43 @@ def _rj_canon(x, depth=0):
     if t is dict:
         return "dict{" + ",".join(sorted(_rj_canon(k, depth + 1) + ":" + _rj_canon(v, depth + 1)
                                          for k, v in x.items())) + "}"
-    return "<" + t.__module__ + "." + t.__qualname__ + ">" + repr(x)
+    raise TypeError("not a plain value: " + t.__name__)
 
 
-def _rj_main(inputs, nonce):
-    import ast as _ast, json as _json, sys as _sys
-    out = _sys.__stdout__
-    for s in inputs:
-        try:
-            args = _ast.literal_eval("(" + s + ",)")
-            v = f(*args)
-            res = [True, _rj_canon(v), repr(v)[:400]]
-        except BaseException as e:
-            res = [False, type(e).__name__ + ": " + str(e)[:200], ""]
-        out.write(nonce + _json.dumps(res) + "\\n")
-    out.flush()
+for _rj_args in _rj_decode(bytes.fromhex(_RJ_INPUTS)):
+    if type(_rj_args) is str:  # the input did not parse (host side)
+        _rj_report(repr([False, _rj_args, ""]))
+        continue
+    try:
+        _rj_v = f(*_rj_args)
+        _rj_res = [True, _rj_canon(_rj_v), repr(_rj_v)[:400]]
+    except Exception as _rj_e:
+        _rj_res = [False, getattr(_rj_e, "rj_name", type(_rj_e).__name__) + ": "
+                   + str(_rj_e)[:200], ""]
+    _rj_report(repr(_rj_res))
 '''
 
 
 def _run_f(program: str, inputs: list[str], timeout_s: float, shown: bool = False):
     """Canonical outputs of `f` on inputs in one sandboxed run: list of (ok, value) — with
     `shown`, (ok, value, repr) where repr is what a solver is shown — or (None, reason)."""
-    nonce = "#rj" + secrets.token_hex(8) + " "
-    source = f"{program}\n\n{_HARNESS}\n_rj_main({inputs!r}, {nonce!r})\n"
-    res = sandbox.run(source, timeout_s=timeout_s)
+    args = []
+    for s in inputs:
+        try:
+            args.append(_parse("(" + s + ",)", literal=True))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
+            args.append(f"{type(e).__name__}: {str(e)[:200]}")
+    try:
+        blob = wire_enc(args)
+    except WireRefused as e:
+        return None, f"an input cannot be passed to f: {e}"
+    checker = f"_RJ_INPUTS = {blob.hex()!r}\n{_CHECKER}"
+    res, reports = sandbox.run_checked(program, checker, "f", timeout_s)
     if not res.ok:
         return None, res.reason
-    rows = [json.loads(ln[len(nonce):]) for ln in res.stdout.splitlines() if ln.startswith(nonce)]
-    if len(rows) != len(inputs):
-        return None, f"the run reported {len(rows)} of {len(inputs)} outputs"
+    if len(reports) != len(inputs):
+        return None, f"the run reported {len(reports)} of {len(inputs)} outputs"
+    rows = [ast.literal_eval(r) for r in reports]
     return [tuple(r) if shown else tuple(r[:2]) for r in rows], None
 
 

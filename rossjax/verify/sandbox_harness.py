@@ -58,7 +58,8 @@ def harness_check(spec_fd, req_fd, rep_fd, report_fd, entry, cap):
     import posix
 
     def report(line):
-        data = (line.replace("\n", " ")[:2000] + "\n").encode("utf-8", "replace")
+        line = line if line.startswith("r ") else line[:2000]
+        data = (line.replace("\n", " ") + "\n").encode("utf-8", "replace")
         while data:
             data = data[posix.write(report_fd, data):]
 
@@ -133,7 +134,7 @@ def harness_check(spec_fd, req_fd, rep_fd, report_fd, entry, cap):
         report("fail the program did not announce its functions")
         return
     ns = {"__name__": "__main__", "__builtins__": builtins,
-          "_rj_report": lambda text: report("r " + str(text))}
+          "_rj_report": lambda text: report("r " + str(text)), "_rj_decode": wire_dec}
     for n in hello[1]:
         if type(n) is str and n.isidentifier():
             ns[n] = proxy(n)
