@@ -8,12 +8,9 @@ withheld as `unverified` unless --config.unverified=keep):
     rossjax curate --config=configs/curate.py --config.input=rollouts.jsonl.gz \
         --config.output=/tmp/curated --config.verify=rerun --config.verify_workers=2
 
-Rows and masks, one curated dir per training recipe (configs/ross_sft.py `recipe`; `rossjax
-train` checks report.json's mask_mode and rows against it):
-
-    ross          --config.rows=accepted --config.mask_mode=annotated   (the defaults)
-    ross_no_mask  --config.rows=accepted --config.mask_mode=eligible
-    positive_sft  --config.rows=verifier_positive --config.mask_mode=eligible
+Rows and masks: one curated dir per training recipe, curated with the recipe's `rows` and
+`mask_mode` (the table is printed at the end of `rossjax curate --help`; the defaults are the
+`ross` recipe's); `rossjax train` checks report.json's mask_mode and rows against its recipe.
 
 `rows=accepted` keeps verifier-positive rows a reviewer accepted or revised; a row with no
 annotation was never reviewed, so it is withheld as `not_annotated` (never trained on silently by

@@ -13,7 +13,8 @@ programmatic `oracle` / `identity` / `lookup` solvers); policy mode needs a task
 `gen:arith`. Tasks follow the AZR protocol (10 inputs and a message; the solver sees 5 pairs
 and is scored on the 5 hidden inputs).
 Writes WORKDIR/eval_generator.json. Time: `:runlocal` (random tiny model, 16 tasks, oracle
-solver, K = 8) ~30 s on this CPU; 512 tasks x K = 8 with a 1.5B solver is a TPU job (minutes).
+solver, K = 8) ~30 s on this CPU; 512 tasks x K = 8 with a 1.5B solver is a TPU job
+(estimated, not measured: minutes).
 """
 
 import ml_collections

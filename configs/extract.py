@@ -13,8 +13,9 @@ Mesh: by default the batch runs data-parallel over every device (`mesh.data=-1`)
 `--config.mesh.tensor=N` to split a model too large for one chip. Single process only.
 
 Time: one forward pass per row. On this 2-core CPU a 0.5B model reads roughly 1-3k tokens/s
-(10k rows of 1k tokens: 1-3 hours); on a TPU v5e-8 (data=8, bf16) roughly 100-200k tokens/s,
-about a minute for the same 10M tokens plus ~1 minute of compilation (one per length bucket).
+(10k rows of 1k tokens: 1-3 hours); on a TPU v5e-8 (data=8, bf16) an estimate, not measured,
+is 100-200k tokens/s: a minute for the same 10M tokens plus ~1 minute of compilation (one per
+length bucket).
 
 runlocal (~20 s on this CPU): --config.model=preset:tiny_qwen2 --config.layers='(1,2)'
   --config.input=<a small JSONL with input_ids> --config.output=/tmp/acts

@@ -24,7 +24,7 @@ length is `grpo.max_new_tokens` = 512 tokens per candidate; 16 contexts x 8 cand
 Time: `:runlocal` (tiny Qwen2 from scratch, ASCII tokenizer, 4 x 4 candidates of 32 tokens, 20
 steps) ~15 s on this 2-core CPU; its reward stays ~0 (a random 0.1M model does not do
 arithmetic): it exercises the machinery. The full config (16 contexts x 8 samples x 512 tokens)
-on a ~1.5B model is a TPU job (~10-20 s per step on a v5e-8 with bf16).
+on a ~1.5B model is a TPU job (estimated, not measured: ~10-20 s per step on a v5e-8, bf16).
 
 Memory: an update holds activations for `grpo.minibatch / grpo.micro_batches` rows; at long
 completions raise `--config.grpo.micro_batches` (exact gradient accumulation: the same update for

@@ -14,7 +14,8 @@ checkpoint, or `oracle` / `identity` / `lookup` for checks). Writes labels.jsonl
 report.json into WORKDIR/label_corpus (or --config.output).
 
 Time: one sandboxed reference run per task plus K solver samples and K sandboxed checks; with a
-1.5B solver, 2k tasks x K = 8 is a TPU job (~tens of minutes, mostly sampling); the programmatic
+1.5B solver, 2k tasks x K = 8 is a TPU job (estimated, not measured: tens of minutes, mostly
+sampling); the programmatic
 solvers label ~10 tasks/s on this CPU.
 """
 

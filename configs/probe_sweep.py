@@ -16,9 +16,9 @@ heatmap_<head>.png, selected_probe/ + selected_probe.json, TensorBoard events (t
 
 Time: cells = layers x poolings x heads x balances x seeds x folds (5 with group_kfold). On this 2-core CPU a cell takes a few
 seconds for a linear head on a few thousand rows and tens of seconds for the deep MLP (the default
-grid on 3 layers x 2 stores, 10k rows: roughly 10-20 minutes). On a TPU v5e-8 the heads are too
-small to use it well: a cell is dominated by compilation (~1-2 s the first time per head), the grid
-finishes in a few minutes; the sweep runs on one device.
+grid on 3 layers x 2 stores, 10k rows: roughly 10-20 minutes). The sweep runs on one device; on
+an accelerator the heads are too small to use it well and a cell is dominated by compilation
+(estimated, not measured: ~1-2 s the first time per head, the grid in a few minutes).
 
 runlocal (~30 s on this CPU): --config.heads='("linear",)' --config.seeds='(0,)' --config.max_epochs=10
   --config.split=random

@@ -27,8 +27,9 @@ and answer per row; `rossjax inspect` shows it next to the mask), report.json (r
 failed checks and drops per stage).
 
 Time: a single-turn row costs 2 requests (proposal + audit) plus retries and repairs, an agentic
-row one per step group plus one per finding; a 32B model on one GPU answers a ~1k-token rollout
-in ~5-20 s, so ~0.5-1 row/s at concurrency 8-16. CPU side is negligible (no jax import).
+row one per step group plus one per finding; estimated, not measured: a 32B model on one GPU
+answers a ~1k-token rollout in ~5-20 s, so ~0.5-1 row/s at concurrency 8-16. CPU side is
+negligible (no jax import).
 """
 
 import ml_collections

@@ -7,17 +7,11 @@ Run:
   `configs/ross_sft.py:agentic` (65,536-token rows, 8 epochs), `:ross_no_mask`, `:positive_sft`,
   `:token_budget`, `:runlocal` (tiny random model; e.g. `--config=configs/ross_sft.py:runlocal`).
 
-Needs: a curated dir written by `rossjax curate` (ArrayRecord shards of compiled examples). The
-recipe decides how that dir must be curated — the *same* rollouts and optimizer, differing only in
-rows and mask (sft.RECIPES):
-  ross          rossjax curate --config.mask_mode=annotated   rows the reviewer accepted or revised
-                (verifier-positive), supervised where the annotation says
-  ross_no_mask  rossjax curate --config.mask_mode=eligible    the same rows, every eligible
-                (assistant) token supervised
-  positive_sft  rossjax curate --config.mask_mode=eligible --config.rows=verifier_positive
-                every verifier-positive row, reviewer drops included, every eligible token
-The trainer compares report.json's `mask_mode` and `rows` with the recipe: a mismatch stops the
-run, a report that does not record `rows` gets a note on stderr.
+Needs: a curated dir written by `rossjax curate` (ArrayRecord shards of compiled examples),
+curated with the flags of `recipe` (the same rollouts and optimizer, differing only in rows and
+mask; the table is printed at the end of `rossjax train --help`). The trainer compares
+report.json's `mask_mode` and `rows` with the recipe: a mismatch stops the run, a report that
+does not record `rows` gets a note on stderr.
 
 Batch: the paper's batch of 128 counts rollouts. `train.batch_mode="sequences"` (the default)
 makes each optimizer step exactly `global_batch` rollouts, packed into as many rows of
@@ -25,11 +19,11 @@ makes each optimizer step exactly `global_batch` rollouts, packed into as many r
 and Eq. 4 divides by the step's supervised tokens. `:token_budget` (batch_mode="token_budget")
 instead fills `global_batch` packed rows of seq_len tokens per step, however many rollouts fit.
 
-Time: `:runlocal` ~20 s on this 2-core CPU (5 steps on test-sized data; compilation dominates).
-The paper recipe (128 rollouts a step, 32,768-token rows, 3 epochs) on a ~1.5B model is a TPU
-job: 10k rollouts of ~8k tokens make 79 steps an epoch; one step is 6 x 1.5e9 x ~1M tokens ~
-9.4e15 FLOPs, ~15 s on a v5e-8 (bf16, full remat, ~40% MFU), so ~1 hour for 3 epochs.
-On this CPU the paper recipe is infeasible; use `:runlocal` or a preset-sized model.
+Time: `:runlocal` trains a tiny random model in seconds on a CPU (compilation dominates). The
+paper recipe (128 rollouts a step, 32,768-token rows, 3 epochs) on a ~1.5B model is a TPU job;
+an estimate, not a measurement: 10k rollouts of ~8k tokens make 79 steps an epoch, a step is
+6 x 1.5e9 x ~1M tokens ~ 9.4e15 FLOPs, which at an assumed 40% MFU on a v5e-8 (bf16, full remat)
+is ~15 s, so ~1 hour for 3 epochs (`rossjax bench model --device` measures a real chip).
 """
 
 import ml_collections

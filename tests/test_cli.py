@@ -244,3 +244,21 @@ def test_configs_import_each_other_as_rossjax_configs():
     for c in (azr, math):
         c.pop("run_name"), c["data"].pop("tasks"), c["reward"]["probe"].pop("validity")
     assert azr == math
+
+
+def test_the_recipe_table_is_generated_for_help_and_matches_the_readme(capsys):
+    """One recipe table: rossjax/defaults.py's RECIPES, printed by `train|curate --help` and
+    carried verbatim by README.md; the trainer's check reads the same dict."""
+    from rossjax.defaults import RECIPES, recipe_table
+    from rossjax.train import sft
+
+    table = recipe_table()
+    assert sft.RECIPES is RECIPES and set(RECIPES) == {"ross", "ross_no_mask", "positive_sft"}
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert table.replace("\n", "\n  ") in readme, "README's recipe table is not recipe_table()"
+    for name, r in RECIPES.items():
+        assert f"| `{name}` | `--config.rows={r['rows']} --config.mask_mode={r['mask_mode']}` |" in table
+    for command in ("train", "curate"):
+        assert cli.main([command, "--help"]) == 0
+        assert table in capsys.readouterr().out
+    assert cli.main(["select", "--help"]) == 0 and table not in capsys.readouterr().out

@@ -59,6 +59,16 @@ USER_ERRORS = (InputError, FileNotFoundError, PermissionError, IsADirectoryError
 # running on a default input into a default folder.
 RUN_WITHOUT_ARGUMENTS = ("demo",)
 
+# Commands whose --help ends with the SFT recipe table (rossjax/defaults.py, no jax).
+RECIPE_HELP = ("train", "curate")
+
+
+def recipe_help() -> str:
+    from rossjax.defaults import recipe_table
+
+    return ("SFT recipes (config.recipe of `rossjax train`; curate a training dir with the "
+            "recipe's flags, the trainer checks its report.json):\n\n" + recipe_table())
+
 
 def _one_sentence(e: BaseException) -> str:
     if isinstance(e, OSError) and e.filename is not None:
@@ -86,7 +96,7 @@ def main(argv=None) -> int:
     try:
         return int(mod.main(rest) or 0)
     except HelpRequested as h:
-        print(f"{usage}\n\n{h.text}")
+        print(f"{usage}\n\n{h.text}" + (f"\n\n{recipe_help()}" if name in RECIPE_HELP else ""))
         return 0
     except USER_ERRORS as e:
         print(f"rossjax {name}: {_one_sentence(e)}", file=sys.stderr)
