@@ -130,13 +130,18 @@ def _build_root(p, program, uid):
     return "/sandbox"
 
 
-def _scratch_tmpfs(p, program):
+def _scratch_tmpfs(p, program, layers):
     """In a user namespace: the scratch dir becomes a size-limited tmpfs (total disk cap)."""
     lim = p["limits"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("rossjax-scratch", p["work"], "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={lim['disk_bytes']},nr_inodes={lim['files']},mode=700")
     _put_program(p["work"] + "/main.py", program, None)
+    try:  # a /proc of the new pid namespace: no host process is visible
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        layers.append("proc")
+    except OSError:
+        pass  # e.g. a container whose /proc is partly masked: Landlock still denies it
     return p["work"]
 
 
@@ -400,8 +405,8 @@ def _p1(ns):
         scratch = _build_root(P, program, uid)
         layers += ["mountns", "rootfs", "scratch-tmpfs"]
     elif ns == "user":
-        scratch = _scratch_tmpfs(P, program)
         layers += ["mountns", "scratch-tmpfs"]
+        scratch = _scratch_tmpfs(P, program, layers)
     else:
         scratch = P["work"]
         _put_program(scratch + "/main.py", program, uid)

@@ -1,0 +1,103 @@
+"""Runs sandbox attacks in one mode and reports what happened (tests/test_faults_sandbox.py).
+
+    python tests/sandbox_worker.py SPEC.json OUT.json
+
+SPEC: {"attacks": {name: {"kind": "run"|"tests"|"kill_host", "program": src, "tests": src,
+"limits": {...}}}}. Programs may use {SECRET}, {VICTIM}, {VICTIM_PID}, {HOST_PID}: a
+world-readable file holding a token, a path the attack must not create, the pid of a sleeping
+process of this worker's uid and this worker's pid. OUT: per attack the sandbox's verdict and
+what the host saw afterwards (token seen in the output, victim file created, victim process
+alive). Run as root it is the root mode; as an unprivileged uid, Landlock (or rlimits only).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from rossjax.verify import sandbox
+from rossjax.verify.sandbox import Limits
+
+
+def sandbox_pids(marker: str) -> list[int]:
+    """Live processes whose command line contains `marker` (a sandbox's base dir)."""
+    out = []
+    for e in os.scandir("/proc"):
+        if not e.name.isdigit() or int(e.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{e.name}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{e.name}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmd and b"-c" not in cmd.split(b"\0")[:2] and state != "Z":
+            out.append(int(e.name))
+    return out
+
+
+def kill_host(program: str, limits: dict, want: int) -> dict:
+    """Start a host process running `program` in the sandbox, wait until `want` sandbox processes
+    exist, SIGKILL the host, and count the sandbox's processes still alive 3 s later."""
+    tmp = tempfile.mkdtemp(prefix="rj-host-", dir=os.environ.get("TMPDIR"))
+    code = ("import sys\nfrom rossjax.verify import sandbox\n"
+            f"sandbox.run(sys.argv[1], timeout_s=30, limits=sandbox.Limits(**{limits!r}))\n")
+    host = subprocess.Popen([sys.executable, "-c", code, program], env={**os.environ, "TMPDIR": tmp})
+    marker = os.path.join(tmp, "rossjax-sandbox-")
+    deadline, seen = time.monotonic() + 20, []
+    while time.monotonic() < deadline and len(seen) < want:
+        seen = sandbox_pids(marker)
+        time.sleep(0.05)
+    host.kill()
+    host.wait()
+    deadline, left = time.monotonic() + 3, seen
+    while time.monotonic() < deadline and left:
+        time.sleep(0.05)
+        left = sandbox_pids(marker)
+    return {"seen": len(seen), "left": len(left)}
+
+
+def main(spec_path: str, out_path: str):
+    with open(spec_path) as f:
+        spec = json.load(f)
+    home = tempfile.mkdtemp(prefix="rj-worker-", dir=os.environ.get("TMPDIR"))
+    os.chmod(home, 0o755)
+    token = os.urandom(8).hex()
+    secret = os.path.join(home, "secret.txt")
+    with open(secret, "w") as f:
+        f.write(f"TOKEN-{token}\n")
+    os.chmod(secret, 0o644)
+    results = {}
+    for name, a in spec["attacks"].items():
+        victim = os.path.join(home, f"victim-{name}")
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                    f"TOKEN-{token}"])
+        src = (a["program"].replace("{SECRET}", secret).replace("{VICTIM}", victim)
+               .replace("{VICTIM_PID}", str(sleeper.pid)).replace("{HOST_PID}", str(os.getpid())))
+        lim = Limits(**a.get("limits", {}))
+        if a["kind"] == "kill_host":
+            res = kill_host(src, a.get("limits", {}), a.get("want", 3))
+        elif a["kind"] == "tests":
+            v = sandbox.run_tests(src, a["tests"], a.get("entry", "add"), timeout_s=a.get("timeout", 5),
+                                  limits=lim)
+            res = {"passed": v.passed, "reason": v.evidence}
+        else:
+            r = sandbox.run(src, timeout_s=a.get("timeout", 5), limits=lim)
+            res = {"ok": r.ok, "reason": r.reason, "stdout": r.stdout[-2000:],
+                   "stderr": r.stderr[-2000:], "isolation": r.isolation,
+                   "token_seen": token in r.stdout + r.stderr}
+        res["victim_created"] = os.path.exists(victim)
+        res["victim_alive"] = sleeper.poll() is None
+        sleeper.send_signal(signal.SIGKILL)
+        sleeper.wait()
+        results[name] = res
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
