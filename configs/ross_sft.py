@@ -37,6 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.recipe = "ross"
     c.workdir = ""  # --workdir wins
+    c.resume_changes = ""  # FIELD,...: config fields a resumed run may change (train/resume.py)
 
     c.model = ml_collections.ConfigDict()
     c.model.path = ""     # HF folder (config.json), orbax params export (model_config.json), or ""

@@ -73,6 +73,7 @@ def grpo_config() -> mlc.ConfigDict:
     here; `rossjax.train.grpo_config.check_config` checks a filled-in one)."""
     c = mlc.ConfigDict()
     c.workdir = ""
+    c.resume_changes = ""  # FIELD,...: config fields a resumed run may change (train/resume.py)
     c.run_name = "grpo"
     c.tokenizer = "qwen"       # load_tokenizer spec, or "ascii" (written to WORKDIR/tokenizer)
     c.template = "chatml"

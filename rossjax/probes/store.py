@@ -2,8 +2,12 @@
 
 Store layout (a directory): activations.zarr [n, len(layers), d] float32, ids.json (row order),
 done.bits (packed bitmap of finished rows, replaced atomically after each written batch) and
-manifest.json, whose `complete` flag is set last. A killed run resumes from done.bits; a store
-whose manifest is not complete is refused by `open_store`, so it is never read as finished.
+manifest.json, whose `complete` flag is set last, together with `files`: the size and sha256 of
+every file of activations.zarr and of ids.json. A killed run resumes from done.bits; a store
+whose manifest is not complete is refused by `open_store`, so it is never read as finished, and
+`open_store` verifies the checksums (a changed chunk file is one sentence naming it). While
+`rossjax extract` writes a store it holds the folder's run.lock (rossjax/runlock.py): a second
+extract into the same folder is refused, naming the first one's host and pid.
 Extraction also writes TensorBoard events (tb/) and metrics.jsonl into the store directory:
 rows/s, tokens/s and the padding share of the forward batches.
 """
@@ -15,12 +19,17 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 
 import numpy as np
 
+from rossjax import checksums, runlock
 from rossjax.errors import ConfigError, InputError, read_json
 from rossjax.probes import activations
+
+# manifest fields that are not the store's settings (a resumed store compares the rest)
+_STATUS = ("complete", "files")
 
 
 def _store_paths(d):
@@ -36,6 +45,14 @@ def _atomic_write(path: str, data: bytes):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _file_digests(out_dir) -> dict:
+    """{path in the store: [size, sha256]} of the array's files and the id list."""
+    paths = _store_paths(out_dir)
+    files = {f"activations.zarr/{k}": v for k, v in checksums.digest_folder(paths["array"]).items()}
+    files["ids.json"] = [os.path.getsize(paths["ids"]), checksums.file_sha256(paths["ids"])]
+    return files
 
 
 def _ids_digest(ids) -> str:
@@ -84,54 +101,60 @@ def write_store(out_dir, cfg, params, ids, token_lists, layers, pooling="mean", 
         os.remove(probe_file)
     except OSError as e:
         raise InputError(f"{out_dir}: the activation store directory is not writable ({e.strerror}).") from None
-    done = np.zeros(n, bool)
-    if os.path.exists(paths["manifest"]):
-        old = read_json(paths["manifest"], "activation store manifest")
-        same = {k: v for k, v in old.items() if k != "complete"} == \
-               {k: v for k, v in json.loads(json.dumps(manifest)).items() if k != "complete"}
-        if not same:
-            raise InputError(f"{paths['manifest']}: an existing store was written with other settings "
-                             "(model, layers, pooling or ids); use a new output directory.")
-        if old["complete"]:
-            return old
-        if os.path.exists(paths["done"]):
-            done = np.unpackbits(np.frombuffer(open(paths["done"], "rb").read(), np.uint8))[:n].astype(bool)
-        arr = ts.open(_ts_spec(paths["array"]), open=True).result()
-    else:
-        need = int(np.prod(shape)) * 4
-        free = shutil.disk_usage(out_dir).free
-        if need > free:
-            raise InputError(f"{out_dir}: the activation store needs {need} bytes but the disk has "
-                             f"{free} free.")
-        try:
-            arr = ts.open(_ts_spec(paths["array"], shape), create=True, delete_existing=True).result()
-            _atomic_write(paths["ids"], json.dumps(ids).encode())
-            _atomic_write(paths["manifest"], json.dumps(manifest, indent=1).encode())
-        except (OSError, ValueError) as e:
-            raise InputError(f"{out_dir}: could not create the activation store ({e}).") from None
-    bar = tqdm(total=n, initial=int(done.sum()), desc="extract", unit="row", disable=not progress)
-    writer = MetricsWriter(out_dir)
-    rate = _Rate(writer, bar)
+    lock = runlock.acquire(out_dir, "rossjax extract")  # one writer per store at a time
     try:
-        for rows, acts, padded in activations.iter_extract(
-                cfg, params, token_lists, layers, pooling, turn_spans, turn_pooling=turn_pooling,
-                batch_tokens=batch_tokens, skip=done, partitioner=partitioner, mesh=mesh, rules=rules,
-                with_padding=True):
+        done = np.zeros(n, bool)
+        if os.path.exists(paths["manifest"]):
+            old = read_json(paths["manifest"], "activation store manifest")
+            same = {k: v for k, v in old.items() if k not in _STATUS} == \
+                   {k: v for k, v in json.loads(json.dumps(manifest)).items() if k not in _STATUS}
+            if not same:
+                raise InputError(f"{paths['manifest']}: an existing store was written with other settings "
+                                 "(model, layers, pooling or ids); use a new output directory.")
+            if old["complete"]:
+                return old
+            if os.path.exists(paths["done"]):
+                done = np.unpackbits(np.frombuffer(open(paths["done"], "rb").read(), np.uint8))[:n].astype(bool)
+            arr = ts.open(_ts_spec(paths["array"]), open=True).result()
+        else:
+            need = int(np.prod(shape)) * 4
+            free = shutil.disk_usage(out_dir).free
+            if need > free:
+                raise InputError(f"{out_dir}: the activation store needs {need} bytes but the disk has "
+                                 f"{free} free.")
             try:
-                arr.oindex[rows] = acts  # the write completes (or raises) before `done` moves
-                done[rows] = True
-                _atomic_write(paths["done"], np.packbits(done).tobytes())
+                arr = ts.open(_ts_spec(paths["array"], shape), create=True, delete_existing=True).result()
+                _atomic_write(paths["ids"], json.dumps(ids).encode())
+                _atomic_write(paths["manifest"], json.dumps(manifest, indent=1).encode())
             except (OSError, ValueError) as e:
-                raise InputError(f"{out_dir}: writing activations failed ({e}); rerun to resume.") from None
-            bar.update(len(rows))
-            rate.add(int(done.sum()), len(rows), sum(len(token_lists[i]) for i in rows), padded)
-        rate.flush(int(done.sum()), force=True)
+                raise InputError(f"{out_dir}: could not create the activation store ({e}).") from None
+        bar = tqdm(total=n, initial=int(done.sum()), desc="extract", unit="row", disable=not progress)
+        writer = MetricsWriter(out_dir)
+        rate = _Rate(writer, bar)
+        try:
+            for rows, acts, padded in activations.iter_extract(
+                    cfg, params, token_lists, layers, pooling, turn_spans, turn_pooling=turn_pooling,
+                    batch_tokens=batch_tokens, skip=done, partitioner=partitioner, mesh=mesh, rules=rules,
+                    with_padding=True):
+                try:
+                    arr.oindex[rows] = acts  # the write completes (or raises) before `done` moves
+                    done[rows] = True
+                    _atomic_write(paths["done"], np.packbits(done).tobytes())
+                except (OSError, ValueError) as e:
+                    raise InputError(f"{out_dir}: writing activations failed ({e}); rerun to resume.") from None
+                bar.update(len(rows))
+                rate.add(int(done.sum()), len(rows), sum(len(token_lists[i]) for i in rows), padded)
+            rate.flush(int(done.sum()), force=True)
+        finally:
+            bar.close()
+            writer.close()
+        manifest["files"] = _file_digests(out_dir)
+        manifest["complete"] = True
+        _atomic_write(paths["manifest"], json.dumps(manifest, indent=1).encode())  # last: marks finished
+        return manifest
     finally:
-        bar.close()
-        writer.close()
-    manifest["complete"] = True
-    _atomic_write(paths["manifest"], json.dumps(manifest, indent=1).encode())  # last: marks finished
-    return manifest
+        if lock is not None:
+            lock.release()
 
 
 class _Rate:
@@ -189,6 +212,11 @@ def open_store(path) -> ActivationStore:
     if not manifest.get("complete"):
         raise InputError(f"{path}: the activation store is unfinished (manifest 'complete' is false); "
                          "rerun `rossjax extract` to resume it.")
+    if "files" in manifest:
+        checksums.verify_folder(path, manifest["files"], what=f"activation store {path}")
+    else:
+        print(f"rossjax: note: activation store {path} has no checksums (written by an older "
+              f"rossjax); its files are not verified.", file=sys.stderr)
     ids = read_json(paths["ids"], "activation store id list")
     if _ids_digest(ids) != manifest["ids_sha256"] or len(ids) != manifest["n"]:
         raise InputError(f"{paths['ids']}: field 'ids' does not match the manifest's ids digest.")

@@ -48,6 +48,7 @@ from rossjax.train import (
     grpo_losses,
     grpo_step,
     history,
+    resume,
     rollout,
     workdir as workdir_lib,
 )
@@ -101,6 +102,9 @@ class Loop:
         self.ckpt = ckpt_lib.Checkpointer(ckpt_dir, save_every=cfg.checkpoint.save_every,
                                           keep=cfg.checkpoint.keep,
                                           async_save=cfg.checkpoint.async_save)
+        resume.check(workdir, cfg, "grpo", resuming=self.ckpt.latest_step() is not None,
+                     data=resume.tasks_fingerprint(cfg.data.tasks), data_field="data.tasks",
+                     lead=self.lead)
         self.pending = None   # the next step's batch, sampled ahead with async_sampling
         self.metrics: dict = {}
         self.R = None
@@ -118,9 +122,8 @@ class Loop:
         if lead:
             workdir_lib.save_config(self.workdir, cfg)
         hist_path = os.path.join(self.workdir, "history.jsonl")
-        self.start_step = self.ckpt.latest_step()
+        self.start_step, self.state, ds = self.ckpt.restore_latest(R.abstract_state(), "grpo")  # a damaged step: falls back
         if self.start_step is not None:
-            self.state, ds = self.ckpt.restore(self.start_step, R.abstract_state())
             self.source.set_state({"index": ds["tasks_index"]})
             self.hist = history.HistoryWriter(hist_path, resume_bytes=ds["history_bytes"], enabled=lead)
         else:
@@ -245,6 +248,7 @@ class Loop:
         cur, get_cpu = self.collect(step, params, timer)
         sc = self.score(cur, get_cpu, params, timer)
         ums = self.update(step, sc.full, timer)
+        self.ckpt.check_resumed_step(step, ums[0]["loss"], "grpo")  # a resume's first step: finite?
         self.metrics = self.record(step + 1, sc, ums, timer, t_step)
         return self.metrics
 
@@ -285,15 +289,16 @@ def run(cfg, workdir: str, *, cpu_scorer=None, step_cache=STEP_CACHE) -> dict:
     benchmark's chosen-cost reward). `step_cache` keeps compiled steps for the next run in
     this process with the same settings (a `StepCache`; the default is shared). Returns the
     final state, last metrics, tokenizer spec, history path and the run's model/step holder."""
-    loop = Loop(cfg, workdir, cpu_scorer, step_cache)
-    try:
-        if loop.complete is not None:  # nothing to run: the last logged metrics
-            return {"state": None, "metrics": (read_metrics(workdir) or [{}])[-1],
-                    "tokenizer": None, "history": os.path.join(workdir, "history.jsonl"),
-                    "run": None, "complete": True, "step": loop.complete}
-        loop.start()
-        loop.fit()
-    finally:
-        loop.close()
+    with workdir_lib.unlock_at_end(workdir):  # the workdir lock Loop takes, however it ends
+        loop = Loop(cfg, workdir, cpu_scorer, step_cache)
+        try:
+            if loop.complete is not None:  # nothing to run: the last logged metrics
+                return {"state": None, "metrics": (read_metrics(workdir) or [{}])[-1],
+                        "tokenizer": None, "history": os.path.join(workdir, "history.jsonl"),
+                        "run": None, "complete": True, "step": loop.complete}
+            loop.start()
+            loop.fit()
+        finally:
+            loop.close()
     return {"state": loop.state, "metrics": loop.metrics, "tokenizer": loop.R.tok_spec,
             "history": os.path.join(workdir, "history.jsonl"), "run": loop.R}

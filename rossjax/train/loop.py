@@ -30,6 +30,7 @@ from rossjax.train import (
     export as export_lib,
     metrics as metrics_lib,
     optim,
+    resume,
     sft,
     trainable as trainable_lib,
     workdir as workdir_lib,
@@ -149,6 +150,8 @@ class Trainer:
         self.ckpt = ckpt_lib.Checkpointer(ckpt_dir, save_every=cfg.checkpoint.save_every,
                                           keep=cfg.checkpoint.keep,
                                           async_save=cfg.checkpoint.async_save)
+        resume.check(workdir, cfg, "train", resuming=self.ckpt.latest_step() is not None, lead=lead,
+                     data=resume.curated_fingerprint(self.plan.train_paths), data_field="data.train")
         self.part = sharding.partitioner_from_config(cfg)
         # config.lora.enabled: the state trains LoRA adapters; the base is loaded frozen.
         self.trainable = trainable_lib.Trainable(cfg, self.part)
@@ -186,10 +189,9 @@ class Trainer:
         fresh state from the configured model. A LoRA run loads its frozen base either way."""
         t = self.trainable
         self.base = t.load_weights() if t.lora is not None else None
-        start = self.ckpt.latest_step()
+        start, state, data_state = self.ckpt.restore_latest(  # a damaged step: falls back
+            t.abstract_state(self.optimizer, self.shardings), "train")
         if start is not None:
-            state, data_state = self.ckpt.restore(start, t.abstract_state(self.optimizer,
-                                                                          self.shardings))
             if data_state is not None:
                 self.it.set_state(data_state)
             return start, state
@@ -237,6 +239,7 @@ class Trainer:
         batch = data_lib.to_global(local, self.batch_shard, p.global_rows)
         self.state, metrics = self.step_fn(self.state, batch)
         m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        self.ckpt.check_resumed_step(step, m["loss"], "train")  # a resume's first step: finite?
         self.thr.add(m["tokens"], m["supervised_tokens"])
         if m["bad_steps"] >= cfg.train.max_bad_steps:
             raise Diverged(f"stopped at step {step + 1}: {int(m['bad_steps'])} steps in a row "
@@ -294,11 +297,12 @@ class Trainer:
 def run(cfg, workdir: str) -> dict:
     """`rossjax train`: returns {"step", "stopped", **the last step's metrics}; for a workdir
     already trained to its last step also "complete": True (and its last logged metrics)."""
-    trainer = Trainer(cfg, workdir)
-    try:
-        if trainer.complete is not None:
-            last = (read_metrics(workdir) or [{}])[-1]
-            return {**last, "step": trainer.complete, "stopped": False, "complete": True}
-        return trainer.fit()
-    finally:
-        trainer.close()
+    with workdir_lib.unlock_at_end(workdir):  # the workdir lock Trainer takes, however it ends
+        trainer = Trainer(cfg, workdir)
+        try:
+            if trainer.complete is not None:
+                last = (read_metrics(workdir) or [{}])[-1]
+                return {**last, "step": trainer.complete, "stopped": False, "complete": True}
+            return trainer.fit()
+        finally:
+            trainer.close()

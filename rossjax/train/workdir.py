@@ -1,11 +1,13 @@
 """A run's workdir before step 1 (shared by `rossjax train` and `rossjax grpo`): is it writable,
-is there room for a checkpoint, stale temporary checkpoint folders of a killed save removed, and
-the run's full config written beside the checkpoints (config.json, and config.py that `--config=`
-reads back). Paths go through etils.epath, so a workdir may be `gs://...`.
+is it free (locked for this run: rossjax/runlock.py), is there room for a checkpoint, stale
+temporary checkpoint folders of a killed save removed, and the run's full config written beside
+the checkpoints (config.json, and config.py that `--config=` reads back). Paths go through
+etils.epath, so a workdir may be `gs://...`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pprint
@@ -15,6 +17,7 @@ import sys
 
 from etils import epath
 
+from rossjax import runlock
 from rossjax.errors import InputError
 from rossjax.monitor import is_remote
 
@@ -82,9 +85,46 @@ def clean_stale(checkpoint_dir) -> list[str]:
     return gone
 
 
+def lock(workdir, command: str, *, lead: bool):
+    """Lock the workdir for this run (process 0 holds the lock for a multi-host job; every
+    process stops when it is refused). LockHeld names the holder's host and pid."""
+    import jax
+
+    refused = None
+    if lead:
+        try:
+            runlock.hold(workdir, f"rossjax {command}")
+        except runlock.LockHeld as e:
+            refused = e
+    if jax.process_count() > 1:
+        from rossjax.train.checkpoint import any_process
+
+        if any_process(refused is not None) and refused is None:
+            raise runlock.LockHeld(f"--workdir {workdir} is in use by another run (process 0's "
+                                   f"log names it).")
+    if refused is not None:
+        raise refused
+
+
+def release(workdir):
+    """Release this process's lock on the workdir (after the run's last write)."""
+    runlock.release(os.fspath(workdir))
+
+
+@contextlib.contextmanager
+def unlock_at_end(workdir):
+    """Releases the lock a run's set-up took however the run ends (also a failed set-up)."""
+    try:
+        yield
+    finally:
+        release(workdir)
+
+
 def prepare(workdir, command: str, checkpoint_dir, *, lead: bool):
-    """The checks that need no model: writable workdir, stale temporary checkpoints removed."""
+    """The checks that need no model: writable workdir, locked for this run, stale temporary
+    checkpoints (of a dead run, never of a live one: the lock comes first) removed."""
     check_writable(workdir, command)
+    lock(workdir, command, lead=lead)
     if lead:
         gone = clean_stale(checkpoint_dir)
         if gone:
@@ -96,6 +136,8 @@ def save_config(workdir, cfg):
     """WORKDIR/config.json (the full config, overrides applied) and WORKDIR/config.py, which
     `--config=WORKDIR/config.py` reads back to rerun or inspect the run."""
     d = cfg.to_dict()
+    if "resume_changes" in d:  # an acceptance is for the run that gave it (train/resume.py)
+        d["resume_changes"] = ""
     root = epath.Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps(d, indent=1, sort_keys=True, default=str) + "\n")
