@@ -130,6 +130,7 @@ class _Host:
             elif os.path.isdir(d):
                 libs.add(d)
         self.ro_dirs = _outermost(prefixes | libs | set(zone))
+        self.hidden = any(_hidden_ancestor(p) for p in prefixes)
         self.read_roots = sorted(self.ro_dirs)
         with open(os.path.join(_HERE, "sandbox_boot.py"), encoding="utf-8") as f:
             boot = f.read()
@@ -188,6 +189,16 @@ class _Host:
             with self.lock:
                 self.free.append(uid)
         # else: processes of this uid outlived SIGKILL; the slot stays held, never reused.
+
+
+def _hidden_ancestor(path: str) -> str | None:
+    """The first directory on `path` that others cannot enter (e.g. /root), or None."""
+    cur = "/"
+    for part in path.strip("/").split("/"):
+        cur = os.path.join(cur, part)
+        if not os.stat(cur).st_mode & stat.S_IXOTH:
+            return cur
+    return None
 
 
 def _outermost(paths) -> list[str]:
@@ -310,6 +321,7 @@ def _run(program, stdin, timeout_s, lim, checker, entry, prefix):
             "ro_dirs": host.ro_dirs, "links": host.links, "read_roots": host.read_roots,
             "hook_reads": host.hook_reads, "allow_fork": lim.allow_fork, "audit": lim.audit,
             "landlock": lim.landlock, "namespaces": lim.namespaces, "host_pid": os.getpid(),
+            "hidden": host.hidden,
             "status_fd": status_w, "report_fd": report_w, "checked": checker is not None,
             "entry": entry, "cap": _REPLY_CAP,
             "limits": {"cpu_s": int(lim.cpu_s or math.ceil(timeout_s)),

@@ -236,14 +236,14 @@ def _keep_fds(keep):
 def _confine(uid, keep, write, ns, ll_abi):
     """A child's own walls, in an order where each step still has the rights it needs."""
     _keep_fds(keep)
-    _limit(P["limits"], uid)
-    if ns == "user":
-        _drop_caps()
-    if ll_abi:
+    if ll_abi:  # before the uid change: the rules' paths are opened with the current rights
         _landlock(ll_abi, P["read_roots"], write,
                   ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"))
     else:
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    _limit(P["limits"], uid)
+    if ns == "user":
+        _drop_caps()
     _prctl(PR_SET_PDEATHSIG, 9)  # after the uid change, which clears it
 
 
@@ -409,6 +409,8 @@ def _p1(ns):
         scratch = _scratch_tmpfs(P, program, layers)
     else:
         scratch = P["work"]
+        if P["hidden"]:  # root without namespaces: a uid could not reach the interpreter
+            uid = cuid = None
         _put_program(scratch + "/main.py", program, uid)
         if uid is not None:
             os.chown(scratch, uid, uid)
