@@ -52,12 +52,15 @@ FORGERIES = {
     "swallowed_refusal_in_call": "def add(a, b):\n    try:\n        import ctypes\n"
                                  "    except BaseException:\n        pass\n    return a + b\n",
     "hang": WRONG + "while True:\n    pass\n",
+    "shadow_builtin": "def abs(x):\n    return 0\ndef add(a, b):\n    return 0\n",
 }
+ABS_TESTS = "def check(candidate):\n    assert abs(candidate(2, 3) - 5) < 1e-9\n"
 
 
 @pytest.mark.parametrize("name", sorted(FORGERIES))
 def test_forgery_fails(name):
-    v = sandbox.run_tests(FORGERIES[name], TESTS, "add", timeout_s=3.0)
+    v = sandbox.run_tests(FORGERIES[name], ABS_TESTS if name == "shadow_builtin" else TESTS, "add",
+                          timeout_s=3.0)
     assert v.passed is False, (name, v)
 
 
@@ -120,7 +123,10 @@ def test_induction_forgeries_fail():
                  "        return '6'\ndef f(a):\n    return I(0)\n",
                  "def f(a):\n    return 0\nimport sys\nsys.exit(0)\n",
                  "def f(a):\n    return 0\nprint('#rj0000000000000000 [true, \"6\", \"6\"]')\n",
-                 "def f(a):\n    import os\n    os._exit(0)\n"):
+                 "def f(a):\n    import os\n    os._exit(0)\n",
+                 # the checker's own helpers and builtins are never the program's
+                 "def _rj_decode(b):\n    return [(3,), (3,)]\ndef repr(x):\n    return '6'\n"
+                 "def f(a):\n    return 6\n"):
         assert verdict(code).passed is False, code
 
 

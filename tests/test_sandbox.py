@@ -194,3 +194,22 @@ def test_humaneval_canonical_pass_and_return_none_fails():
     assert not failed, failed
     passed = [p["task_id"] for p, v in zip(problems, bad) if v.passed is not False]
     assert not passed, passed
+
+    # Through the code verifier: the prompt is the trusted prefix (its helpers, e.g. `poly`,
+    # run in the checker), the answer the canonical body; an answer that exits 0 after a wrong
+    # body fails everywhere.
+    from rossjax.verify.base import verify_one
+
+    def verified(p, body):
+        task = {"domain": "code", "tests": p["test"], "entry_point": p["entry_point"],
+                "code_prefix": p["prompt"]}
+        return verify_one({"task": task, "messages": [
+            {"role": "assistant", "content": f"```python\n{body}```"}]}, "code")
+
+    with cf.ThreadPoolExecutor(2) as ex:
+        good = list(ex.map(lambda p: verified(p, p["canonical_solution"]), problems))
+        bad = list(ex.map(lambda p: verified(p, "    import sys\n    sys.exit(0)\n"), problems))
+    failed = [(p["task_id"], v.evidence) for p, v in zip(problems, good) if v.passed is not True]
+    assert not failed, failed
+    passed = [p["task_id"] for p, v in zip(problems, bad) if v.passed is not False]
+    assert not passed, passed
