@@ -18,13 +18,20 @@ The upstream RL run of ROSS (its history is what ROSS relearns), with the paper'
 Dr. GRPO advantages r - mean(group) (no std), weight decay 0.1, the IcePop correction on
 (`is_mode=token, is_how=mask`: tokens whose trainer/sampler probability ratio leaves the two-sided
 band [is_low, is_high] = [0.5, 2.0] get no gradient), and `grpo.minibatches=4` updates per step
-so that the later minibatches are off-policy and the clipped surrogate can bind. The response
-length is `grpo.max_new_tokens` = 512 tokens per candidate; 16 contexts x 8 candidates a step.
+so that the later minibatches are off-policy and the clipped surrogate can bind. The batch is
+the paper's: 128 prompts x 8 rollouts = 1,024 candidates a step, updated in `grpo.minibatches=4`
+minibatches of 256 (the paper's update batch), with asynchronous rollouts on
+(`grpo.async_sampling=True`: the next step's batch is sampled while this step's rewards and
+updates run, one step off-policy, which IcePop's band corrects; it excludes
+`grpo.dynamic_sampling`). rossjax's asynchronous rollouts are this one-step-ahead pipelining on
+the same devices, not a separate rollout fleet (docs/deviations.md). The response length is
+`grpo.max_new_tokens` = 512 tokens per candidate.
 
 Time: `:runlocal` (tiny Qwen2 from scratch, ASCII tokenizer, 4 x 4 candidates of 32 tokens, 20
 steps) ~15 s on this 2-core CPU; its reward stays ~0 (a random 0.1M model does not do
-arithmetic): it exercises the machinery. The full config (16 contexts x 8 samples x 512 tokens)
-on a ~1.5B model is a TPU job (estimated, not measured: ~10-20 s per step on a v5e-8, bf16).
+arithmetic): it exercises the machinery; it samples synchronously (a resumed run is bit-exact).
+The full config (128 contexts x 8 samples x 512 tokens) on a ~1.5B model is a TPU job
+(estimated, not measured: ~1.5-3 min per step on a v5e-8, bf16: 8x the tokens of 16 contexts).
 
 Memory: an update holds activations for `grpo.minibatch / grpo.micro_batches` rows; at long
 completions raise `--config.grpo.micro_batches` (exact gradient accumulation: the same update for
@@ -42,15 +49,17 @@ def get_config(arg: str | None = None):
     c.reward.functions = ("verifier",)
     c.reward.weights = (1.0,)
     c.grpo.steps = 500
-    c.grpo.contexts = 16
-    c.grpo.group_size = 8
+    c.grpo.contexts = 128            # prompts a step
+    c.grpo.group_size = 8            # rollouts per prompt
+    c.grpo.async_sampling = True     # asynchronous rollouts: sample step t+1 during step t
     c.grpo.max_new_tokens = 512
     c.grpo.advantages = "mean"       # Dr. GRPO: r - mean(group)
-    c.grpo.minibatches = 4           # updates per step (num_iterations passes of these)
+    c.grpo.minibatches = 4           # 1,024 rows / 4 = update batch 256 (num_iterations passes)
     c.grpo.is_mode, c.grpo.is_how = "token", "mask"   # IcePop
     c.grpo.is_low, c.grpo.is_high = 0.5, 2.0          # its two-sided band
     c.optim.peak_lr = c.optim.end_lr = 1e-6
     c.optim.weight_decay = 0.1
     if "runlocal" in variants:
         common.runlocal_grpo(c, steps=20, max_new_tokens=32, save_every=10)
+        c.grpo.async_sampling = False   # small and bit-exact on resume
     return c
