@@ -64,6 +64,18 @@ def test_forgery_fails(name):
     assert v.passed is False, (name, v)
 
 
+@pytest.mark.parametrize("program", [
+    GOOD, "add = lambda a, b: a + b\n",
+    "import functools\n@functools.lru_cache(maxsize=None)\ndef add(a, b):\n    return a + b\n",
+    "def add(a, b):\n    if a < 0:\n        raise ValueError('x')\n    return a + b\n",
+])
+def test_correct_programs_pass(program):
+    tests = TESTS.replace("    assert candidate(-1, 1) == 0\n", "") + (
+        "    try:\n        candidate(-1, 0)\n    except ValueError:\n        pass\n")
+    v = sandbox.run_tests(program, tests, "add")
+    assert v.passed is True, (program, v)
+
+
 def test_refusal_reasons_are_named():
     v = sandbox.run_tests(FORGERIES["close_stderr_hides_refusal"], TESTS, "add")
     assert v.evidence.startswith("sandbox_violation") and "hidden" in v.evidence, v

@@ -29,8 +29,9 @@ if TYPE_CHECKING:  # in the sandbox these names come from sandbox_wire.py's text
 
 
 def harness_serve(main_dict, req_fd, rep_fd, cap):
-    fn_type = type(harness_serve)
-    names = [n for n, v in list(main_dict.items()) if type(n) is str and type(v) is fn_type]
+    # Any callable but a class: `@functools.lru_cache` or `f = lambda ...` entry points too.
+    names = [n for n, v in list(main_dict.items())
+             if type(n) is str and callable(v) and not isinstance(v, type)]
     wire_send(rep_fd, wire_enc(("ready", names)))
     while True:
         msg = wire_recv(req_fd, cap)
