@@ -92,6 +92,18 @@ def grpo_config() -> mlc.ConfigDict:
         eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean", is_mode="none", is_how="truncate",
         is_low=0.0, is_high=2.0, loss_chunk=512, async_sampling=False, max_bad_steps=5,
         stop_after=-1))  # stop_after > 0: save and exit after that step (as on SIGTERM)
+    # Registries (a built-in name or module:function): policy_loss ppo_clip | gspo | cispo
+    # (rossjax/train/policy_losses.py), kl k1 | k2 | k3 | k3_unbiased (train/kl.py); likewise
+    # advantages (train/advantages.py) and agg (train/grpo_losses.py) above.
+    c.grpo.policy_loss = "ppo_clip"
+    c.grpo.kl = "k3"
+    # DAPO: drop groups whose rewards all agree and refill the batch with newly sampled prompts,
+    # at most max_refill_rounds extra rounds a step (still short: uniform groups, masked out).
+    c.grpo.dynamic_sampling = False
+    c.grpo.max_refill_rounds = 3
+    c.grpo.overlong_filter = False   # DAPO: truncated completions get no loss (mask 0)
+    c.grpo.overlong_buffer = 0       # DAPO's L_cache; > 0 adds the soft overlong penalty, falling
+    c.grpo.overlong_penalty = 1.0    # linearly to -overlong_penalty at max_new_tokens
     c.lora = lora_config()
     c.reward = mlc.ConfigDict(dict(functions=("verifier",), weights=(1.0,), workers=2,
                                    success_threshold=0.5))

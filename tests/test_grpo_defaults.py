@@ -18,6 +18,9 @@ def test_paper_defaults(variant):
     assert (g.is_mode, g.is_how) == ("token", "mask")  # IcePop: masked outside the band
     assert 0 < g.is_low < 1 < g.is_high                # two-sided
     assert g.advantages == "mean"
+    # the loss as before the registries: PPO-clip + k3, no DAPO filtering or penalty
+    assert (g.policy_loss, g.kl, g.agg) == ("ppo_clip", "k3", "token_mean")
+    assert (g.dynamic_sampling, g.overlong_filter, g.overlong_buffer) == (False, False, 0)
     rows = g.contexts * g.group_size
     minibatch = g.minibatch if g.minibatch > 0 else rows // g.minibatches
     assert g.num_iterations * rows // minibatch > 1    # several updates: clipping can bind
@@ -36,6 +39,10 @@ def test_doc_states_the_configured_response_length_and_batch():
 @pytest.mark.parametrize("over, says", [
     ("--config.grpo.minibatches=3", "config.grpo.minibatches"),
     ("--config.grpo.is_low=1.5", "config.grpo.is_low"),
+    ("--config.grpo.policy_loss=gpso", "config.grpo.policy_loss 'gpso' is not one of"),
+    ("--config.grpo.kl=k4", "config.grpo.kl 'k4' is not one of k1, k2, k3, k3_unbiased"),
+    ("--config.grpo.overlong_buffer=4096", "config.grpo.overlong_buffer 4096 must be in"),
+    ("--config.grpo.max_refill_rounds=-1", "config.grpo.max_refill_rounds is -1"),
 ])
 def test_bad_update_settings_are_one_sentence(over, says):
     c = cli.parse_config(["--config=configs/grpo_verifier.py:runlocal", over])[0]

@@ -44,7 +44,9 @@ from rossjax import sharding
 from rossjax.errors import ConfigError
 from rossjax.monitor import MetricsWriter, Progress, RunFile, read_metrics, step_at_most, write_plot
 from rossjax.train import (
+    advantages,
     checkpoint as ckpt_lib,
+    dynamic_sampling,
     grpo_losses,
     grpo_step,
     history,
@@ -183,17 +185,46 @@ class Loop:
         t = timer.span("reward_wait", t)
         total, per = R.rewards(cur["records"], cpu)
         timer.span("reward_probe", t)
+        if g.overlong_buffer > 0:  # DAPO's soft overlong penalty, added to the reward
+            per["overlong"] = advantages.overlong_penalty(
+                cur["gen"].lengths, g.max_new_tokens, g.overlong_buffer, g.overlong_penalty)
+            total = total + per["overlong"]
         adv = np.asarray(grpo_losses.group_advantages(total, g.group_size, g.advantages))
-        mask = cur["batch"]["mask"]
-        if g.is_mode != "none":
-            w, is_m = grpo_losses.importance_weights(
-                old_lp, cur["batch"]["sampler_logp"], mask, mode=g.is_mode, how=g.is_how,
-                low=g.is_low, high=g.is_high)
-        else:
-            w, is_m = np.zeros(mask.shape, np.float32), {}
+        if g.overlong_filter:  # DAPO: a truncated completion gets no loss
+            done = np.asarray([f != "length" for f in cur["gen"].finish_reason])
+            cur["batch"]["mask"] = cur["batch"]["mask"] * done[:, None].astype(np.int32)
+        w, is_m = self._is_weights(old_lp, cur["batch"]["sampler_logp"], cur["batch"]["mask"])
         full = {**{k: cur["batch"][k] for k in grpo_step.BATCH_KEYS}, "old_logp": np.asarray(old_lp),
                 "ref_logp": np.asarray(ref_lp), "is_weights": np.asarray(w), "adv": adv}
         return _Scored(cur, cpu, total, per, full, np.asarray(ent), is_m)
+
+    def _is_weights(self, trainer_lp, sampler_lp, mask):
+        g = self.cfg.grpo
+        if g.is_mode == "none":
+            return np.zeros(mask.shape, np.float32), {}
+        return grpo_losses.importance_weights(trainer_lp, sampler_lp, mask, mode=g.is_mode,
+                                              how=g.is_how, low=g.is_low, high=g.is_high)
+
+    def refill(self, step: int, sc: _Scored, params, timer: _Timer) -> _Scored:
+        """DAPO's dynamic sampling (rossjax/train/dynamic_sampling.py): while fewer than
+        `contexts` groups have rewards that differ, sample and score `contexts` more prompts, at
+        most `max_refill_rounds` times; the update batch takes the informative groups."""
+        R, g = self.R, self.cfg.grpo
+        rounds = [sc]
+        informative = lambda: sum((~advantages.uniform_groups(x.total, g.group_size)).sum()
+                                  for x in rounds)
+        while informative() < g.contexts and len(rounds) <= g.max_refill_rounds:
+            cur = R.sample(params, self.source.next(g.contexts), step, refill=len(rounds))
+            timer.s["sample"] += cur["sample_s"]
+            self.consumed += g.contexts
+            rounds.append(self.score(cur, R.workers.submit(R.cpu_kinds, cur["records"]),
+                                     params, timer))
+        out, metrics = dynamic_sampling.assemble(rounds, g.contexts, g.group_size)
+        f = out.full
+        _, out.is_metrics = self._is_weights(f["old_logp"], out.cur["batch"]["sampler_logp"],
+                                             f["mask"])
+        out.is_metrics.update(metrics)  # step metrics beside the IS ones
+        return out
 
     def update(self, step: int, full: dict, timer: _Timer) -> list:
         """`num_iterations` passes of minibatch updates; returns their metrics (host values)."""
@@ -247,6 +278,8 @@ class Loop:
         params = self.R.policy(self.state)
         cur, get_cpu = self.collect(step, params, timer)
         sc = self.score(cur, get_cpu, params, timer)
+        if self.cfg.grpo.dynamic_sampling:
+            sc = self.refill(step, sc, params, timer)
         ums = self.update(step, sc.full, timer)
         self.ckpt.check_resumed_step(step, ums[0]["loss"], "grpo")  # a resume's first step: finite?
         self.metrics = self.record(step + 1, sc, ums, timer, t_step)

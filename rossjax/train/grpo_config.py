@@ -9,7 +9,7 @@ import os
 from rossjax import defaults
 from rossjax.errors import ConfigError
 from rossjax.probes import reward as reward_lib
-from rossjax.train import grpo_losses
+from rossjax.train import advantages, grpo_losses, kl as kl_lib, policy_losses
 from rossjax.verify import rewards
 
 # Every field, as plain data (no jax, so config files read it without loading the trainer).
@@ -19,11 +19,14 @@ default_config = defaults.grpo_config
 def check_config(cfg):
     """One-sentence ValueErrors for a GRPO config, before any model is loaded."""
     g, r = cfg.grpo, cfg.reward
-    names = {"advantages": grpo_losses.ADVANTAGES, "agg": grpo_losses.AGGREGATIONS,
-             "is_mode": ("none", *grpo_losses.IS_MODES), "is_how": grpo_losses.IS_HOW}
+    for registry in (advantages.ESTIMATORS, grpo_losses.AGGREGATION_FNS,
+                     policy_losses.POLICY_LOSSES, kl_lib.ESTIMATORS):
+        registry.get(g[registry.field.rpartition(".")[2]])  # a user's module:function imports here
+    names = {"is_mode": ("none", *grpo_losses.IS_MODES), "is_how": grpo_losses.IS_HOW}
     for field, allowed in names.items():
         if g[field] not in allowed:
             raise ConfigError(f"config.grpo.{field} {g[field]!r} is not one of {', '.join(allowed)}.")
+    _check_dapo(g)
     if g.group_size < 2:
         raise ConfigError(f"config.grpo.group_size is {g.group_size}; it must be at least 2 (a lone "
                          f"candidate's group-relative advantage is always 0).")
@@ -59,3 +62,19 @@ def check_config(cfg):
         for x in paths:
             if not os.path.exists(x + ".json"):
                 raise ConfigError(f"config.reward.probe: {x}.json (the probe's manifest) does not exist.")
+
+
+def _check_dapo(g):
+    """Dynamic sampling, the overlong settings and the sampling temperature."""
+    if g.temperature < 0:
+        raise ConfigError(f"config.grpo.temperature is {g.temperature}; it must be >= 0.")
+    if g.dynamic_sampling and g.async_sampling:
+        raise ConfigError("config.grpo.dynamic_sampling needs config.grpo.async_sampling=False: "
+                          "a refill round needs this step's rewards before the next batch is drawn.")
+    if g.max_refill_rounds < 0:
+        raise ConfigError(f"config.grpo.max_refill_rounds is {g.max_refill_rounds}; it must be >= 0.")
+    if not 0 <= g.overlong_buffer < g.max_new_tokens:
+        raise ConfigError(f"config.grpo.overlong_buffer {g.overlong_buffer} must be in "
+                          f"[0, max_new_tokens = {g.max_new_tokens}) (0: no overlong penalty).")
+    if g.overlong_penalty < 0:
+        raise ConfigError(f"config.grpo.overlong_penalty is {g.overlong_penalty}; it must be >= 0.")

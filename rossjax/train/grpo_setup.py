@@ -187,7 +187,7 @@ class Run:
             return state["params"]  # used before the update donates it
         return self.fns.merge(state["params"], self.base)
 
-    def sample(self, params, tasks, step):
+    def sample(self, params, tasks, step, refill: int = 0):  # refill: DAPO's extra rounds
         g, tok = self.cfg.grpo, self.tok
         msgs = [rollout.prompt_messages(t, self.cfg.system) for t in tasks]
         prompts = [tok.encode(rollout.render_prompt(m, self.cfg.template, tok)) for m in msgs]
@@ -195,7 +195,8 @@ class Run:
         gen = sample.generate(self.model_cfg, params, prompts, g.max_new_tokens,
                               temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
                               stop_ids=(tok.eos_id,), num_samples=g.group_size,
-                              seed=self.cfg.train.seed * 100_003 + step, partitioner=self.part)
+                              seed=self.cfg.train.seed * 100_003 + step + refill * 1_000_003,
+                              partitioner=self.part)
         records = []
         for r in range(len(gen.lengths)):
             i, j, n = r // g.group_size, r % g.group_size, int(gen.lengths[r])
