@@ -145,3 +145,38 @@ def test_decode_runs_in_the_model_dtype():
     loop = next(e for e in jaxpr.eqns if e.primitive.name == "while")
     caches = [v.aval for v in loop.outvars if v.aval.ndim >= 3 and v.aval.shape[-1] == cfg.head_dim]
     assert caches and all(a.dtype == jax.numpy.bfloat16 for a in caches)
+
+
+def test_on_policy_grpo_skips_the_old_policy_pass_and_updates_alike(tmp_path, monkeypatch):
+    """One minibatch, one iteration: the update's own forward stands in for the old-policy
+    log-probs (ratio exactly 1), with TIS still against the sampler's log-probs; the params,
+    loss, gradient norm, entropy and IS metrics equal a run that computes them separately."""
+    from test_grpo import tiny_config
+
+    from rossjax.monitor import read_metrics
+    from rossjax.train import grpo, grpo_step
+
+    calls = []
+    real = grpo_step.logp_entropy
+    monkeypatch.setattr(grpo_step, "logp_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
+    runs = {}
+    for name in ("skip", "separate"):
+        c = tiny_config(steps=1, contexts=4, group=4, new=16)
+        c.grpo.is_mode, c.grpo.is_how = "token", "truncate"
+        c.optim.eps = 1e-3   # Adam's g / sqrt(v) would turn rounding noise of ~0 grads into +-lr
+        if name == "separate":
+            # a different compiled-step key with the same maths (one minibatch: order only)
+            c.grpo.shuffle_minibatches = False
+            monkeypatch.setattr(grpo_step, "on_policy", lambda g: False)
+        calls.clear()
+        out = grpo.run(c, str(tmp_path / name))
+        runs[name] = (read_metrics(str(tmp_path / name))[-1], len(calls),
+                      [np.asarray(x) for x in jax.tree.leaves(out["state"]["params"])])
+    (m1, n1, p1), (m2, n2, p2) = runs["skip"], runs["separate"]
+    assert n1 == 0 and n2 > 0          # the skipped pass never even traced
+    assert m1["ratio_mean"] == 1.0 and m1["grad_norm"] > 0
+    for k in ("loss", "pg_loss", "grad_norm", "entropy", "is_weight_mean", "is_outside_frac",
+              "clip_frac_low", "clip_frac_high"):
+        np.testing.assert_allclose(m1[k], m2[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    for a, b in zip(p1, p2):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -3,6 +3,8 @@
 Per step: take `contexts` tasks, sample `group_size` candidates each (one prefill per prompt),
 send the candidates to the reward workers (CPU processes), and while they score, compute the
 trainer's log-probs (old policy, and the frozen reference when beta > 0) on the accelerator —
+the old-policy pass is skipped when one update takes the whole batch (grpo_step.on_policy:
+the update's own forward gives them, ratio 1; TIS/IcePop still compare with the sampler's) —
 and, with `async_sampling`, already sample the next step's batch. Then group advantages,
 `num_iterations` passes of minibatch updates (clipped surrogate + beta x k3 KL; each minibatch
 split into `micro_batches` with exact gradient accumulation), metrics, history records and
@@ -177,9 +179,12 @@ class Loop:
         R, g = self.R, self.cfg.grpo
         t = time.perf_counter()
         b = R.fns.put_rows({k: cur["batch"][k] for k in grpo_step.BATCH_KEYS})
-        old_lp, ent = (sharding.to_host(x) for x in R.fns.logp(params, b))
+        old_lp = ent = None  # on-policy: the update's own forward gives them (ratio 1)
+        if not R.fns.on_policy:
+            old_lp, ent = (sharding.to_host(x) for x in R.fns.logp(params, b))
         t = timer.span("logp", t)
         ref_lp = sharding.to_host(R.fns.logp(R.ref, b)[0]) if g.beta > 0 else old_lp
+        zeros = np.zeros(cur["batch"]["mask"].shape, np.float32)
         t = timer.span("ref", t)
         cpu = get_cpu()
         t = timer.span("reward_wait", t)
@@ -193,10 +198,14 @@ class Loop:
         if g.overlong_filter:  # DAPO: a truncated completion gets no loss
             done = np.asarray([f != "length" for f in cur["gen"].finish_reason])
             cur["batch"]["mask"] = cur["batch"]["mask"] * done[:, None].astype(np.int32)
-        w, is_m = self._is_weights(old_lp, cur["batch"]["sampler_logp"], cur["batch"]["mask"])
-        full = {**{k: cur["batch"][k] for k in grpo_step.BATCH_KEYS}, "old_logp": np.asarray(old_lp),
-                "ref_logp": np.asarray(ref_lp), "is_weights": np.asarray(w), "adv": adv}
-        return _Scored(cur, cpu, total, per, full, np.asarray(ent), is_m)
+        w, is_m = (zeros, {}) if old_lp is None else self._is_weights(
+            old_lp, cur["batch"]["sampler_logp"], cur["batch"]["mask"])
+        full = {**{k: cur["batch"][k] for k in grpo_step.BATCH_KEYS},
+                "old_logp": zeros if old_lp is None else np.asarray(old_lp),
+                "ref_logp": zeros if ref_lp is None else np.asarray(ref_lp),
+                "is_weights": np.asarray(w), "sampler_logp": cur["batch"]["sampler_logp"],
+                "adv": adv}
+        return _Scored(cur, cpu, total, per, full, None if ent is None else np.asarray(ent), is_m)
 
     def _is_weights(self, trainer_lp, sampler_lp, mask):
         g = self.cfg.grpo

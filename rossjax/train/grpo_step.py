@@ -27,6 +27,20 @@ from rossjax.train import accumulate, grpo_losses, losses, state as state_lib
 
 BATCH_KEYS = ("tokens", "positions", "segment_ids", "targets", "mask")
 _METRICS = ("pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean")  # grpo_loss's
+# What an on-policy update measures itself (the separate log-prob pass it replaces gave them):
+# entropy, and with grpo.is_mode the sampler-mismatch metrics.
+ON_POLICY_METRICS = ("entropy",)
+IS_METRICS = ("is_outside_frac", "is_weight_mean")
+
+
+def on_policy(g) -> bool:
+    """One update per step on the whole batch (one minibatch, one iteration): the old policy is
+    the policy being updated, so its log-probs are the update's own (ratio 1 by construction,
+    the gradient of the ratio that of log p) and the separate old-policy forward is skipped.
+    DAPO's dynamic sampling keeps the separate pass (its refill rounds score as they come)."""
+    rows = int(g.contexts) * int(g.group_size)
+    mb = int(g.get("minibatch", 0)) or rows // max(1, int(g.get("minibatches", 1)))
+    return int(g.num_iterations) == 1 and mb == rows and not g.get("dynamic_sampling", False)
 
 
 def round_up(n: int, m: int) -> int:
@@ -92,7 +106,8 @@ class StepFns:
         part = self.partitioner = partitioner
         rows = part.sharding(P("batch", None))
         repl = part.replicated()
-        bsh = {k: rows for k in (*BATCH_KEYS, "old_logp", "ref_logp", "is_weights")}
+        bsh = {k: rows for k in (*BATCH_KEYS, "old_logp", "ref_logp", "is_weights",
+                                 "sampler_logp")}
         bsh["adv"] = part.sharding(P("batch"))
         self.row_sharding = rows
         train_sh = state_shardings["params"]
@@ -108,16 +123,37 @@ class StepFns:
                             in_shardings=(param_shardings, {k: rows for k in BATCH_KEYS}),
                             out_shardings=(rows, rows))
         n_micro = int(c.micro_batches)
+        self.on_policy = live = on_policy(c)
+        metric_names = _METRICS + (ON_POLICY_METRICS if live else ()) + (
+            IS_METRICS if live and c.is_mode != "none" else ())
 
         def loss_fn(trainable, base, norm, mb):
             params = policy_params(trainable, base, lora_alpha)
-            logp = token_logprobs(model_cfg, params, mb, chunk, temperature=temp)
-            return grpo_losses.grpo_loss(
-                logp, mb["old_logp"], mb["ref_logp"] if c.beta else None, mb["adv"],
+            if not live:
+                logp = token_logprobs(model_cfg, params, mb, chunk, temperature=temp)
+                old, is_w, extra = mb["old_logp"], mb["is_weights"], {}
+            else:
+                # On-policy: old log-probs are this forward's (grpo_loss stops their gradient);
+                # entropy and the sampler-mismatch weights come from it too.
+                logp, ent = token_logprobs(model_cfg, params, mb, chunk, with_entropy=True,
+                                           temperature=temp)
+                old, mask, cnt = logp, mb["mask"].astype(jnp.float32), norm[1]
+                extra = {"entropy": jnp.sum(jax.lax.stop_gradient(ent) * mask) / cnt}
+                is_w = None
+                if c.is_mode != "none":
+                    is_w, is_m = grpo_losses.importance_weights(
+                        logp, mb["sampler_logp"], mask, mode=c.is_mode, how=c.is_how,
+                        low=c.is_low, high=c.is_high)
+                    # micro-batch means -> additive shares of the batch's token means
+                    share = jnp.maximum(mask.sum(), 1.0) / cnt
+                    extra.update({k: v * share for k, v in is_m.items()})
+            loss, m = grpo_losses.grpo_loss(
+                logp, old, mb["ref_logp"] if c.beta else None, mb["adv"],
                 mb["mask"], c.eps_low, c.eps_high, c.beta, c.agg,
-                is_weights=mb["is_weights"] if c.is_mode != "none" else None,
+                is_weights=is_w if c.is_mode != "none" else None,
                 max_len=max_new, norm=norm, policy_loss=c.get("policy_loss", "ppo_clip"),
                 kl=c.get("kl", "k3"))
+            return loss, {**m, **extra}
 
         def step(state, base, batch):
             # Exact gradient accumulation: every micro-batch divides by the whole minibatch's
@@ -126,7 +162,7 @@ class StepFns:
             micro = accumulate.split_batch(batch, n_micro, part)
             g_sum, (loss, m) = accumulate.accumulate(
                 lambda t, mb: loss_fn(t, base, norm, mb), state["params"], micro,
-                {k: jnp.zeros((), jnp.float32) for k in _METRICS})
+                {k: jnp.zeros((), jnp.float32) for k in metric_names})
             grads = jax.tree.map(lambda g, p: g.astype(p.dtype), g_sum, state["params"])
             gnorm = optax.tree.norm(grads)
             finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)

@@ -153,18 +153,23 @@ def _nanmean(v) -> float:
 def step_metrics(total, per: dict, g: int, success: float, *, ent, mask, lengths, finish,
                  updates: list[dict], is_metrics: dict) -> dict:
     """The per-step scalars of a GRPO step (rewards over scorable rows; update metrics averaged
-    over the step's minibatch updates; entropy over completion tokens)."""
+    over the step's minibatch updates; entropy over completion tokens). `ent` None: an
+    on-policy update measured entropy (and the IS metrics) itself; they come from `updates`."""
     ok = ~np.isnan(total)
+    from_update = {k: float(np.mean([u[k] for u in updates])) for k in
+                   ("entropy", "is_outside_frac", "is_weight_mean") if k in updates[0]}
     return {"reward_mean": _nanmean(total),
             "reward_std": float(np.std(total[ok])) if ok.any() else float("nan"),
             "reward_nan_frac": float(np.mean(~ok)),
             **{f"reward_{n}_mean": _nanmean(v) for n, v in per.items()},
             **group_stats(total, g, success),
-            "entropy": float(np.sum(ent * mask) / max(mask.sum(), 1)),
+            "entropy": (from_update["entropy"] if ent is None
+                        else float(np.sum(ent * mask) / max(mask.sum(), 1))),
             "completion_len_mean": float(np.mean(lengths)),
             "completion_len_max": float(np.max(lengths)),
             "truncated_frac": float(np.mean([f == "length" for f in finish])),
             **{k: float(np.mean([u[k] for u in updates])) for k in
                ("loss", "pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean",
                 "grad_norm", "lr", "skipped")},
+            **{k: v for k, v in from_update.items() if k != "entropy"},
             **{k: float(v) for k, v in is_metrics.items()}}
