@@ -3,9 +3,9 @@
     python tests/sandbox_worker.py SPEC.json OUT.json
 
 SPEC: {"attacks": {name: {"kind": "run"|"tests"|"kill_host", "program": src, "tests": src,
-"limits": {...}}}}. Programs may use {SECRET}, {VICTIM}, {VICTIM_PID}, {HOST_PID}: a
+"limits": {...}}}}. Programs may use {SECRET}, {VICTIM}, {VICTIM_PID}, {HOST_PID}, {SOCK}: a
 world-readable file holding a token, a path the attack must not create, the pid of a sleeping
-process of this worker's uid and this worker's pid. OUT: per attack the sandbox's verdict and
+process of this worker's uid, this worker's pid and a unix socket it listens on. OUT: per attack the sandbox's verdict and
 what the host saw afterwards (token seen in the output, victim file created, victim process
 alive). Run as root it is the root mode; as an unprivileged uid, Landlock (or rlimits only).
 """
@@ -13,9 +13,11 @@ alive). Run as root it is the root mode; as an unprivileged uid, Landlock (or rl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from rossjax.verify import sandbox
@@ -71,13 +73,27 @@ def main(spec_path: str, out_path: str):
     with open(secret, "w") as f:
         f.write(f"TOKEN-{token}\n")
     os.chmod(secret, 0o644)
+    sock_path, reached = os.path.join(home, "sock"), []
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(sock_path)
+    srv.listen(8)
+
+    def accept():
+        while True:
+            conn, _ = srv.accept()
+            reached.append(1)
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
     results = {}
     for name, a in spec["attacks"].items():
+        reached.clear()
         victim = os.path.join(home, f"victim-{name}")
         sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                                     f"TOKEN-{token}"])
         src = (a["program"].replace("{SECRET}", secret).replace("{VICTIM}", victim)
-               .replace("{VICTIM_PID}", str(sleeper.pid)).replace("{HOST_PID}", str(os.getpid())))
+               .replace("{VICTIM_PID}", str(sleeper.pid)).replace("{HOST_PID}", str(os.getpid()))
+               .replace("{SOCK}", sock_path))
         lim = Limits(**a.get("limits", {}))
         if a["kind"] == "kill_host":
             res = kill_host(src, a.get("limits", {}), a.get("want", 3))
@@ -92,6 +108,8 @@ def main(spec_path: str, out_path: str):
                    "token_seen": token in r.stdout + r.stderr}
         res["victim_created"] = os.path.exists(victim)
         res["victim_alive"] = sleeper.poll() is None
+        time.sleep(0.05 if "socket" in name else 0)  # let the accept thread see a connection
+        res["socket_reached"] = bool(reached)
         sleeper.send_signal(signal.SIGKILL)
         sleeper.wait()
         results[name] = res

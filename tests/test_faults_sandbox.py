@@ -196,6 +196,10 @@ ATTACKS = {
                                    "        signal.pidfd_send_signal(os.pidfd_open(pid), signal.SIGKILL)\n"
                                    "    except OSError as e:\n        print('pidfd', pid, e)\n",
                         "limits": NO_HOOK},
+    # Landlock (ABI 7) and namespaces leave pathname unix sockets of the host user reachable:
+    # the seccomp filter refuses socket(AF_UNIX).
+    "unix_socket_no_hook": {"program": "import socket\ns = socket.socket(socket.AF_UNIX)\n"
+                                       "s.connect('{SOCK}')\n", "limits": NO_HOOK},
     "fork_bomb": {"program": "import os\nwhile True:\n    os.fork()\n", "timeout": 3},
     "disk_fill": {"program": "total = 0\nfor i in range(1000):\n    with open('f%d' % i, 'wb') as f:\n"
                              "        for _ in range(2):\n            f.write(b'x' * (1 << 20))\n"
@@ -310,7 +314,8 @@ def test_attack_is_contained(mode_results, name):
     assert not r.get("token_seen"), (mode, name, r)
     assert not r["victim_created"], (mode, name, r)
     assert r["victim_alive"], (mode, name, r)
-    if name.startswith(("link_", "direct_read", "fork_bomb", "disk_fill")):
+    assert not r["socket_reached"], (mode, name, r)
+    if name.startswith(("link_", "direct_read", "fork_bomb", "disk_fill", "unix_socket")):
         assert r["ok"] is False, (mode, name, r)
     if name == "disk_fill":
         written = int(r["stdout"].split()[-1]) if r["stdout"].split() else 0

@@ -31,13 +31,18 @@ Confinement, by mode (`RunResult.isolation` names the active layers):
   - Landlock (not root; kernel >= 5.13, ABI >= 6 for the scopes): reads only below the interpreter
     prefix, library dirs and zoneinfo, writes only below the scratch dir; no TCP (ABI >= 4);
     signals and abstract unix sockets scoped to the sandbox (ABI >= 6). Where unprivileged user
-    namespaces work (also here): network and pid namespaces and a size-capped tmpfs scratch dir.
+    namespaces work (also here): network, pid and IPC namespaces, their own /proc and a
+    size-capped tmpfs scratch dir. os.fork stays refused (RLIMIT_NPROC would count the user's
+    processes everywhere).
   - rlimits only (`Limits(landlock=False)`, or neither of the above): rlimits and the audit
     hook, plus the user namespaces if available; files are confined by the hook alone (it resolves
     links like the kernel, but a racing thread can still swap a link between check and use).
-In every mode: rlimits on CPU, address space, file size and core dumps; an audit hook as a second
-line (sockets, process creation, signals, ctypes, files outside the scratch dir and the stdlib),
-whose refusal ends the process at once (it cannot be caught or hidden); every process dies on
+In every mode: a seccomp filter refusing socket(AF_UNIX) (Landlock up to ABI 7 and namespaces
+leave the host user's pathname unix sockets reachable; socketpair still works); a noexec scratch
+dir where it is a tmpfs; rlimits on CPU, address space, file size and core dumps; an audit hook
+as a second line (sockets, process creation, signals, ctypes, files outside the scratch dir
+and the stdlib), whose refusal ends the process at once (it cannot be caught or hidden); every
+process dies on
 timeout and with the host (PR_SET_PDEATHSIG down the chain; as init of the pid namespace the
 bootstrap's death kills every process of the sandbox). A row's timeout is capped by
 `Limits.max_timeout_s`. This is defence in depth for verifier workloads, not a jail for

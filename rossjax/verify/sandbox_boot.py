@@ -116,7 +116,7 @@ def _build_root(p, program, uid):
     _mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     os.makedirs(new + "/sandbox")
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    _mount("rossjax-scratch", new + "/sandbox", "tmpfs", MS_NOSUID | MS_NODEV,
+    _mount("rossjax-scratch", new + "/sandbox", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
            f"size={lim['disk_bytes']},nr_inodes={lim['files']},mode=700{owner}")
     os.symlink("/sandbox", new + "/tmp")
     _put_program(new + "/sandbox/main.py", program, uid)
@@ -134,7 +134,7 @@ def _scratch_tmpfs(p, program, layers):
     """In a user namespace: the scratch dir becomes a size-limited tmpfs (total disk cap)."""
     lim = p["limits"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("rossjax-scratch", p["work"], "tmpfs", MS_NOSUID | MS_NODEV,
+    _mount("rossjax-scratch", p["work"], "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
            f"size={lim['disk_bytes']},nr_inodes={lim['files']},mode=700")
     _put_program(p["work"] + "/main.py", program, None)
     try:  # a /proc of the new pid namespace: no host process is visible
@@ -211,6 +211,40 @@ def _drop_caps():
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}  # audit arch, socket
+
+
+def _seccomp():
+    """A seccomp filter: socket(AF_UNIX) fails with EPERM. Namespaces and Landlock leave
+    pathname unix sockets reachable (a host daemon's socket is a file the kernel lets the host
+    user connect to); a sandboxed program needs none (socketpair still works). False when this
+    architecture has no entry."""
+    if _ARCH not in _SECCOMP_ARCH:
+        return False
+    arch, nr_socket = _SECCOMP_ARCH[_ARCH]
+    ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+    allow, deny, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000  # ALLOW, ERRNO(EPERM), KILL_PROCESS
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill),  # another ABI: kill
+            (ld, 0, 0, 0), (jeq, 0, 3, nr_socket),
+            (ld, 0, 0, 16), (jeq, 0, 1, 1), (ret, 0, 0, deny),  # args[0] == AF_UNIX
+            (ret, 0, 0, allow)]
+    if _ARCH == "x86_64":  # x32 syscall numbers (bit 30) reach the same kernel code: refuse them
+        prog[3:4] = [(ld, 0, 0, 0), (0x35, 0, 1, 0x40000000), (ret, 0, 0, deny)]  # JGE
+
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                    ("k", ctypes.c_uint32)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Insn))]
+
+    insns = (Insn * len(prog))(*[Insn(*i) for i in prog])
+    fprog = Prog(len(prog), insns)
+    _call(_libc.prctl, 22, ctypes.c_ulong(2), ctypes.byref(fprog), ctypes.c_ulong(0),
+          ctypes.c_ulong(0))  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+    return True
+
+
 def _limit(lim, uid):
     resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu_s"], lim["cpu_s"] + 1))
     resource.setrlimit(resource.RLIMIT_AS, (lim["memory_bytes"], lim["memory_bytes"]))
@@ -244,6 +278,7 @@ def _confine(uid, keep, write, ns, ll_abi):
     _limit(P["limits"], uid)
     if ns == "user":
         _drop_caps()
+    _seccomp()
     _prctl(PR_SET_PDEATHSIG, 9)  # after the uid change, which clears it
 
 
@@ -311,7 +346,7 @@ def _make_hook(tmp, read_roots, allow_fork, mark, max_files):
         if isinstance_(path, int_):
             return True
         p = normalize(path if isinstance_(path, (str_, bytes_)) else fspath(path), base)
-        if roots is read_roots and p in devices:
+        if p in devices and (roots is read_roots or p == "/dev/null"):
             return True
         for r in roots:
             if p == r or p.startswith(r + "/"):
@@ -421,6 +456,8 @@ def _p1(ns):
         layers.append(f"landlock{ll_abi}")
     if uid is not None:
         layers.append("uid")
+    if _ARCH in _SECCOMP_ARCH:
+        layers.append("seccomp")
     layers.append("rlimits")
     allow_fork = P["allow_fork"] and uid is not None
     if P["audit"]:
