@@ -310,6 +310,8 @@ def _curated(out, vocab_top, length=40, n=8):
         w.write(encode_example({"id": f"e{i}", "input_ids": ids, "loss_mask": mask,
                                 "eligible_mask": mask}))
     w.close()
+    with open(os.path.join(out, "report.json"), "w") as f:  # train refuses a folder without one
+        json.dump({"shards": [{"path": "compiled-00000.array_record", "examples": n}]}, f)
     return str(out)
 
 

@@ -2,7 +2,8 @@
 row in exactly one bucket, with a reason for each row not kept, plus token accounting.
 
 `RowLists` writes withheld.jsonl and invalid.jsonl ({row, id, reason, detail} per line) while
-`Report` counts; `write_json` writes report.json atomically.
+`Report` counts; `write_json` writes report.json atomically; `open_stage` and `publish` put a
+finished run's folder in place atomically (below).
 
 report.json holds
   input_rows                      rows read (valid or not)
@@ -33,9 +34,17 @@ report.json holds
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fnmatch
 import json
 import os
+import shutil
+import stat
 from collections import Counter
+
+from rossjax.curate.compiled import SHARD_GLOB
+from rossjax.errors import ConfigError
 
 
 def write_json(path: str, obj) -> None:
@@ -220,3 +229,171 @@ class Report:
                 f"verify={self.config.get('verify')}: {v['passed']} passed, {v['failed']} failed, "
                 f"{v['undecided']} undecided, {v['unverified']} unverified, "
                 f"{v['rerun']} verdicts computed now")
+
+
+# -- publishing a run's folder ---------------------------------------------------------------
+# A run writes everything into OUTPUT.partial (beside OUTPUT, same filesystem) and `publish` puts
+# it in place with one atomic step: renameat2(RENAME_EXCHANGE) swaps the two folders, so a reader,
+# and a kill at any moment, sees either the previous output whole or the new one complete. Files
+# of OUTPUT that are not curate's (anything not in OUTPUT_NAMES or a shard) are hard-linked into
+# the new folder before the swap, so they are in OUTPUT at every moment. Where the kernel or the
+# filesystem cannot exchange, OUTPUT goes to OUTPUT.previous and the new folder takes its place
+# (two renames; a kill between them is undone by the next run's `open_stage`). Where OUTPUT's
+# parent cannot hold a sibling (not writable, or OUTPUT is a mount point), the stage is
+# OUTPUT/.partial and files are moved one by one, report.json removed first and written last:
+# a kill then can leave a folder without report.json, which `rossjax train` refuses.
+
+OUTPUT_NAMES = ("report.json", "invalid.jsonl", "withheld.jsonl", "data.parquet")
+STAGE_SUFFIX, PREVIOUS_SUFFIX, INNER_STAGE = ".partial", ".previous", ".partial"
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+
+
+def _step(point: str) -> None:
+    """A named point of the publish sequence (tests kill the process here, one point per run)."""
+
+
+def is_output(name: str) -> bool:
+    """A file name curate writes into OUTPUT (and so replaces); every other entry is carried."""
+    return (name in OUTPUT_NAMES or fnmatch.fnmatchcase(name, SHARD_GLOB) or name == INNER_STAGE
+            or name.endswith(".tmp") and is_output(name[:-4]))
+
+
+def stage_path(out_dir: str) -> str:
+    return os.path.realpath(out_dir) + STAGE_SUFFIX
+
+
+def check_inputs_outside(files: list[str], out_dir: str) -> None:
+    """Refuse an input that publishing would replace or delete: one of curate's outputs in
+    OUTPUT (e.g. a previous run's invalid.jsonl), or a file under the stage folders. Other
+    files inside OUTPUT are read and carried into the new output untouched."""
+    out = os.path.realpath(out_dir)
+    doomed = (stage_path(out_dir), out + PREVIOUS_SUFFIX, os.path.join(out, INNER_STAGE))
+    for f in files:
+        if "://" in f:
+            continue
+        real = os.path.realpath(f)
+        if os.path.dirname(real) == out and is_output(os.path.basename(real)):
+            raise ConfigError(f"config.input names {f}, which is {os.path.basename(real)} of "
+                              f"config.output {out_dir}: this run replaces that file, so the input "
+                              f"would be lost; copy it out of {out_dir} first, or write to "
+                              f"another config.output")
+        if any(real == d or real.startswith(d + os.sep) for d in doomed):
+            raise ConfigError(f"config.input names {f}, inside a folder curate deletes when it "
+                              f"writes {out_dir} ({next(d for d in doomed if real.startswith(d))}); "
+                              f"move it elsewhere first")
+
+
+def _carry(src_dir: str, dst_dir: str) -> None:
+    """Move entries of `src_dir` that are not curate's and that `dst_dir` lacks into `dst_dir`."""
+    for n in os.listdir(src_dir):
+        if not is_output(n) and not os.path.lexists(os.path.join(dst_dir, n)):
+            os.rename(os.path.join(src_dir, n), os.path.join(dst_dir, n))
+
+
+def open_stage(out_dir: str) -> str:
+    """A fresh, empty stage folder for a run into `out_dir`, after undoing what a killed run
+    left: OUTPUT.previous put back when OUTPUT is missing (else deleted), a stale stage deleted
+    (entries of OUTPUT's own it still holds carried back first)."""
+    out = os.path.realpath(out_dir)
+    prev, stage = out + PREVIOUS_SUFFIX, stage_path(out_dir)
+    if os.path.isdir(prev):
+        if not os.path.lexists(out):
+            os.rename(prev, out)
+        else:
+            _carry(prev, out)
+            shutil.rmtree(prev)
+    for old in (stage, os.path.join(out, INNER_STAGE)):
+        if os.path.isdir(old):
+            if os.path.isdir(out) and old == stage:
+                _carry(old, out)
+            shutil.rmtree(old)
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    same_fs = not os.path.isdir(out) or os.stat(out).st_dev == os.stat(parent).st_dev
+    if same_fs:
+        try:
+            os.mkdir(stage)
+            return stage
+        except OSError:  # the parent is not writable: stage inside OUTPUT
+            pass
+    os.makedirs(os.path.join(out, INNER_STAGE))
+    return os.path.join(out, INNER_STAGE)
+
+
+def _exchange(a: str, b: str) -> None:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); OSError where unsupported."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), a)
+
+
+def _link(src: str, dst: str) -> None:
+    """`dst` as another name of `src` (a folder: its tree, files linked); a copy where the
+    filesystem has no hard links."""
+    if os.path.isdir(src) and not os.path.islink(src):
+        shutil.copytree(src, dst, symlinks=True, copy_function=_link)
+        return
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), dst)
+        elif stat.S_ISREG(os.lstat(src).st_mode):
+            shutil.copy2(src, dst)
+        else:
+            raise
+
+
+def _publish_in_place(stage: str, out: str) -> None:
+    """The fallback without a sibling stage: old outputs out (report.json first), new ones in
+    (report.json last)."""
+    old = [n for n in os.listdir(out) if is_output(n) and n != INNER_STAGE]
+    for n in sorted(old, key=lambda n: n != "report.json"):
+        os.remove(os.path.join(out, n))
+        _step("cleared")
+    for n in sorted(os.listdir(stage), key=lambda n: n == "report.json"):
+        os.replace(os.path.join(stage, n), os.path.join(out, n))
+        _step("moved")
+    os.rmdir(stage)
+
+
+def publish(stage: str, out_dir: str) -> None:
+    """Put the finished run in `stage` in place as `out_dir` (see above); `stage` is
+    `open_stage`'s folder, or OUTPUT/.partial (the Beam runner's)."""
+    out = os.path.realpath(out_dir)
+    stage = os.path.realpath(stage)
+    _step("staged")
+    if os.path.dirname(stage) == out:  # an inner stage: beside OUTPUT if the parent allows it
+        try:
+            os.rename(stage, out + STAGE_SUFFIX)
+            stage = out + STAGE_SUFFIX
+        except OSError:
+            _publish_in_place(stage, out)
+            return
+    if not os.path.lexists(out):
+        os.rename(stage, out)
+        _step("swapped")
+        return
+    for n in os.listdir(out):
+        if not is_output(n):
+            _link(os.path.join(out, n), os.path.join(stage, n))
+    _step("linked")
+    try:
+        _exchange(stage, out)
+        old = stage
+    except OSError as e:
+        if e.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP,
+                           errno.EPERM):
+            raise
+        old = out + PREVIOUS_SUFFIX
+        os.rename(out, old)
+        _step("aside")
+        os.rename(stage, out)
+    _step("swapped")
+    _carry(old, out)  # entries written into OUTPUT while this run was linking
+    _step("carried")
+    shutil.rmtree(old)

@@ -33,10 +33,13 @@ Stages, per chunk of `chunk_rows` input rows (so memory stays bounded on million
   write    kept examples into DIR/compiled-NNNNN.array_record (`examples_per_shard` each);
            withheld and invalid rows, with row number, id, reason code and detail, into
            DIR/withheld.jsonl and DIR/invalid.jsonl; counts into DIR/report.json (ledger.py).
-           Everything is written into DIR/.partial/ and moved into DIR at the end, report.json
-           last: a stopped run leaves no half-written output (DIR holds report.json only when
-           its shards and lists are complete);
-  export   with config.export_format=parquet, DIR/data.parquet for TRL and verl (export_data.py).
+           Everything is written into DIR.partial/ (created only once every input is known
+           readable) and put in place as DIR by one atomic folder swap (ledger.publish): a run
+           stopped or killed at any moment leaves the previous DIR whole or the new one
+           complete; files in DIR that curate did not write are carried over. An input that
+           the swap would replace (DIR/invalid.jsonl, ...) is refused before anything is read;
+  export   with config.export_format=parquet, DIR/data.parquet for TRL and verl (export_data.py),
+           written in the stage, so it is published with the rest.
 The shard format is compiled.py's. `curate(cfg)` runs these steps one chunk at a time
 (`curate_chunk`); `run` adds the export and refuses a run that kept no row (one sentence with
 the top reasons); the command line is rossjax/cli/curate.py.
@@ -44,7 +47,6 @@ the top reasons); the command line is rossjax/cli/curate.py.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
@@ -53,9 +55,17 @@ import time
 
 import numpy as np
 
-from rossjax.curate.compiled import SHARD_GLOB, ShardWriter, encode_example
+from rossjax.curate.compiled import ShardWriter, encode_example
+from rossjax.curate.files import check_readable, is_regular
 from rossjax.curate.grain_flags import mark_absl_parsed
-from rossjax.curate.ledger import Report, RowLists
+from rossjax.curate.ledger import (
+    OUTPUT_NAMES,
+    Report,
+    RowLists,
+    check_inputs_outside,
+    open_stage,
+    publish,
+)
 from rossjax.curate.masks import MASK_MODES, CompiledExample, compile_rollout
 from rossjax.curate.schema import chunked, expand_inputs, iter_records, verifier_positive
 from rossjax.errors import ConfigError, InputError
@@ -66,8 +76,8 @@ from rossjax.verify.base import load_fn, verify_fn_job
 VERIFY_MODES = ("auto", "stored", "rerun")
 ROW_FILTERS = ("accepted", "verifier_positive")
 EXPORT_FORMATS = ("", "parquet")
-STAGE = ".partial"  # DIR/.partial/: this run's outputs until they are complete
-OUTPUTS = ("report.json", "invalid.jsonl", "withheld.jsonl", "data.parquet")
+STAGE = ".partial"  # DIR/.partial/: the Beam runner's stage (ledger.publish moves it beside DIR)
+OUTPUTS = OUTPUT_NAMES
 _NOT_ANNOTATED = ("the row carries no reviewer annotation and config.rows=accepted trains only on "
                   "rows a reviewer accepted or revised (config.rows=verifier_positive with "
                   "config.mask_mode=eligible keeps it: the positive-rollout SFT baseline)")
@@ -110,23 +120,6 @@ class Compiler:
         return row, ex
 
 
-def _clear_outputs(out_dir: str):
-    for p in [os.path.join(out_dir, "report.json")] + glob.glob(os.path.join(out_dir, SHARD_GLOB)) + [
-            os.path.join(out_dir, n) for n in OUTPUTS]:
-        if os.path.exists(p):
-            os.remove(p)
-
-
-def publish(stage: str, out_dir: str) -> None:
-    """Move a complete run's files from `stage` into `out_dir`: the old outputs go first
-    (report.json before its shards), the new report.json comes last."""
-    _clear_outputs(out_dir)
-    names = sorted(os.listdir(stage), key=lambda n: n == "report.json")
-    for n in names:
-        os.replace(os.path.join(stage, n), os.path.join(out_dir, n))
-    os.rmdir(stage)
-
-
 def template_kwargs(cfg) -> dict:
     """config.template_kwargs: a JSON object of extra template variables (e.g. enable_thinking)."""
     raw = cfg.get("template_kwargs", "") or ""
@@ -155,8 +148,9 @@ def field_mapping(cfg) -> dict:
 
 
 def _count_lines(files: list[str]) -> int | None:
-    """Rows to expect (the progress bar's total) when every input is plain JSONL, else None."""
-    if not all(p.endswith(".jsonl") for p in files):
+    """Rows to expect (the progress bar's total) when every input is a plain JSONL file, else
+    None: a pipe is never read ahead (its rows would be gone before the run reads them)."""
+    if not all(p.endswith(".jsonl") and is_regular(p) for p in files):
         return None
     total = 0
     for p in files:
@@ -225,6 +219,8 @@ def check_config(cfg, out_dir: str, list_inputs=expand_inputs) -> tuple[str, lis
                               "set config.verify=auto (rows without a stored verdict) or rerun")
         load_fn(cfg.verify_fn)  # importable here, not first inside a worker
     files = list_inputs(cfg.input)  # a missing file or an empty pattern fails here
+    check_inputs_outside(files, out_dir)  # an input the publish would replace
+    check_readable(files)  # so the stage appears only once every input can be read
     try:  # fail here, not inside a worker after reading rows
         load_tokenizer(cfg.tokenizer)
     except (FileNotFoundError, ValueError) as e:
@@ -330,13 +326,23 @@ def curate_chunk(chunk, cfg, rows_filter: str, pool: WorkerPool, compiler: Compi
 def curate(cfg, output: str | None = None) -> dict:
     """Run the pipeline for an ml-collections config (see configs/curate.py) into `output`
     (default config.output); returns the report."""
-    from tqdm import tqdm
-
     out_dir = output or cfg.output
     rows_filter, files = check_config(cfg, out_dir)
-    stage = os.path.join(out_dir, STAGE)
-    shutil.rmtree(stage, ignore_errors=True)  # a stopped run's leftovers
-    os.makedirs(stage)
+    stage = open_stage(out_dir)  # also undoes what a killed run left
+    try:
+        report, out = _curate_into(cfg, out_dir, stage, rows_filter, files)
+    except BaseException:  # a stopped run (a kill leaves the stage; the next run removes it)
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    publish(stage, out_dir)
+    announce(report, cfg, out_dir)
+    return out
+
+
+def _curate_into(cfg, out_dir: str, stage: str, rows_filter: str, files: list[str]):
+    """The run's outputs, all written into `stage`: (Report, its dict)."""
+    from tqdm import tqdm
+
     config = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
     report = Report({**config, "output": out_dir})
     report.tokenizer_vocab_size = int(load_tokenizer(cfg.tokenizer).vocab_size)
@@ -357,9 +363,17 @@ def curate(cfg, output: str | None = None) -> dict:
         bar.close()
         shards.close()
     out = report.write(stage, time.perf_counter() - t0)
-    publish(stage, out_dir)
-    announce(report, cfg, out_dir)
-    return out
+    if cfg.get("export_format", "") == "parquet" and out["buckets"]["kept"]:
+        _export(stage, out_dir)
+    return report, out
+
+
+def _export(curated: str, out_dir: str) -> None:
+    from rossjax.curate.export_data import export_parquet
+
+    export_parquet(curated)
+    print(f"rossjax curate: wrote {os.path.join(out_dir, 'data.parquet')} (input_ids, "
+          f"attention_mask, labels, assistant_masks)", file=sys.stderr)
 
 
 def announce(report: Report, cfg, out_dir: str, runner: str = "") -> None:
@@ -399,13 +413,11 @@ def check_kept(report: dict, cfg, out_dir: str) -> None:
 
 
 def finish(cfg, report: dict, out_dir: str) -> dict:
-    """After either runner: the Parquet export (config.export_format) and the kept-nothing check."""
-    if cfg.get("export_format", "") == "parquet" and report["buckets"]["kept"]:
-        from rossjax.curate.export_data import export_parquet
-
-        path = export_parquet(out_dir)
-        print(f"rossjax curate: wrote {path} (input_ids, attention_mask, labels, assistant_masks)",
-              file=sys.stderr)
+    """After either runner: the Parquet export (config.export_format; the local runner wrote it
+    in its stage already) and the kept-nothing check."""
+    if (cfg.get("export_format", "") == "parquet" and report["buckets"]["kept"]
+            and not os.path.exists(os.path.join(out_dir, "data.parquet"))):
+        _export(out_dir, out_dir)
     check_kept(report, cfg, out_dir)
     return report
 

@@ -19,6 +19,7 @@ from rossjax.curate.files import (  # noqa: F401
     ROLLOUT_SUFFIXES,
     SchemaError,
     expand_inputs,
+    is_regular,
     iter_json_lines,
     parquet_rows,
 )
@@ -301,12 +302,13 @@ def _checked(name: str, k: int, obj, fields) -> Row:
 def _file_records(path: str, fields=None) -> Iterator[Row]:
     name = os.path.basename(path)
     if path.endswith(".parquet"):
-        for k, rec in enumerate(parquet_rows(path), start=1):
-            yield _checked(name, k, rec, fields)
-        return
-    if not path.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
+        lines = parquet_rows(path)
+    elif path.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")) or (
+            os.path.exists(path) and not is_regular(path)):  # a pipe (<(cmd)) is read as JSONL
+        lines = iter_json_lines(path)
+    else:
         raise SchemaError(f"{path}: rollout files must be .jsonl, .jsonl.gz or .parquet")
-    for row in iter_json_lines(path):
+    for row in lines:
         yield Row(row.row, None, row.reason) if row.record is None else _checked(
             name, row.row, row.record, fields)
 

@@ -13,7 +13,7 @@ import os
 import jax
 import numpy as np
 
-from rossjax.errors import ConfigError
+from rossjax.errors import ConfigError, InputError
 from rossjax.train.sft import BATCH_KEYS
 
 
@@ -24,6 +24,11 @@ def split_paths(spec: str, field: str) -> list[str]:
     for p in paths:
         if not os.path.exists(p):
             raise FileNotFoundError(f"config.{field}: {p} does not exist.")
+        if os.path.isdir(p) and not os.path.exists(os.path.join(p, "report.json")):
+            # curate, select and mix write report.json last: without it the folder is not whole
+            raise InputError(f"config.{field}: {p} holds no report.json, so it is not a complete "
+                             f"curated folder (a curate run stopped before publishing it, or "
+                             f"not written by rossjax curate/select/mix); curate it again")
     return paths
 
 
