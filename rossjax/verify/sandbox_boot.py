@@ -1,4 +1,5 @@
-"""Bootstrap of a sandbox: `python -I -S -c <wire + harness + this text> <params dict literal>`.
+"""Bootstrap of a sandbox: `python -I -S BOOT.pyc <params dict literal>`, where BOOT.pyc is the
+texts of sandbox_wire, sandbox_harness, sandbox_hook and this file, compiled once by the host.
 
 Trusted code only, before any untrusted code runs; stdlib only, no rossjax import (startup
 matters). Processes (see sandbox.py for what each mode guarantees):
@@ -16,6 +17,8 @@ matters). Processes (see sandbox.py for what each mode guarantees):
       descriptors through /proc.
   program runs the model's code under the program uid / Landlock domain, rlimits and the audit
       hook; in checked runs it then serves the checker's calls.
+Both children: no descriptors but their own, no capabilities (user namespace), no_new_privs, a
+seccomp filter refusing socket(AF_UNIX), PR_SET_PDEATHSIG, rlimits.
 
 A refusal by the audit hook is reported on stderr and then ends the process at once with exit
 status REFUSED: a program cannot swallow it, and closing stderr only hides the message.
