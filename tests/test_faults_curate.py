@@ -205,6 +205,9 @@ def test_the_stage_appears_only_once_the_inputs_can_be_read(tmp_path):
         with pytest.raises((InputError, FileNotFoundError), match=msg):
             pipeline.curate(_positive(input=spec, output=out))
         assert not os.path.exists(out) and not os.path.exists(out + ".partial"), spec
+    with pytest.raises(ConfigError, match=r"config.output .*ok.jsonl is a file"):
+        pipeline.curate(_positive(input=ok, output=ok))
+    assert open(ok).read().count("\n") == 1
 
 
 @pytest.mark.parametrize("progress", [True, False])
@@ -271,3 +274,22 @@ def test_train_refuses_a_curated_folder_without_its_report(tmp_path):
     with pytest.raises(InputError, match=r"out holds no report.json, so it is not a complete "
                                          r"curated folder"):
         split_paths(str(out), "data.train")
+
+
+def test_an_inner_stage_is_published_by_the_same_swap(tmp_path, monkeypatch):
+    """The Beam runner stages in OUTPUT/.partial: publish moves it beside OUTPUT (over a stale
+    stage a killed run left) and swaps, so its outputs are atomic too."""
+    out, new_src, old_ids, new_ids = _setup(tmp_path)
+    inner = os.path.join(out, ".partial")
+    pipeline.curate(_positive(input=new_src, output=str(tmp_path / "elsewhere"),
+                              examples_per_shard=3))
+    os.rename(tmp_path / "elsewhere", inner)
+    os.makedirs(out + ".partial/stale")
+    swapped = []
+    real = ledger._exchange
+    monkeypatch.setattr(ledger, "_exchange", lambda a, b: (swapped.append((a, b)), real(a, b)))
+    ledger.publish(inner, out)
+    assert swapped == [(out + ".partial", out)]
+    assert _state(out, old_ids, new_ids) == "new" and not os.path.exists(out + ".partial")
+    assert open(os.path.join(out, "notes.txt")).read() == "mine"
+    assert os.path.exists(os.path.join(out, "raw", "new.jsonl"))

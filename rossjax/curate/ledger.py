@@ -368,6 +368,7 @@ def publish(stage: str, out_dir: str) -> None:
     stage = os.path.realpath(stage)
     _step("staged")
     if os.path.dirname(stage) == out:  # an inner stage: beside OUTPUT if the parent allows it
+        shutil.rmtree(out + STAGE_SUFFIX, ignore_errors=True)  # a killed run's stale stage
         try:
             os.rename(stage, out + STAGE_SUFFIX)
             stage = out + STAGE_SUFFIX

@@ -207,6 +207,8 @@ def check_config(cfg, out_dir: str, list_inputs=expand_inputs) -> tuple[str, lis
     rows_filter = check_rows(cfg)
     if not out_dir:
         raise ConfigError("config.output is empty; set --config.output=DIR")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ConfigError(f"config.output {out_dir} is a file; curate writes a folder there")
     if cfg.get("duplicates", "withhold") not in ("withhold", "keep"):
         raise ConfigError(f"config.duplicates {cfg.duplicates!r} must be 'withhold' or 'keep'")
     if cfg.get("export_format", "") not in EXPORT_FORMATS:
