@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -330,3 +331,40 @@ def test_attack_is_contained(mode_results, name):
         assert r["passed"] is True, (mode, r)  # the checker is out of the program's reach
     if name.endswith("killed_host"):
         assert r["seen"] >= ATTACKS.get(name, ROOT_ONLY.get(name))["want"] and r["left"] == 0, (mode, r)
+
+
+def test_sandboxes_die_with_a_killed_curate(tmp_path):
+    """SIGKILL of `rossjax curate` while its verifier workers run sandboxed programs that sleep
+    (a row's timeout_s of 86400 is capped): no sandbox process outlives it (was: PPID 1)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sandbox_worker import sandbox_pids
+
+    rows = tmp_path / "in.jsonl"
+    with open(rows, "w") as f:
+        for i in range(4):
+            f.write(json.dumps({"id": f"r{i}", "task": {
+                "id": f"t{i}", "domain": "code", "entry_point": "add", "tests": TESTS,
+                "timeout_s": 86400}, "messages": [
+                    {"role": "user", "content": "add"},
+                    {"role": "assistant", "content": "```python\nimport time\ntime.sleep(120)\n"
+                                                     + GOOD + "```"}]}) + "\n")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "rossjax.cli", "curate",
+                             f"--config={REPO}/configs/curate.py", f"--config.input={rows}",
+                             f"--config.output={tmp_path / 'out'}", "--config.verify=rerun",
+                             "--config.verify_workers=2"], env=env, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = str(tmp_path / "rossjax-sandbox-")
+    try:
+        deadline = time.monotonic() + 120
+        while len(sandbox_pids(marker)) < 6 and time.monotonic() < deadline:
+            assert proc.poll() is None, "curate ended before its sandboxes ran"
+            time.sleep(0.1)
+        assert len(sandbox_pids(marker)) >= 6
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 5
+    while sandbox_pids(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not sandbox_pids(marker)
