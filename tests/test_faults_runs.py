@@ -431,6 +431,30 @@ def test_a_locked_workdir_refuses_a_second_run_and_a_dead_holders_lock_is_taken_
     assert log.getvalue() == ""  # released cleanly: nothing to take over
     assert runlock.acquire("gs://bucket/run", "rossjax train", log=log) is None
     assert "not locked against a second run" in log.getvalue()
+    (work / "run.lock").write_text('{"host": "h", "pi')  # a body cut short by a crash
+    log = io.StringIO()
+    runlock.acquire(str(work), "rossjax train", log=log).release()
+    assert "from `an unknown run (its lock file is unreadable)`" in log.getvalue()
+
+
+def test_data_fingerprint_names_what_changed(tmp_path):
+    import shutil
+
+    from rossjax.train import resume
+
+    d = write_curated(tmp_path / "a", n=10)
+    (tmp_path / "a" / "report.json").write_text('{"kept": 10}')
+    before = resume.curated_fingerprint([d])
+    shutil.copytree(d, tmp_path / "moved")
+    assert resume._data_changes(before, resume.curated_fingerprint([str(tmp_path / "moved")])) == []
+    (tmp_path / "a" / "report.json").write_text('{"kept": 11}')
+    shutil.copy(os.path.join(d, "compiled-00000.array_record"), os.path.join(d, "compiled-00001.array_record"))
+    changes = resume._data_changes(before, resume.curated_fingerprint([d]))
+    assert changes[0].startswith(f"{d}: report.json ") and changes[1] == f"{d}: shard compiled-00001.array_record is new"
+    assert resume._data_changes(before, before + before) == ["1 training path(s) then, 2 now"]
+    nan = float("nan")
+    assert resume.changed_fields({"a": {"x": nan, "y": [1, 2]}}, {"a": {"x": nan, "y": [1, 3], "z": 0}}) == [
+        ("a.y", [1, 2], [1, 3]), ("a.z", "(not set)", 0)]
 
 
 def test_two_trainers_on_one_workdir_never_write_the_same_steps(tmp_path, capsys):
