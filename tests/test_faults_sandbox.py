@@ -201,6 +201,10 @@ ATTACKS = {
     # the seccomp filter refuses socket(AF_UNIX).
     "unix_socket_no_hook": {"program": "import socket\ns = socket.socket(socket.AF_UNIX)\n"
                                        "s.connect('{SOCK}')\n", "limits": NO_HOOK},
+    # A nested user namespace would give the program capabilities over new namespaces.
+    "nested_userns_no_hook": {"program": "import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                                         "if libc.unshare(0x10000000) == 0 or ctypes.get_errno() != 1:\n"
+                                         "    sys.exit(3)\n", "limits": NO_HOOK},
     "fork_bomb": {"program": "import os\nwhile True:\n    os.fork()\n", "timeout": 3},
     "disk_fill": {"program": "total = 0\nfor i in range(1000):\n    with open('f%d' % i, 'wb') as f:\n"
                              "        for _ in range(2):\n            f.write(b'x' * (1 << 20))\n"
@@ -325,6 +329,8 @@ def test_attack_is_contained(mode_results, name):
         written = int(r["stdout"].split()[-1]) if r["stdout"].split() else 0
         cap = 8 << 20 if "scratch-tmpfs" in r["isolation"] else 64 * (2 << 20)
         assert written <= cap, (mode, r)
+    if name == "nested_userns_no_hook":
+        assert r["ok"], (mode, r)  # unshare(CLONE_NEWUSER) answered EPERM
     if name == "proc_fd_report_no_hook":
         assert r["passed"] is False, (mode, r)
     if name == "kill_checker_no_hook" and mode != "rlimits":

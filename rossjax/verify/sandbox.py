@@ -38,7 +38,8 @@ Confinement, by mode (`RunResult.isolation` names the active layers):
     hook, plus the user namespaces if available; files are confined by the hook alone (it resolves
     links like the kernel, but a racing thread can still swap a link between check and use).
 In every mode: a seccomp filter refusing socket(AF_UNIX) (Landlock up to ABI 7 and namespaces
-leave the host user's pathname unix sockets reachable; socketpair still works); a noexec scratch
+leave the host user's pathname unix sockets reachable; socketpair still works) and nested user
+namespaces (unshare, clone with CLONE_NEWUSER; clone3 answers ENOSYS); a noexec scratch
 dir where it is a tmpfs; rlimits on CPU, address space, file size and core dumps; an audit hook
 as a second line (sockets, process creation, signals, ctypes, files outside the scratch dir
 and the stdlib), whose refusal ends the process at once (it cannot be caught or hidden); every
@@ -70,6 +71,7 @@ from rossjax.verify.verdict import Verdict
 
 _MARK = "\x1b[sandbox]\x1b "  # prefix of the audit hook's refusal lines on stderr
 _REFUSED = 113  # exit status of a process the audit hook ended (sandbox_hook.REFUSED)
+_SETUP_FAILED = 114  # a child could not build its walls (sandbox_boot.SETUP_FAILED)
 _REPLY_CAP = 64 << 20  # bytes of one reply from the program to the checker
 
 
@@ -324,6 +326,8 @@ def _judge(got, status, killed, wall, timeout_s, lim, checked) -> RunResult:
         reason = f"timeout: still running after {timeout_s:g} s wall time"
     elif layers is None:
         reason = f"sandbox_error: the sandbox did not start ({last or 'no status'})"
+    elif _SETUP_FAILED in (prog, chk):
+        reason = f"sandbox_error: the sandbox's walls could not be built ({last})"
     elif _REFUSED in (prog, chk):
         # The hook's own line, when the program left stderr open; the last one, as the hook
         # ends the process right after writing it.

@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # in the sandbox these come from the texts run before this on
 
 P = eval(sys.argv[1], {"__builtins__": {}})  # a dict literal written by the host
 REFUSED = 113  # exit status of a process the audit hook ended (sandbox_hook.py)
+SETUP_FAILED = 114  # a child could not build its walls (sandbox.py: sandbox_error)
 _libc = ctypes.CDLL(None, use_errno=True)
 _ARCH = os.uname().machine
 _SYS = {"x86_64": {"pivot_root": 155, "capset": 126},
@@ -215,25 +216,40 @@ def _drop_caps():
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
-_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}  # audit arch, socket
+# audit arch, then the numbers of socket, unshare, clone, clone3
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 272, 56, 435),
+                 "aarch64": (0xC00000B7, 198, 97, 220, 435)}
 
 
 def _seccomp():
-    """A seccomp filter: socket(AF_UNIX) fails with EPERM. Namespaces and Landlock leave
-    pathname unix sockets reachable (a host daemon's socket is a file the kernel lets the host
-    user connect to); a sandboxed program needs none (socketpair still works). False when this
-    architecture has no entry."""
+    """A seccomp filter: socket(AF_UNIX) fails with EPERM (namespaces and Landlock leave the host
+    user's pathname unix sockets reachable; socketpair still works); so do unshare() and clone()
+    with CLONE_NEWUSER (a nested user namespace gives a program capabilities over new namespaces:
+    kernel attack surface it never needs); clone3 answers ENOSYS (its flags sit in memory a
+    filter cannot read; libc falls back to clone). False when this architecture has no entry."""
     if _ARCH not in _SECCOMP_ARCH:
         return False
-    arch, nr_socket = _SECCOMP_ARCH[_ARCH]
-    ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
-    allow, deny, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000  # ALLOW, ERRNO(EPERM), KILL_PROCESS
-    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill),  # another ABI: kill
-            (ld, 0, 0, 0), (jeq, 0, 3, nr_socket),
-            (ld, 0, 0, 16), (jeq, 0, 1, 1), (ret, 0, 0, deny),  # args[0] == AF_UNIX
-            (ret, 0, 0, allow)]
-    if _ARCH == "x86_64":  # x32 syscall numbers (bit 30) reach the same kernel code: refuse them
-        prog[3:4] = [(ld, 0, 0, 0), (0x35, 0, 1, 0x40000000), (ret, 0, 0, deny)]  # JGE
+    arch, nr_socket, nr_unshare, nr_clone, nr_clone3 = _SECCOMP_ARCH[_ARCH]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, kill = 0x7FFF0000, 0x80000000  # SECCOMP_RET_ALLOW, SECCOMP_RET_KILL_PROCESS
+    eperm, enosys = 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
+    # (code, jump-if-true label, jump-if-false label, k); labels resolve to relative offsets.
+    prog = [("", ld, None, None, 4), ("", jeq, "nr", "kill", arch),
+            ("kill", ret, None, None, kill), ("nr", ld, None, None, 0)]
+    if _ARCH == "x86_64":  # x32 numbers (bit 30) reach the same kernel code: refuse them
+        prog.append(("", jge, "deny", None, 0x40000000))
+    prog += [("", jeq, "sock", None, nr_socket), ("", jeq, "deny", None, nr_unshare),
+             ("", jeq, "clone", None, nr_clone), ("", jeq, "enosys", None, nr_clone3),
+             ("", ret, None, None, allow),
+             ("sock", ld, None, None, 16), ("", jeq, "deny", None, 1),  # args[0] == AF_UNIX
+             ("", ret, None, None, allow),
+             ("clone", ld, None, None, 16), ("", jset, "deny", None, 0x10000000),
+             ("", ret, None, None, allow),  # (classic BPF jumps only forward)
+             ("deny", ret, None, None, eperm), ("enosys", ret, None, None, enosys)]
+    where = {label: i for i, (label, *_) in enumerate(prog) if label}
+
+    def off(i, label):
+        return 0 if label is None else where[label] - i - 1
 
     class Insn(ctypes.Structure):
         _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
@@ -242,7 +258,8 @@ def _seccomp():
     class Prog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Insn))]
 
-    insns = (Insn * len(prog))(*[Insn(*i) for i in prog])
+    insns = (Insn * len(prog))(*[Insn(code, off(i, t), off(i, f), k)
+                                 for i, (_, code, t, f, k) in enumerate(prog)])
     fprog = Prog(len(prog), insns)
     _call(_libc.prctl, 22, ctypes.c_ulong(2), ctypes.byref(fprog), ctypes.c_ulong(0),
           ctypes.c_ulong(0))  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
@@ -356,6 +373,10 @@ def _p1(ns):
                 os.close(0)
                 _confine(cuid, {spec_fd, req_w, rep_r, report_fd}, None, ns, ll_abi)
                 _prctl(PR_SET_DUMPABLE, 0)  # after the uid change, which resets it
+            except BaseException as e:
+                os.write(2, f"sandbox setup failed: {e}\n".encode())
+                os._exit(SETUP_FAILED)
+            try:
                 if P["audit"]:
                     sys.addaudithook(_make_hook(scratch, P["hook_reads"], False, P["mark"], None))
                 harness_check(spec_fd, req_w, rep_r, report_fd, P["entry"], P["cap"])
@@ -410,7 +431,7 @@ def _program(scratch, uid, keep, ns, ll_abi, allow_fork, req_r, rep_w, capped):
         _confine(uid, keep, scratch, ns, ll_abi)
     except BaseException as e:
         os.write(2, f"sandbox setup failed: {e}\n".encode())
-        os._exit(REFUSED)
+        os._exit(SETUP_FAILED)
     for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
         del sys.modules[name]  # a later `import ctypes` must go through the (refused) import event
     if P["audit"]:
