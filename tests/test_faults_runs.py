@@ -443,8 +443,10 @@ def test_data_fingerprint_names_what_changed(tmp_path):
     from rossjax.train import resume
 
     d = write_curated(tmp_path / "a", n=10)
-    (tmp_path / "a" / "report.json").write_text('{"kept": 10}')
+    (tmp_path / "a" / "report.json").write_text('{"kept": 10, "elapsed_s": 1.5, "rows_per_s": 6.7}')
     before = resume.curated_fingerprint([d])
+    (tmp_path / "a" / "report.json").write_text('{"elapsed_s": 2.0, "kept": 10, "rows_per_s": 5}')
+    assert resume.curated_fingerprint([d]) == before  # a re-curate of the same rows: only timing differs
     shutil.copytree(d, tmp_path / "moved")
     assert resume._data_changes(before, resume.curated_fingerprint([str(tmp_path / "moved")])) == []
     (tmp_path / "a" / "report.json").write_text('{"kept": 11}')

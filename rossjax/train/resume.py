@@ -2,7 +2,8 @@
 
 `check` runs before a training command restores a checkpoint. It compares the config as given
 with the one saved in `WORKDIR/resume.json` by the run that wrote the checkpoints, and a
-fingerprint of the training data (curated folders: each one's report.json sha256 and its shard
+fingerprint of the training data (curated folders: each one's report.json sha256, its timing
+fields left out so a deterministic re-curate of the same rows matches, and its shard
 files' names, sizes and a sha256 of their first and last MiB, which ArrayRecord's footer index
 makes differ for other rows even where sizes agree (its blocks pad files to 128 KiB); GRPO: the
 task file's size and sha256) with the saved one. A difference
@@ -102,11 +103,31 @@ def curated_fingerprint(paths) -> list[dict]:
     for p in paths:
         report = os.path.join(p, "report.json") if os.path.isdir(p) else ""
         out.append({"path": os.path.abspath(p),
-                    "report_sha256": file_sha256(report) if report and os.path.exists(report)
+                    "report_sha256": _report_sha256(report) if report and os.path.exists(report)
                     else None,
                     "shards": {os.path.basename(s): [os.path.getsize(s), _ends_sha256(s)]
                                for s in compiled_paths(p)}})
     return out
+
+
+# report.json fields that differ between two curations of the same rows (rossjax/curate/ledger.py)
+_REPORT_TIMING = ("elapsed_s", "rows_per_s")
+
+
+def _report_sha256(path: str) -> str:
+    """sha256 of a report's canonical JSON without its timing (the raw bytes for a report that
+    is not a JSON object)."""
+    import hashlib
+
+    raw = open(path, "rb").read()
+    try:
+        rep = json.loads(raw)
+    except ValueError:
+        rep = None
+    if isinstance(rep, dict):
+        raw = json.dumps({k: v for k, v in rep.items() if k not in _REPORT_TIMING},
+                         sort_keys=True).encode()
+    return hashlib.sha256(raw).hexdigest()
 
 
 def _ends_sha256(path, span: int = 1 << 20) -> str:
