@@ -374,3 +374,14 @@ def test_sandboxes_die_with_a_killed_curate(tmp_path):
     while sandbox_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not sandbox_pids(marker)
+
+
+def test_disk_cap_without_a_tmpfs_counts_files():
+    """Without namespaces (no size-capped tmpfs) the audit hook caps the files a run creates, so
+    its disk use stays under files x file_mb."""
+    prog = ("import os\nfor i in range(10):\n    with open('f%d' % i, 'wb') as f:\n"
+            "        f.write(b'x' * 1000)\n    print(i, flush=True)\n")
+    r = sandbox.run(prog, limits=Limits(namespaces=False, files=4, file_mb=1))
+    assert "scratch-tmpfs" not in r.isolation
+    assert not r.ok and "creating more than 4 files" in r.reason, r
+    assert r.stdout.split()[-1] == "3", r.stdout
