@@ -180,3 +180,16 @@ def test_on_policy_grpo_skips_the_old_policy_pass_and_updates_alike(tmp_path, mo
         np.testing.assert_allclose(m1[k], m2[k], rtol=1e-5, atol=1e-7, err_msg=k)
     for a, b in zip(p1, p2):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_bench_grpo_peer_trl_smoke(capsys):
+    """`rossjax bench grpo --peer trl` runs both trainers on the same tiny work (no timing
+    asserted; TRL is the [bench] extra)."""
+    pytest.importorskip("trl")
+    from rossjax.bench.grpo import main
+
+    assert main(["--peer", "trl", "--preset", "tiny_qwen2", "--contexts", "2", "--group", "2",
+                 "--new_tokens", "4", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "rossjax grpo" in out and "TRL GRPOTrainer" in out and "ratio" in out

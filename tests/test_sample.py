@@ -134,3 +134,13 @@ def test_bench_sample_smoke(capsys):
                  "--new_tokens", "4", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "greedy tokens agree on 100.0%" in out and "weight-streaming floor" in out
+
+
+def test_bench_sample_with_stop_tokens_smoke(capsys):
+    """--stops: rows end at different lengths on both sides and still agree token for token."""
+    from rossjax.bench.sample import main
+
+    assert main(["--preset", "tiny_qwen2", "--batch", "4", "--prompt_len", "8",
+                 "--new_tokens", "8", "--repeats", "1", "--stops", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 stop tokens: rows generate" in out and "greedy tokens agree on 100.0%" in out

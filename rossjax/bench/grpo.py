@@ -21,6 +21,9 @@ reward processes compete with the device work, so the figures there are an upper
 A quick look on a small CPU: `rossjax bench grpo --contexts 4 --group 8 --new_tokens 64 --steps 1`
 (a few minutes); the defaults are the issue's sizes (an accelerator job).
 
+`--peer trl`: instead, TRL's GRPOTrainer and `rossjax grpo` on the same work side by side
+(rossjax/bench/grpo_trl.py; defaults there: the issue's 8 prompts x 8 x 64 tokens).
+
 The ASCII tokenizer renders prompts (the preset's 8,192-token vocabulary is larger; ids past the
 tokenizer's 131 decode to nothing, which is fine for timing).
 """
@@ -98,7 +101,19 @@ def main(argv=None) -> int:
                     help="1: sample the next batch while this step's rewards are scored")
     ap.add_argument("--micro_batches", type=int, default=4, help="gradient accumulation per update")
     ap.add_argument("--reward", choices=("code", "math"), default="code")
+    ap.add_argument("--peer", choices=("trl",), default=None,
+                    help="trl: TRL's GRPOTrainer on the same model, prompts, sizes and reward")
+    ap.add_argument("--lr", type=float, default=1e-5, help="(--peer) learning rate of both")
     args = ap.parse_args(argv)
+    if args.peer == "trl":
+        from rossjax.bench import grpo_trl
+
+        given = set(a.split("=")[0] for a in (argv or []))
+        # the issue's sizes unless given: 8 prompts x 8 candidates x 64 new tokens, 24M-class model
+        for flag, v in (("--contexts", 8), ("--new_tokens", 64), ("--steps", 4)):
+            if flag not in given:
+                setattr(args, flag[2:], v)
+        return grpo_trl.run(args)
     if args.steps < 1 or args.workers < 1:
         raise UsageError("rossjax bench grpo: --steps and --workers must be at least 1.")
     keys = ("time_sample_s", "time_logp_s", "time_ref_s", "time_reward_wait_s", "time_update_s",

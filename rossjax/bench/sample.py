@@ -7,6 +7,11 @@ call (rossjax: compilation; torch: allocator/kernels), then the best of `--repea
 Prints new tokens/s for both, the ratio, and whether the two outputs agree token for token, then
 the weight-streaming floor: the same decode step's matmuls alone (fp32 weights read once per
 step, no attention), timed in the same run, with the ratio a run at that floor would reach.
+
+`--stops K` gives both sides K stop tokens, so rows end at different lengths (what GRPO and a
+server see): they are taken from a first greedy run without stops, the token at a spread of
+positions in different rows, so the first stops fall early, late and nowhere. Tokens/s then
+count the tokens each row really generated (up to and including its stop token).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--preset", default="qwen2_30m")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    ap.add_argument("--stops", type=int, default=0,
+                    help="stop tokens (rows then end at different lengths; 0 = none)")
     args = ap.parse_args(argv)
 
     import jax
@@ -42,10 +49,16 @@ def main(argv=None) -> int:
     prompts = np.random.RandomState(0).randint(1, cfg.vocab_size, (args.batch, args.prompt_len))
     n_new = args.batch * args.new_tokens
 
+    stop_ids = ()
+    if args.stops:
+        free = generate(cfg, params, prompts.tolist(), args.new_tokens)
+        stop_ids = _spread_stops(free.tokens, args.stops)
+
     def run_rossjax():
-        return generate(cfg, params, prompts.tolist(), args.new_tokens)
+        return generate(cfg, params, prompts.tolist(), args.new_tokens, stop_ids=stop_ids)
 
     res = run_rossjax()  # compile
+    n_new = int(res.lengths.sum())
     t_rj = min(_timed(run_rossjax) for _ in range(args.repeats))
     generate(cfg, params, prompts.tolist(), 1)
     t_prefill = min(_timed(lambda: generate(cfg, params, prompts.tolist(), 1))
@@ -55,23 +68,29 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as d:
         save_hf(cfg, params, d)
         model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
+    model.generation_config.eos_token_id = list(stop_ids) or None
     model.generation_config.pad_token_id = 0
     inp = torch.tensor(prompts)
+    lengths = {} if stop_ids else {"min_new_tokens": args.new_tokens}
 
     def run_hf():
         with torch.no_grad():  # equal-length prompts: no padding, so no attention-mask quirks
             return model.generate(inp, attention_mask=torch.ones_like(inp),
-                                  max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                  do_sample=False)
+                                  max_new_tokens=args.new_tokens, do_sample=False, **lengths)
 
     out = run_hf()  # warm-up
     t_hf = min(_timed(run_hf) for _ in range(args.repeats))
-    hf_tokens = out[:, args.prompt_len:].numpy()
-    agree = float(np.mean(hf_tokens == res.tokens))
+    hf_tokens = np.zeros_like(res.tokens)
+    got = out[:, args.prompt_len:].numpy()
+    hf_tokens[:, :got.shape[1]] = got
+    # compare each row up to its own end (after a stop both sides pad with 0)
+    keep = np.arange(args.new_tokens)[None] < res.lengths[:, None]
+    agree = float(np.mean((hf_tokens == res.tokens)[keep]))
 
     print(f"bench sample: {args.preset}, {args.batch} prompts x {args.prompt_len} tokens, "
-          f"{args.new_tokens} new tokens greedy, fp32, {jax.devices()[0].platform}")
+          f"{args.new_tokens} new tokens greedy, fp32, {jax.devices()[0].platform}"
+          + (f"; {len(stop_ids)} stop tokens: rows generate {res.lengths.min()}-"
+             f"{res.lengths.max()} tokens ({n_new} in all)" if stop_ids else ""))
     print(f"  rossjax      {n_new / t_rj:10.1f} new tok/s  ({t_rj:.3f} s)")
     print(f"  transformers {n_new / t_hf:10.1f} new tok/s  ({t_hf:.3f} s, torch threads "
           f"{torch.get_num_threads()})")
@@ -85,6 +104,21 @@ def main(argv=None) -> int:
           f"{t_prefill * 1e3:.0f} ms; a run at the floor (no attention at all) would be "
           f"{t_hf / t_floor:.2f}x")
     return 0
+
+
+def _spread_stops(tokens: np.ndarray, k: int) -> tuple:
+    """Up to k stop ids: row r's token at position ~ r / rows of the way along, for rows spread
+    over the batch (so the first stop of a row lands anywhere from early to never)."""
+    rows, width = tokens.shape
+    out = []
+    for i in range(rows):
+        r = (i * 7919) % rows
+        t = int(tokens[r, min(width - 1, 1 + (i * width) // rows)])
+        if t not in out:
+            out.append(t)
+        if len(out) == k:
+            break
+    return tuple(out)
 
 
 def _weight_bytes(cfg) -> int:
