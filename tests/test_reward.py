@@ -91,6 +91,10 @@ def test_propel_runlocal_end_to_end(tmp_path):
     for r in rows:  # hard gate: invalid tasks get exactly -0.2, valid ones the probe score
         v = r["rewards"]["validity"]
         assert r["reward"] == pytest.approx(-0.2 if v == 0 else r["rewards"]["probe_score"])
-        assert r["verifier"]["name"] == "induction_task_valid"
+        # the verdict is the reward's (issue 29: GRPO -> ROSS with any reward), with the
+        # validity gate's own evidence after it
+        assert r["verifier"]["name"] == "grpo_reward"
+        assert r["verifier"]["passed"] == (r["reward"] >= 0.5)  # reward.success_threshold
+        assert "induction_task_valid" in r["verifier"]["evidence"]
     m = [json.loads(x) for x in open(os.path.join(work, "metrics.jsonl"))]
     assert m[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts as the reference
