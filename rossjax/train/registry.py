@@ -48,5 +48,6 @@ class Registry:
             if why:
                 raise ConfigError(f"{self.field} {name!r}: {why}")
             return self.register(name, obj)
-        raise ConfigError(f"{self.field} {name!r} is not one of {', '.join(self._items)} "
+        builtin = [n for n in self._items if ":" not in n]  # not the user specs loaded so far
+        raise ConfigError(f"{self.field} {name!r} is not one of {', '.join(builtin)} "
                           f"(or a module:function of your own).")
