@@ -13,6 +13,14 @@ selected.parquet / compiled-*.array_record (the chosen rows, verbatim, same form
 report.json (per method: mean pairwise distance, distinct label sequences, clusters covered,
 rows per problem) and selection.png (2-D PCA of pool vs chosen; look at it before trusting a
 selection). Time: ~1 s per 3,000 records to fingerprint on one core, plus a few seconds.
+
+Baselines the paper compares against, each under the same budget, quota and seed (the diverse
+procedure in its own space; cosine distance): `--config.method=lexical` (word n-gram TF-IDF of
+the route text, `config.lexical`), `embedding` (pooled activations of the frozen model:
+`rossjax extract` over the same rows, then `--config.embedding_store=DIR`
+[`--config.embedding_layer=L`, default the last stored layer]) and `gradient` (LM-head gradient
+sketches: `rossjax extract --config.kind=grad_sketch`, then `--config.gradient_store=DIR`). Rows
+are matched to the store by id; a pool row without a stored vector is an error.
 """
 
 import ml_collections
@@ -30,10 +38,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.dim = 64
     c.seed = 0
     c.budget = 1000
-    c.method = "diverse"         # diverse | similar | random | topology: the subset written
+    c.method = "diverse"         # diverse | similar | random | topology | lexical | embedding |
+                                 # gradient: the subset written
     c.compare = "diverse,similar,random,topology"   # methods measured in the report
     c.clusters = config_dict.placeholder(int)       # None: round(3 * sqrt(budget)), at least 1,
                                                     # at most pool and budget (default_clusters)
+    # lexical: word 1..ngram_max grams, TF-IDF, truncated SVD to dim components (if more terms)
+    c.lexical = ml_collections.ConfigDict(dict(ngram_max=3, dim=256, max_features=1 << 20))
+    c.embedding_store = ""       # method embedding: a `rossjax extract` store over the same ids
+    c.embedding_layer = config_dict.placeholder(int)  # None: the store's last layer
+    c.gradient_store = ""        # method gradient: `rossjax extract --config.kind=grad_sketch`
     c.group_by = "task.id"       # dotted field holding the problem id ("" for none)
     c.per_group = config_dict.placeholder(int)      # None: no per-problem quota
     c.only_passed = True         # the pool is verifier-passed rows (False: every row)

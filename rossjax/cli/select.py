@@ -7,6 +7,16 @@ from rossjax.cli.flags import parse_config, repo_config
 from rossjax.errors import ConfigError
 
 
+def read_store(path: str, layer: int | None):
+    """(ids, read_rows) of a finished `rossjax extract` store, its checksums verified
+    (rossjax.probes.store; imports jax, so only the store-backed methods load it)."""
+    from rossjax.probes.store import open_store
+
+    store = open_store(path)
+    layer = store.manifest["layers"][-1] if layer is None else layer
+    return store.ids, lambda rows: store.read(layer, rows)
+
+
 def main(argv=None) -> int:
     from rossjax.curate.subset import run
 
@@ -17,7 +27,7 @@ def main(argv=None) -> int:
     fingerprinter = None
     if runner == "beam":  # fingerprints on Apache Beam (the beam extra); selection stays here
         from rossjax.curate.beam_select import fingerprinter
-    report = run(cfg, fv.workdir or cfg.output, fingerprinter=fingerprinter)
+    report = run(cfg, fv.workdir or cfg.output, fingerprinter=fingerprinter, read_store=read_store)
     r = report["rows"]
     skipped = ", ".join(f"{k} {n}" for k, n in sorted(r["skipped"].items())) or "none"
     print(f"selected {r['selected']} of {report['pool']['rows']} usable rows "

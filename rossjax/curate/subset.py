@@ -8,6 +8,12 @@ writes report.json plus a PNG scatter of a 2-D PCA projection of the pool agains
 method's choice. A curated dir holds token ids only: the route is the decoded assistant turns
 (`turn_spans`, with `config.tokenizer`), the problem id is `provenance.task_id`, and the output
 is again compiled-NNNNN.array_record shards.
+
+Baselines (routes/baselines.py): `lexical`, `embedding` and `gradient` select with the diverse
+procedure in their own space (TF-IDF of the route text, the frozen model's activations, gradient
+sketches) under the same budget, group quota and seed; the report measures every method in the
+route-fingerprint space, so the columns compare like with like. The store-backed two need
+`read_store` (rossjax/cli/select.py passes rossjax.probes.store's checked reader).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import os
 import numpy as np
 
 from rossjax.errors import ConfigError, InputError
+from rossjax.routes import baselines
 from rossjax.routes.fingerprint import fingerprint_many, trace_text
 from rossjax.routes.selection import METHODS, cluster_pool, default_clusters, select
 
@@ -163,17 +170,51 @@ def plot_selection(fps: np.ndarray, chosen: dict, path: str, seed: int = 0) -> N
     plt.close(fig)
 
 
-def run(cfg, workdir: str | None = None, fingerprinter=None) -> dict:
+def _route_texts(cfg, meta: PoolMeta) -> list[str]:
+    """The route text of every pool row (a second pass over the input, same rows as `meta`)."""
+    again = PoolMeta(cfg.group_by)
+    texts = (stream_compiled_pool(cfg.input, cfg.tokenizer, again) if os.path.isdir(cfg.input)
+             else stream_pool(cfg.input, again, cfg.only_passed))
+    out = ["\n\n".join(t) if isinstance(t, list) else t for t in texts]
+    if again.rows != meta.rows:
+        raise InputError(f"{cfg.input}: the input changed between two passes of select.")
+    return out
+
+
+def baseline_features(cfg, method: str, meta: PoolMeta, read_store=None) -> np.ndarray:
+    """Unit rows of the pool in `method`'s space (routes/baselines.py), in pool order."""
+    if method == "lexical":
+        lx = cfg.get("lexical") or {}
+        return baselines.lexical_features(
+            _route_texts(cfg, meta), ngram_max=int(lx.get("ngram_max", 3)),
+            dim=int(lx.get("dim", 256)), max_features=int(lx.get("max_features", 1 << 20)),
+            seed=cfg.seed)
+    field = baselines.STORE_FIELD[method]
+    path = cfg.get(field, "")
+    if not path:
+        raise ConfigError(f"config.method {method!r} needs --config.{field}=DIR (a store written by "
+                          f"`rossjax extract` over the same rows).")
+    if read_store is None:
+        raise ConfigError(f"config.method {method!r} reads an activation store: run it through "
+                          f"`rossjax select` (or pass read_store).")
+    layer = cfg.get("embedding_layer") if method == "embedding" else None
+    ids, read_rows = read_store(path, layer)
+    return baselines.features_by_id(ids, read_rows, meta.ids, f"config.{field} {path}")
+
+
+def run(cfg, workdir: str | None = None, fingerprinter=None, read_store=None) -> dict:
     """Select `cfg.budget` rows of `cfg.input` into `workdir` (default `cfg.output`); returns the
     report (also written to report.json there). `fingerprinter(cfg, workdir) -> (fingerprints,
-    routes, PoolMeta)` replaces the local fingerprinting pass (the Beam runner's)."""
+    routes, PoolMeta)` replaces the local fingerprinting pass (the Beam runner's);
+    `read_store(path, layer) -> (ids, read_rows)` reads an embedding or gradient store."""
     out_dir = workdir or cfg.output
     if not cfg.input or not out_dir:
         raise ConfigError("select needs --config.input (records) and --config.output (a directory).")
     compare = [m for m in str(cfg.compare).split(",") if m]
     for m in [cfg.method] + compare:
-        if m not in METHODS:
-            raise ConfigError(f"config.method/compare: unknown selection method {m!r}; choose from {METHODS}.")
+        if m not in METHODS + baselines.BASELINES:
+            raise ConfigError(f"config.method/compare: unknown selection method {m!r}; choose from "
+                              f"{METHODS + baselines.BASELINES}.")
     curated = os.path.isdir(cfg.input)
     if not curated:
         from rossjax.curate.schema import expand_inputs
@@ -219,6 +260,11 @@ def run(cfg, workdir: str | None = None, fingerprinter=None) -> dict:
 
     chosen = {}
     for m in dict.fromkeys([cfg.method] + compare):
+        if m in baselines.BASELINES:   # the diverse procedure in the baseline's own space
+            feats = baseline_features(cfg, m, meta, read_store)
+            chosen[m] = select(feats, cfg.budget, "diverse", seed=cfg.seed, groups=quota_groups,
+                               per_group=per_group, clustering=cluster_pool(feats, k, cfg.seed))
+            continue
         chosen[m] = select(fps, cfg.budget, m, seed=cfg.seed, groups=quota_groups,
                            per_group=per_group, routes=routes, clustering=clustering)
     os.makedirs(out_dir, exist_ok=True)
