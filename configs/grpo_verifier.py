@@ -27,9 +27,12 @@ updates run, one step off-policy, which IcePop's band corrects; it excludes
 the same devices, not a separate rollout fleet (docs/deviations.md). The response length is
 `grpo.max_new_tokens` = 512 tokens per candidate.
 
-Time: `:runlocal` (tiny Qwen2 from scratch, ASCII tokenizer, 4 x 4 candidates of 32 tokens, 20
-steps) ~15 s on this 2-core CPU; its reward stays ~0 (a random 0.1M model does not do
-arithmetic): it exercises the machinery; it samples synchronously (a resumed run is bit-exact).
+Time: `:runlocal` (tiny Qwen2 from scratch, ASCII tokenizer, 8 x 4 candidates of 32 tokens, 20
+steps) ~40 s on this 2-core CPU, most of it compiling; it samples synchronously (a resumed run is
+bit-exact). A random 0.1M model does not do arithmetic, so `:runlocal` trains on a task it can
+learn in 20 steps, `gen:contains` (write the letter the prompt names; reward `contains`, lr
+3e-3): its reward_mean rises from ~0.28 (first 5 steps) to ~0.6 (last 5), measured over 3 seeds
+(0.31 -> 0.50, 0.30 -> 0.62, 0.25 -> 0.72), so metrics.png shows learning.
 The full config (128 contexts x 8 samples x 512 tokens) on a ~1.5B model is a TPU job
 (estimated, not measured: ~1.5-3 min per step on a v5e-8, bf16: 8x the tokens of 16 contexts).
 
@@ -62,4 +65,9 @@ def get_config(arg: str | None = None):
     if "runlocal" in variants:
         common.runlocal_grpo(c, steps=20, max_new_tokens=32, save_every=10)
         c.grpo.async_sampling = False   # small and bit-exact on resume
+        # a task a 0.1M model learns in 20 steps (arithmetic it does not): see the docstring
+        c.data.tasks = "gen:contains"
+        c.reward.functions, c.reward.weights = ("contains",), (1.0,)
+        c.grpo.contexts = 8
+        c.optim.peak_lr = c.optim.end_lr = 3e-3
     return c
