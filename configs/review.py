@@ -82,4 +82,12 @@ def get_config():
     c.rows_per_shard = 0  # 0 = one output file (curate reads one file per run)
     c.compress = True  # .jsonl.gz shards
     c.progress = True
+    # Excluded-content classification (rossjax/review/classify.py, docs/review.md): instead of
+    # reviewing, sample excluded spans of the input's annotated rows (up to classify_per_domain
+    # per domain, uniformly over rows first, seeded) and label each with one of seven
+    # categories; WORKDIR/classify/report.json, spans.jsonl and categories.png.
+    c.classify = False
+    c.classify_per_domain = 50
+    c.classify_seed = 0
+    c.classify_context_chars = 1500  # rollout text shown before and after each span
     return c

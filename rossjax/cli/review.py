@@ -34,11 +34,30 @@ def summary(report: dict, workdir: str) -> list[str]:
     ]
 
 
+def classify(cfg, workdir: str) -> int:
+    """`--config.classify=True`: label a sample of the excluded spans (rossjax.review.classify)."""
+    from rossjax.review.classify import OUT_DIR, run as classify_run
+
+    rep = classify_run(cfg, workdir)
+    print(f"rossjax review --config.classify: {rep['rows']['read']} rows read, "
+          f"{rep['rows'].get('with_excluded', 0)} with excluded content; "
+          f"{rep['requests']['requests']} HTTP requests")
+    for d, s in rep["domains"].items():
+        top = ", ".join(f"{c} {n}" for c, n in sorted(s["counts"].items(), key=lambda kv: -kv[1])
+                        if n)
+        print(f"  {d}: {s['labelled']} of {s['sampled']} sampled spans labelled "
+              f"({s['spans_total']} excluded spans in {s['rows_with_excluded']} rows): {top or '-'}")
+    print(f"report {os.path.join(workdir, OUT_DIR, 'report.json')}")
+    return 0
+
+
 def main(argv=None) -> int:
     from rossjax.review.run import check_kept, run
 
     cfg, workdir, _ = command_config(list(argv or []), "review", "configs/review.py",
                                      default_config=repo_config("review.py"))
+    if cfg.get("classify"):
+        return classify(cfg, workdir)
     report = run(cfg, workdir)
     for line in summary(report, workdir):
         print(line)

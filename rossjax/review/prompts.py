@@ -224,6 +224,8 @@ SCHEMAS = {
                           "after": _SEL, "note": _STR}, []),
 }
 SCHEMAS["repair"] = SCHEMAS["proposal"]
+# excluded-content classification (classify.py checks the category against its seven)
+SCHEMAS["classify"] = _obj({"category": _STR, "reason": _STR}, ["category", "reason"])
 
 
 def response_format(stage: str, kind: str) -> dict | None:
