@@ -86,7 +86,7 @@ def test_history_loads_in_curate(tmp_path):
     work = str(tmp_path / "run")
     rc = cli.main(["grpo", "--config=configs/grpo_verifier.py:runlocal", f"--workdir={work}",
                    "--config.grpo.steps=2", "--config.grpo.max_new_tokens=12",
-                   "--config.data.tasks=gen:contains", "--config.reward.functions=('contains',)",
+                   "--config.grpo.contexts=4", "--config.data.tasks=gen:contains", "--config.reward.functions=('contains',)",
                    "--config.reward.workers=1"])
     assert rc == 0
     rows = read_history(os.path.join(work, "history.jsonl"))

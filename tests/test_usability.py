@@ -194,7 +194,8 @@ def custom_grpo(tmp_path_factory):
     mp.syspath_prepend(str(tmp))
     work = str(tmp / "grpo")
     rc = cli.main(["grpo", f"--config={GRPO}:runlocal", f"--workdir={work}", "--config.grpo.steps=2",
-                   "--config.grpo.max_new_tokens=12", "--config.reward.fn=myreward:odd",
+                   "--config.grpo.max_new_tokens=12", "--config.grpo.contexts=4",
+                   "--config.reward.fn=myreward:odd",
                    "--config.reward.workers=1", "--config.checkpoint.save_every=1"])
     mp.undo()
     assert rc == 0
