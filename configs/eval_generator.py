@@ -7,6 +7,10 @@ Run:
   rossjax eval-generator --config=configs/eval_generator.py --config.mode=policy \
       --config.solver.path=POLICY_DIR --config.tasks=tasks.jsonl --workdir=runs/eval
   rossjax eval-generator --config=configs/eval_generator.py:runlocal --workdir=/tmp/evalgen
+  rossjax eval-generator --config=configs/eval_generator.py:mixed_outcome \
+      --config.solver.path=POLICY_DIR --config.tasks=tasks.jsonl --workdir=runs/mixed
+    (the pre-RL mixed-outcome diagnostic: 64 prompts x 8 samples at T = 1; `outcomes` gives the
+    shares of mixed, all-pass and all-fail prompts)
 
 Needs: a generator checkpoint (HF folder) and a solver (a checkpoint through the sampler, or the
 programmatic `oracle` / `identity` / `lookup` solvers); policy mode needs a task file or
@@ -23,7 +27,7 @@ from rossjax.configs import common
 
 
 def get_config(arg: str | None = None):
-    variants = common.variants(arg, ("runlocal",), "eval_generator.py")
+    variants = common.variants(arg, ("runlocal", "mixed_outcome"), "eval_generator.py")
     c = ml_collections.ConfigDict()
     c.workdir = ""
     c.mode = "generator"          # generator | policy
@@ -43,6 +47,9 @@ def get_config(arg: str | None = None):
     c.temperature = 1.0
     c.workers = 2
     c.seed = 0
+    if "mixed_outcome" in variants:   # the paper's pre-RL diagnostic
+        c.mode, c.num_tasks, c.k, c.temperature = "policy", 64, 8, 1.0
+        c.ks = (1, 8)
     if "runlocal" in variants:
         c.tokenizer = "ascii"
         c.generator.preset = common.TINY_PRESET

@@ -187,7 +187,7 @@ def test_default_configs_ship_with_the_package():
 # Every shipped config with the variants it accepts (configs/common.py parses them).
 CONFIG_VARIANTS = {
     "aux_set": (), "curate": (), "extract": (), "label_corpus": (), "probe_sweep": (),
-    "review": (), "eval_generator": ("runlocal",), "grpo_verifier": ("runlocal",),
+    "review": (), "eval_generator": ("runlocal", "mixed_outcome"), "grpo_verifier": ("runlocal",),
     "propel_azr": ("runlocal",), "propel_math": ("runlocal",), "mixture": ("by_recipe",),
     "retrogen": ("runlocal", "artifact_only"), "select_routes": ("runlocal",),
     "ross_sft": ("ross_no_mask", "positive_sft", "agentic", "token_budget", "runlocal"),

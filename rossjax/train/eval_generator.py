@@ -18,8 +18,11 @@ programmatic `oracle` (the task's own f: always solves), `identity` (`def f(*a):
 and `lookup` (a table of the shown pairs: scores 0, the hidden-split check).
 
 Policy mode (`mode=policy`): K answers per task of a task file, verified by the curation
-verifiers; reports pass@k (unbiased estimator) for k in `ks` and coverage (share of tasks solved
-at least once).
+verifiers; reports pass@k (unbiased estimator) for k in `ks`, coverage (share of tasks solved
+at least once) and `outcomes`, the pre-RL mixed-outcome diagnostic: the shares of prompts whose
+K samples are mixed (some pass, some fail: the only groups with a GRPO learning signal),
+all-pass and all-fail (undecided verdicts count as not passed; their number is reported).
+`configs/eval_generator.py:mixed_outcome` is the paper's: 64 prompts x 8 samples at T = 1.
 """
 
 from __future__ import annotations
@@ -100,6 +103,19 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def outcome_shares(correct) -> dict:
+    """Shares of prompts (rows of a bool [prompts, K] array) whose K samples are mixed, all
+    pass or all fail; the three add up to 1."""
+    correct = np.asarray(correct, bool)
+    n = int(correct.shape[0])
+    passed = correct.sum(axis=1)
+    k = correct.shape[1] if correct.ndim == 2 else 0
+    counts = {"all_pass": int((passed == k).sum()), "all_fail": int((passed == 0).sum())}
+    counts["mixed"] = n - counts["all_pass"] - counts["all_fail"]
+    return {"prompts": n, "samples_per_prompt": int(k), "counts": counts,
+            **{name: counts[name] / n if n else 0.0 for name in ("mixed", "all_pass", "all_fail")}}
+
+
 def utility_rate(solved, valid_tasks, k: int, lo: float, hi: float) -> float:
     """Share of all sampled tasks that are valid and solved lo*K..hi*K times."""
     ok = [v and lo * k - 1e-9 <= s <= hi * k + 1e-9 for s, v in zip(solved, valid_tasks)]
@@ -176,8 +192,9 @@ def evaluate_policy(c) -> dict:
                for i, a in enumerate(answers)]
     verdicts = verify_many(records, workers=c.workers)
     correct = np.asarray([bool(v.passed) for v in verdicts]).reshape(len(tasks), c.k)
-    out = {"mode": "policy", "tasks": len(tasks), "k": c.k,
-           "coverage": float(np.mean(correct.any(axis=1)))}
+    out = {"mode": "policy", "tasks": len(tasks), "k": c.k, "temperature": c.temperature,
+           "coverage": float(np.mean(correct.any(axis=1))), "outcomes": outcome_shares(correct),
+           "undecided_samples": int(sum(v.passed is None for v in verdicts))}
     for k in c.ks:
         if k <= c.k:
             out[f"pass@{k}"] = float(np.mean([pass_at_k(c.k, int(r.sum()), k) for r in correct]))
