@@ -14,7 +14,9 @@ so the same seed and inputs give the same samples.
 (before temperature, top-k, top-p), i.e. the behaviour log-probs GRPO's importance ratio needs.
 A stop token is kept in the output and counted in `lengths`; after it a row holds padding (0)
 with log-prob 0. A finished row frees its slot at once; with more rows than `_MAX_SLOTS` the
-rest wait and take freed slots (continuous batching).
+rest wait and take freed slots (continuous batching). Decoding runs in chunks of 16 steps: once
+at most half the slots still run, a chunk decodes only those (the engine's compaction), so rows
+that stop early stop costing compute.
 
 Sampling with a partitioner (rossjax.sharding.Partitioner: mesh + rules; or a bare mesh) puts
 slots over the batch axes and heads over `tensor` (param and cache shardings from
@@ -83,7 +85,7 @@ def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], max_new
     slots = _round_up(min(n * g, max(_MAX_SLOTS, g)), mult)
     max_len = bucket_length(max(map(len, prompts))) + t
     eng = Engine(cfg, params, slots=slots, max_len=max_len, partitioner=part,
-                 n_stop=max(1, len(stop)), chunk=min(t, 64))
+                 n_stop=max(1, len(stop)), chunk=min(t, 16))
     ids = []
     for i, p in enumerate(prompts):
         # Prompt i's seed: (seed, i) hashed into 64 bits by the engine's fold (see module doc).

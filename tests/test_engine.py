@@ -193,3 +193,21 @@ def test_bench_grpo_peer_trl_smoke(capsys):
                  "--new_tokens", "4", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "rossjax grpo" in out and "TRL GRPOTrainer" in out and "ratio" in out
+
+
+def test_a_mostly_idle_pool_decodes_only_its_running_slots(tiny):
+    """16 slots, 3 sequences: the chunk runs on 8 gathered rows (compaction) and gives the same
+    tokens and log-probs as a pool the sequences fill."""
+    cfg, params, prompts = tiny
+    sp = SamplingParams(max_new_tokens=6, temperature=1.0, seed=2)
+    big = Engine(cfg, params, slots=16, max_len=64, chunk=4)
+    ids = [big.submit(p, sp)[0] for p in prompts[:3]]
+    big.step()
+    assert any(k[0] == "compact" for k in big.progs._decode)
+    _drain(big)
+    full = Engine(cfg, params, slots=3, max_len=64, chunk=4)
+    ids2 = [full.submit(p, sp)[0] for p in prompts[:3]]
+    _drain(full)
+    for a, b in zip(ids, ids2):
+        assert big.result(a).tokens == full.result(b).tokens
+        np.testing.assert_allclose(big.result(a).logprobs, full.result(b).logprobs, atol=1e-5, rtol=0)

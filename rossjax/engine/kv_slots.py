@@ -202,6 +202,35 @@ def decode(lay: Layout, params, state, exit_on_free, *, steps: int, mode: str):
     return state, out_tok, out_lp, state["count"] - start_count
 
 
+def _slot_axes(lay: Layout, state):
+    ax = _kv_axis(lay)
+    return {k: ({"k": ax, "v": ax, "mask": 0, "pos": 0} if k == "cache" else 0) for k in state}
+
+
+def decode_compact(lay: Layout, params, state, idx, exit_on_free, *, steps: int, mode: str):
+    """`decode` over slots `idx` [k] only (distinct; padding entries name idle slots): their rows
+    are gathered into a k-slot state, decoded, and written back. Once most sequences of a batch
+    have ended, the steps then cost k rows instead of every slot's."""
+    sub_lay = dataclasses.replace(lay, slots=int(idx.shape[0]))
+    axes = _slot_axes(lay, state)
+
+    def take(x, ax):
+        return jax.tree.map(lambda a, ax=ax: jnp.take(a, idx, axis=ax), x)
+
+    sub = {k: take(v, axes[k]) if k != "cache" else
+           {n: take(v[n], axes[k][n]) for n in v} for k, v in state.items()}
+    sub, out_tok, out_lp, emitted = decode(sub_lay, params, sub, exit_on_free, steps=steps,
+                                           mode=mode)
+
+    def put(big, small, ax):
+        at = (slice(None),) * ax + (idx,)
+        return jax.tree.map(lambda b, s_: b.at[at].set(s_), big, small)
+
+    out = {k: put(v, sub[k], axes[k]) if k != "cache" else
+           {n: put(v[n], sub[k][n], axes[k][n]) for n in v} for k, v in state.items()}
+    return out, out_tok, out_lp, emitted
+
+
 class Programs:
     """The jitted insert / extend / decode programs of one Layout (shardings fixed once)."""
 
@@ -249,6 +278,13 @@ class Programs:
             out = None if self._repl is None else self._out(self._decode_out)
             self._decode[key] = jax.jit(fn, donate_argnums=1, out_shardings=out)
         return self._decode[key](params, state, *self._host((np.bool_(exit_on_free),)))
+
+    def decode_compact(self, params, state, idx, exit_on_free: bool, steps: int, mode: str):
+        key = ("compact", int(idx.shape[0]), steps, mode)
+        if key not in self._decode:
+            self._decode[key] = jax.jit(functools.partial(decode_compact, self.lay, steps=steps,
+                                                          mode=mode), donate_argnums=1)
+        return self._decode[key](params, state, idx, np.bool_(exit_on_free))
 
     def new_state(self):
         st = init_state(self.lay)

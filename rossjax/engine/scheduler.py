@@ -43,6 +43,10 @@ def bucket_length(n: int) -> int:
     return -(-n // 512) * 512
 
 
+# Below this many running sequences a decode chunk is not compacted further.
+_MIN_COMPACT = 8
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -205,14 +209,28 @@ class Engine:
             return []
         mode = sampler.mode_for(*zip(*[(s.sp.temperature, s.sp.top_k, s.sp.top_p)
                                        for s in running.values()]))
-        self.state, tok, lp, emitted = self.progs.decode(self.params, self.state,
-                                                         bool(self.waiting), self.chunk, mode)
+        k = _pow2(len(running))
+        if self.lay.partitioner is None and self.lay.slots >= 2 * _MIN_COMPACT and \
+                k <= self.lay.slots // 2:
+            # Most slots idle: decode only the running ones (padded with idle slots to a
+            # power of two, so a few programs serve every occupancy).
+            k = max(k, _MIN_COMPACT)
+            idle = [i for i in range(self.lay.slots) if i not in running]
+            idx = np.asarray(sorted(running) + idle[:k - len(running)], np.int32)
+            self.state, tok, lp, emitted = self.progs.decode_compact(
+                self.params, self.state, idx, bool(self.waiting), self.chunk, mode)
+            rows = {int(slot): r for r, slot in enumerate(idx)}
+        else:
+            self.state, tok, lp, emitted = self.progs.decode(self.params, self.state,
+                                                             bool(self.waiting), self.chunk, mode)
+            rows = {slot: slot for slot in running}
         tok, lp, emitted, active = (sharding.to_host(x) for x in
                                     (tok, lp, emitted, self.state["active"]))
         out = []
         for slot, s in running.items():
-            k = int(emitted[slot])
-            new_t, new_lp = tok[slot, :k].tolist(), lp[slot, :k].tolist()
+            r = rows[slot]
+            k = int(emitted[r])
+            new_t, new_lp = tok[r, :k].tolist(), lp[r, :k].tolist()
             s.tokens += new_t
             s.logprobs += new_lp
             s.col += k
