@@ -17,6 +17,11 @@ Time: one forward pass per row. On this 2-core CPU a 0.5B model reads roughly 1-
 is 100-200k tokens/s: a minute for the same 10M tokens plus ~1 minute of compilation (one per
 length bucket).
 
+Gradient sketches for `rossjax select --config.method=gradient`: `--config.kind=grad_sketch`
+writes k1 x k2 (16 x 16) random-projection sketches of each row's LM-head gradient (its
+next-token NLL; assistant turns with `--config.use_turns=True`) in the same store layout
+(rossjax/probes/grad_sketch.py; one device, one forward per row).
+
 runlocal (~20 s on this CPU): --config.model=preset:tiny_qwen2 --config.layers='(1,2)'
   --config.input=<a small JSONL with input_ids> --config.output=/tmp/acts
 """
@@ -37,6 +42,11 @@ def get_config():
     c.use_turns = False             # pool per assistant turn (turn_spans), then over turns
     c.turn_pooling = "mean"         # over turns: mean | last | max
     c.batch_tokens = 8192           # padded tokens per forward batch (all devices together)
+    # activations | grad_sketch: per-row sketches of the LM-head gradient of the row's next-token
+    # NLL (its assistant turns with use_turns), k1 x k2 values, for `rossjax select
+    # --config.method=gradient` (rossjax/probes/grad_sketch.py; one device)
+    c.kind = "activations"
+    c.sketch = ml_collections.ConfigDict(dict(k1=16, k2=16, seed=0))
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1                # rows over data (x fsdp); -1 = the remaining devices
     c.mesh.fsdp = 1
