@@ -225,6 +225,7 @@ def test_grpo_history_with_a_custom_reward_relearns(custom_grpo, capsys):
     assert rep["reasons"]["withheld"] == {"verifier_failed": len(rows) - passed}
 
 
+@pytest.mark.slow  # ~40 s: three trains / a generate, an export and a generate
 def test_train_starts_from_a_grpo_workdir_and_complete_names_the_field(custom_grpo, capsys):
     """`rossjax train --config.model.path=GRPO_WORKDIR` starts from the GRPO run's last
     checkpoint (its params exactly); a finished run names the field that extends it."""
@@ -256,6 +257,7 @@ def test_train_starts_from_a_grpo_workdir_and_complete_names_the_field(custom_gr
     assert "Raise --config.train.epochs" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # ~40 s: three trains / a generate, an export and a generate
 def test_generate_from_a_grpo_workdir_and_its_hf_export(custom_grpo, tmp_path, capsys):
     """`rossjax generate` on a run's workdir (its checkpoint, the run's ascii tokenizer and
     template) and on the Hugging Face export of it gives the same greedy completions, one JSON
