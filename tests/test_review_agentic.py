@@ -31,15 +31,34 @@ AGENT = {
         {"role": "user", "content": "Thanks. Anything else?"},
         {"role": "assistant", "content": "No, that is all."}],
 }
-OK = {"contract": "ok", "operation": "ok", "environment": "ok", "execution": "ok"}
+OK = {"contract": "ok", "operation": "ok", "environment": "ok", "execution": "ok",
+      "narrative": "ok", "causal": "ok"}
 
 
 def judge(message, call, **axes):
     return {"message": message, "call": call, **OK, **axes}
 
 
-def discovery(calls, findings):
-    return as_json({"calls": calls, "findings": findings})
+def account(record, messages, findings):
+    """`lines` covering every line of each message's text parts once: a message with an error
+    finding is judged fail, one with an unresolved finding unresolved, the rest ok."""
+    from rossjax.review.checks import step_lines
+    from rossjax.templates import render_chat
+
+    r = render_chat(record["messages"], "chatml", None, tools=record.get("tools"))
+    out = []
+    for m in sorted(set(messages)):
+        kinds = {f["kind"] for f in findings if f["message"] == m}
+        v = "fail" if "error" in kinds else "unresolved" if "unresolved" in kinds else "ok"
+        out += [{"message": m, "part": part, "from": 1, "to": n, "verdict": v}
+                for part, n in step_lines(r, m).items()]
+    return out
+
+
+def discovery(calls, findings, lines=None, record=None):
+    if lines is None:
+        lines = account(record or AGENT, [c["message"] for c in calls], findings)
+    return as_json({"calls": calls, "lines": lines, "findings": findings})
 
 
 ALL_OK = [judge(2, 0), judge(2, 1), judge(5, 0)]
@@ -129,3 +148,40 @@ def test_consistency_violations_are_asked_again_with_the_failing_check(tmp_path)
     # retries are bounded: a group that never becomes consistent withholds the row
     srv, rep = _run(tmp_path, [AGENT], {"fib": [no_finding] * 3}, name="b", max_step_retries=1)
     assert len(srv.requests) == 2 and rep["reasons"]["withheld"] == {"review_inconsistent": 1}
+
+
+def test_every_line_of_every_step_is_accounted_and_narrative_causal_are_judged(tmp_path):
+    """Discovery judges the narrative and causal checks and gives every line of every step one
+    verdict; a gap, a line judged twice, an error with no failing line or a failing line with no
+    finding is asked again with the failing check quoted."""
+    from rossjax.review import prompts
+
+    calls = [judge(2, 0), judge(2, 1), judge(5, 0, narrative="fail"), judge(7, 0)]
+    claim = {"kind": "error", "message": 5, "call": 0, "axes": ["narrative"],
+             "what": "claims correctness it never checked"}
+    full = account(AGENT, [2, 5, 7], [claim])
+    assert {(x["message"], x["part"]) for x in full} == {
+        (2, "reasoning"), (2, "content"), (2, "tool_calls"), (5, "content"), (7, "content")}
+    gap = [dict(x, **{"from": 2}) if x["message"] == 2 and x["part"] == "content" else x
+           for x in full]
+    twice = full + [{"message": 7, "part": "content", "from": 1, "to": 1, "verdict": "ok"}]
+    no_fail = [dict(x, verdict="ok") for x in full]
+    loose = [dict(x, verdict="fail") if x["message"] == 7 else x for x in full]
+    loc = as_json({"exclude": [{"message": 5, "line": 1, "quote": "I am sure it is correct"}]})
+    script = [discovery(calls, [claim], lines=ln) for ln in (gap, twice, no_fail, loose, full)]
+    srv, rep = _run(tmp_path, [AGENT], {"fib": [*script, loc]}, step_group=4, max_step_retries=4)
+    assert srv.stages() == ["discovery", "retry", "retry", "retry", "retry", "localization"]
+    msgs = [b["messages"][-1]["content"] for b in srv.bodies("fib")]
+    assert "message 2 content: line 1 has no verdict" in msgs[1]
+    assert "message 7 content: line 1 is judged twice" in msgs[2]
+    assert "message 5 has an error finding but no line judged fail" in msgs[3]
+    assert "message 7 has lines judged fail but no error or omission finding" in msgs[4]
+    assert rep["buckets"]["kept"] == 1
+    body = srv.bodies("fib")[0]["messages"][-1]["content"]
+    assert "narrative:" in body and "causal:" in body and "every line of every step" in body
+    assert prompts.PROMPT_VERSION == "ross-review-v4"
+    # a call judged on causal without a finding naming causal is inconsistent too
+    bad = discovery([judge(2, 0, causal="fail"), judge(2, 1), judge(5, 0), judge(7, 0)], [])
+    srv, rep = _run(tmp_path, [AGENT], {"fib": [bad] * 2}, name="b", max_step_retries=1)
+    assert "judged fail on causal, but no error or omission finding" in \
+        srv.bodies("fib")[1]["messages"][-1]["content"]

@@ -174,7 +174,7 @@ def _sample_reviewer(orig, rows):
             found = [{"kind": "error", "message": m, "call": 0, "axes": ["operation"],
                       "what": f"x{j}"} for m, _ in steps if m in bad
                      for j, s in enumerate(ann["exclude"]) if s["message"] == m]
-            return as_json({"calls": calls, "findings": found})
+            return discovery(calls, found, record=by_id[rid])
         if stage == "localization":
             what = body["messages"][-1]["content"].split("(operation): ", 1)[1].split("\n", 1)[0]
             j = int(what[1:])

@@ -2,10 +2,12 @@
 
   discovery     over the rollout's own assistant steps in groups of config.step_group steps,
                 one request per group: every call judged on the four axes (contract,
-                operation, environment, execution) and the findings listed: present errors,
-                omissions, unresolved claims; no text boundaries yet. Checked for coverage
-                and consistency (checks.check_discovery); a failure is asked again with the
-                failing check quoted.
+                operation, environment, execution) plus the narrative and causal checks, every
+                line of every step's text parts given a verdict (ok / fail / unresolved), and
+                the findings listed: present errors, omissions, unresolved claims; no text
+                boundaries yet. Checked for coverage (every call, every line exactly once) and
+                consistency (checks.check_discovery, check_lines); a failure is asked again
+                with the failing check quoted.
   unresolved    a finding the reviewer cannot settle withholds the row (`review_unresolved`)
                 as soon as its group is checked: nothing is guessed, and no boundary is asked
                 for a row that will not be trained on.
@@ -33,7 +35,7 @@ def review_agentic(row: Row, step_group: int) -> dict:
     findings = []
     for group in step_groups(rec, step_group):
         found, _ = row.ask("discovery", prompts.discovery(rec, r, group),
-                           lambda obj, g=group: check_discovery(obj, g))
+                           lambda obj, g=group: check_discovery(obj, g, r))
         open_ = [f for f in found if f["kind"] == "unresolved"]
         if open_:
             f = open_[0]

@@ -30,7 +30,10 @@ from rossjax.review.answers import BadAnswer, malformed, want_int, want_list, wa
 from rossjax.review.prompts import AUDIT_KINDS, RISKS
 
 DECISIONS = ("whole", "spans", "reject")
-AXES = ("contract", "operation", "environment", "execution")
+# the four per-call axes, then the narrative (the step's own statements match the transcript)
+# and causal (the step follows from what it had, not from an earlier wrong step) checks
+AXES = ("contract", "operation", "environment", "execution", "narrative", "causal")
+LINE_PARTS = ("content", "reasoning", "tool_calls")
 JUDGMENTS = ("ok", "fail", "unresolved")
 KINDS = ("error", "omission", "unresolved")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -242,9 +245,65 @@ def _inconsistent(detail: str) -> BadAnswer:
     return BadAnswer("review_inconsistent", detail)
 
 
-def check_discovery(obj: dict, group: list[tuple[int, int]]) -> list[dict]:
+def step_lines(rendered, message: int) -> dict[str, int]:
+    """{part kind: number of 1-based lines} of one message's text parts, as the transcript
+    numbers them (render._numbered)."""
+    out = {}
+    for p in rendered.message_parts(message):
+        if p.kind in LINE_PARTS and p.text_end > p.text_start:
+            out[p.kind] = rendered.text[p.text_start:p.text_end].count("\n") + 1
+    return out
+
+
+def check_lines(obj: dict, group: list[tuple[int, int]], rendered, findings: list[dict]) -> None:
+    """Every line of every step in `group` is judged exactly once (`lines`: ranges
+    {message, part, from, to, verdict}), and the verdicts agree with the findings: a failing
+    range needs an error or omission of its message, an unresolved range an unresolved finding
+    of its message, and every error finding a failing range in its message."""
+    want = {m: step_lines(rendered, m) for m, _ in group}
+    seen: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    verdicts: dict[int, set] = {m: set() for m in want}
+    for j, r in enumerate(want_list(obj, "lines", "answer")):
+        where = f"lines[{j}]"
+        m = want_int(r, "message", where)
+        part = r.get("part", "content")
+        if m not in want or part not in want[m]:
+            raise _inconsistent(f"{where} covers message {m} part {part}, which is not a text "
+                                f"part of the steps in this request")
+        lo, hi = want_int(r, "from", where, 1), want_int(r, "to", where, 1)
+        if hi < lo or hi > want[m][part]:
+            raise malformed(where, f"lines {lo}-{hi} are not within 1-{want[m][part]} of "
+                                   f"message {m} {part}")
+        v = r.get("verdict")
+        if v not in JUDGMENTS:
+            raise malformed(f"{where}.verdict", f"must be one of {', '.join(JUDGMENTS)}")
+        seen.setdefault((m, part), []).append((lo, hi))
+        verdicts[m].add(v)
+    for m, parts in sorted(want.items()):
+        for part, n in parts.items():
+            covered, nxt = sorted(seen.get((m, part), [])), 1
+            for lo, hi in covered:
+                if lo != nxt:
+                    what = f"line {nxt} has no verdict" if lo > nxt else f"line {lo} is judged twice"
+                    raise _inconsistent(f"message {m} {part}: {what}; judge every line of every "
+                                        f"step once")
+                nxt = hi + 1
+            if nxt != n + 1:
+                raise _inconsistent(f"message {m} {part}: line {nxt} has no verdict; judge every "
+                                    f"line of every step once ({n} lines)")
+        kinds = {f["kind"] for f in findings if f["message"] == m}
+        if "fail" in verdicts[m] and not kinds & {"error", "omission"}:
+            raise _inconsistent(f"message {m} has lines judged fail but no error or omission finding")
+        if "unresolved" in verdicts[m] and "unresolved" not in kinds:
+            raise _inconsistent(f"message {m} has lines judged unresolved but no unresolved finding")
+        if "error" in kinds and "fail" not in verdicts[m]:
+            raise _inconsistent(f"message {m} has an error finding but no line judged fail")
+
+
+def check_discovery(obj: dict, group: list[tuple[int, int]], rendered=None) -> list[dict]:
     """The findings of a discovery answer for `group` [(message, n_calls)], checked for
-    coverage and consistency with the per-call judgments."""
+    coverage and consistency with the per-call judgments, and with `rendered`, the line
+    accounting (check_lines)."""
     owned = {(m, c) for m, n in group for c in range(n)}
     judged: dict[tuple[int, int], dict] = {}
     for j, c in enumerate(want_list(obj, "calls", "answer")):
@@ -292,6 +351,8 @@ def check_discovery(obj: dict, group: list[tuple[int, int]]) -> list[dict]:
                                      and f["kind"] in kinds for f in findings):
                 raise _inconsistent(f"message {m} call {c} is judged {v} on {a}, but no "
                                     f"{' or '.join(kinds)} finding of that call names {a}")
+    if rendered is not None:
+        check_lines(obj, group, rendered, findings)
     return findings
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from rossjax.errors import ConfigError
 from rossjax.review.render import context, render_transcript
 
-PROMPT_VERSION = "ross-review-v3"
+PROMPT_VERSION = "ross-review-v4"
 
 # The proposal's risk tags (a rossjax vocabulary: the reviewer names what makes a response risky
 # to learn from, whether or not its spans leave that text out).
@@ -95,20 +95,33 @@ rules and same reply format as before."""
 _DISCOVERY = """\
 SEMANTIC ERROR DISCOVERY. Judge these assistant steps of the rollout: {steps}. A step's calls \
 are its tool calls, counted from 0 in order; a step without tool calls is one call (0), its \
-text. Judge every call on four axes, each "ok", "fail" or "unresolved":
+text. Judge every call on these six checks, each "ok", "fail" or "unresolved":
 - contract: does the call respect the task's instructions and the tool's interface?
 - operation: is it the right operation with the right arguments for the state at that point?
 - environment: does the step read the environment (tool results, files, errors) correctly?
 - execution: is the call carried out and its result used correctly, without false claims?
+- narrative: do the step's own statements (reasoning, summaries, claims of progress or \
+success) match what the transcript shows?
+- causal: does the step follow from what it had at that point, rather than from an earlier \
+wrong step or result, or from something it never observed?
 "unresolved" means the transcript does not let you decide (e.g. a claim nothing confirms).
+Account for every line of every step: under "lines", give each numbered line of each text \
+part (content, reasoning, tool_calls) of these steps exactly one verdict, as ranges \
+{{"message": 2, "part": "content", "from": 1, "to": 3, "verdict": "ok" | "fail" | \
+"unresolved"}} that together cover every line once. A line is "fail" when it holds or carries \
+an error (its message then needs an error or omission finding), "unresolved" when it holds a \
+claim you cannot settle; every error finding needs a "fail" line in its message.
 Then list findings: "error" (something wrong is present), "omission" (something needed is \
 missing: a check not run, a result not read), "unresolved" (a claim you cannot settle). Every \
 axis judged fail needs an error or omission of that call naming that axis; every axis judged \
 unresolved needs an unresolved finding of that call naming it. Do not give text boundaries yet.
 
 Reply: {{"calls": [{{"message": 2, "call": 0, "contract": "ok", "operation": "fail", \
-"environment": "ok", "execution": "ok"}}], "findings": [{{"kind": "error" | "omission" | \
-"unresolved", "message": 2, "call": 0, "axes": ["operation"], "what": "one sentence"}}]}}"""
+"environment": "ok", "execution": "ok", "narrative": "ok", "causal": "ok"}}], "lines": \
+[{{"message": 2, "part": "content", "from": 1, "to": 2, "verdict": "ok"}}, {{"message": 2, \
+"part": "content", "from": 3, "to": 3, "verdict": "fail"}}], "findings": [{{"kind": "error" \
+| "omission" | "unresolved", "message": 2, "call": 0, "axes": ["operation"], "what": "one \
+sentence"}}]}}"""
 
 _LOCALIZE_ERROR = """\
 BOUNDARY LOCALIZATION for this finding: an error in message {message} call {call} ({axes}): \
@@ -196,7 +209,7 @@ _SEL = _obj({"message": _INT, "line": _INT, "quote": _STR, "occurrence": _INT,
              "part": {"type": "string", "enum": ["content", "reasoning", "tool_calls"]}},
             ["message", "line"])
 _JUDGE = {"type": "string", "enum": ["ok", "fail", "unresolved"]}
-_AXES = ("contract", "operation", "environment", "execution")
+_AXES = ("contract", "operation", "environment", "execution", "narrative", "causal")
 SCHEMAS = {
     "proposal": _obj({"decision": {"type": "string", "enum": ["whole", "spans", "reject"]},
                       "whole_clean": _BOOL, "clean_solution": _BOOL,
@@ -218,7 +231,12 @@ SCHEMAS = {
             {"kind": {"type": "string", "enum": ["error", "omission", "unresolved"]},
              "message": _INT, "call": _INT, "axes": {"type": "array", "items": {
                  "type": "string", "enum": list(_AXES)}}, "what": _STR},
-            ["kind", "message", "call", "axes", "what"])}}, ["calls", "findings"]),
+            ["kind", "message", "call", "axes", "what"])},
+        "lines": {"type": "array", "items": _obj(
+            {"message": _INT, "part": {"type": "string", "enum": ["content", "reasoning",
+                                                                   "tool_calls"]},
+             "from": _INT, "to": _INT, "verdict": _JUDGE},
+            ["message", "part", "from", "to", "verdict"])}}, ["calls", "lines", "findings"]),
     "localization": _obj({"exclude": {"type": "array", "items": _SEL},
                           "protect": {"type": "array", "items": _SEL},
                           "after": _SEL, "note": _STR}, []),
