@@ -1,5 +1,5 @@
 """configs/grpo_verifier.py is the paper's upstream RL run: 128 prompts x 8 rollouts, update
-batch 256, asynchronous rollouts; `:runlocal` stays small and synchronous."""
+batch 256, asynchronous rollouts; `:runlocal` stays small (a CPU run) and synchronous."""
 
 from rossjax.configs import grpo_verifier
 from rossjax.train import grpo
@@ -21,5 +21,5 @@ def test_paper_batch_and_async_rollouts():
 def test_runlocal_small_and_synchronous():
     c = grpo_verifier.get_config("runlocal")
     grpo.check_config(c)
-    assert c.grpo.contexts * c.grpo.group_size <= 16
+    assert c.grpo.contexts * c.grpo.group_size <= 32   # a CPU run, not the 1,024 rows
     assert c.grpo.async_sampling is False
