@@ -1,0 +1,70 @@
+"""Promises of README / docs/failures.md that only an end-to-end run shows (issue 30 part 1):
+a curating tokenizer larger than the model's vocabulary is refused before step 1, and
+train.max_bad_steps non-finite steps in a row stop the run with one sentence."""
+
+import json
+import os
+import subprocess
+import sys
+
+from rossjax import demo
+from rossjax.tokenizers.ascii import write_ascii_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+           HF_HUB_OFFLINE="1")
+
+
+def _cli(*argv, timeout=300):
+    return subprocess.run([sys.executable, "-m", "rossjax.cli", *argv], env=ENV, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _big_ascii_tokenizer(folder, extra=5):
+    """The ascii tokenizer (131 ids) plus `extra` special tokens no row uses: ids 131.."""
+    from tokenizers import Tokenizer
+
+    write_ascii_tokenizer(folder)
+    path = os.path.join(folder, "tokenizer.json")
+    tok = Tokenizer.from_file(path)
+    tok.add_special_tokens([f"<|unused_{i}|>" for i in range(extra)])
+    tok.save(path)
+    return folder
+
+
+def _curate(tmp_path, tok):
+    rows = tmp_path / "rows.jsonl"
+    with open(demo.data_path("rollouts", "sample.jsonl"), encoding="utf-8") as f:
+        rows.write_text("".join(f.readlines()[:6]), encoding="utf-8")
+    out = str(tmp_path / "curated")
+    p = _cli("curate", f"--config={ROOT}/configs/curate.py", f"--config.input={rows}",
+             f"--config.output={out}", f"--config.tokenizer={tok}", "--config.verify=stored")
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_before_step_1(tmp_path):
+    tok = _big_ascii_tokenizer(str(tmp_path / "tok"), extra=5)
+    out = _curate(tmp_path, tok)
+    with open(os.path.join(out, "report.json")) as f:
+        tid = json.load(f)["token_ids"]
+    # every kept id fits 131 (ascii + 3 chat specials): only the tokenizer's size can refuse
+    assert tid["tokenizer_vocab_size"] == 136 and tid["max"] <= 130, tid
+    work = tmp_path / "run"
+    p = _cli("train", f"--config={ROOT}/configs/ross_sft.py:runlocal", "--config.model.vocab_size=131",
+             f"--config.data.train={out}", f"--workdir={work}", "--config.train.num_steps=2")
+    assert p.returncode == 2, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last == (f"rossjax train: {out} was curated with tokenizer {tok} of 136 tokens, more "
+                    f"than the model's vocabulary of 131; curate with the model's tokenizer "
+                    f"(--config.tokenizer=MODEL_DIR)"), last
+    assert "Traceback" not in p.stderr
+    assert not os.path.exists(work / "metrics.jsonl")  # refused before step 1
+
+    # the same dir passes the check for a model of the tokenizer's size: the size is the gate
+    from ml_collections import ConfigDict
+
+    from rossjax.train.data import check_fits_model
+
+    cfg = ConfigDict({"data": {"train": out, "eval": "", "seq_len": 128, "too_long": "truncate"}})
+    check_fits_model(cfg, 136)
