@@ -2,7 +2,9 @@
 
 Pipeline: a pool of verified solutions to the pairs task written in six route families
 (families.py; `direct` dominates the pool) -> `rossjax select` with the same budget under each
-method (diverse, similar, random, topology) -> `rossjax curate` of the selected rows ->
+method (diverse, similar, random, topology, and the paper's baselines lexical: n-gram TF-IDF, and
+embedding: the warm-up model's mean-pooled last-layer activations of each solution, from
+`rossjax extract`) -> `rossjax curate` of the selected rows ->
 `rossjax train` from the warm-up (warmup.py; trained on the pool's route mix, so it writes
 all six routes) -> `rossjax export` -> greedy and sampled completions of held-out
 problems, each completion's family recovered by construction (families.family_of).
@@ -22,26 +24,48 @@ import numpy as np
 
 from rossjax.repro import families, stages, tasks, warmup
 
-METHODS = ("diverse", "random", "similar", "topology")
+METHODS = ("diverse", "random", "similar", "topology", "lexical", "embedding")
 SHARES = families.SHARES
 # quick leaves out topology: on this pool its pick is random's (every route signature is among
-# random's first rows), so it costs a run and shows nothing new.
-SIZES = {"full": dict(n_pool=3000, budget=600, n_test=128, samples=8, steps=250, methods=METHODS),
+# random's first rows), so it costs a run and shows nothing new. Quick selects with the two
+# baselines but trains no model on them (`select_only`): their rows report the family mix of
+# the selection, and the quick run stays three trainings long.
+SIZES = {"full": dict(n_pool=3000, budget=600, n_test=128, samples=8, steps=250, methods=METHODS,
+                      select_only=()),
          "quick": dict(n_pool=1500, budget=300, n_test=64, samples=8, steps=150,
-                       methods=METHODS[:3])}
+                       methods=METHODS[:3], select_only=METHODS[4:])}
 MAX_NEW = 96
 TEMPERATURE = 0.7  # sampled completions; at 1.0 a model this small writes mostly noise
 LR = 1e-3  # relearning lr (warmup.FINETUNE's 3e-4 left every selection writing `direct` only)
 
 
-def select(pool: str, out: str, method: str, budget: int, seed: int) -> dict:
+def extract_pool(pool: str, hf_dir: str, tok_path: str, out: str) -> dict:
+    """`rossjax extract` of every pool solution (its assistant text) with the frozen warm-up
+    model, mean-pooled after the final norm: the `embedding` baseline's store."""
+    from rossjax.resources import config_path as repo_config
+
+    rows = os.path.join(os.path.dirname(out), "embedding_rows.jsonl")
+    with open(pool) as f, open(rows, "w") as g:
+        for line in f:
+            r = json.loads(line)
+            g.write(json.dumps({"id": r["id"], "text": r["messages"][-1]["content"]}) + "\n")
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        last = int(json.load(f)["num_hidden_layers"])
+    stages.cli(["extract", f"--config={repo_config('extract.py')}", f"--config.model={hf_dir}",
+                f"--config.input={rows}", f"--config.tokenizer={tok_path}", f"--config.output={out}",
+                f"--config.layers=({last},)", "--config.pooling=mean"])
+    return {"store": out, "layer": last}
+
+
+def select(pool: str, out: str, method: str, budget: int, seed: int, store: str = "") -> dict:
     """`rossjax select`; returns the family mix of the selected rows and its report numbers."""
     from rossjax.resources import config_path as repo_config
 
     stages.cli(["select", f"--config={repo_config('select_routes.py')}", f"--config.input={pool}",
                 f"--config.output={out}", f"--config.budget={budget}", f"--config.method={method}",
                 f"--config.compare={method}", f"--config.seed={seed}", "--config.only_passed=True",
-                "--config.progress=False", "--config.plot=False"])
+                "--config.progress=False", "--config.plot=False"]
+               + ([f"--config.embedding_store={store}"] if method == "embedding" else []))
     path = os.path.join(out, "selected.jsonl")
     with open(path) as f:
         fams = collections.Counter(json.loads(line)["source"]["family"] for line in f)
@@ -92,11 +116,22 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
             pool_path, families.pool(pool_p, 1, SHARES, seed=0)))))
     base = st.run("warmup_eval", lambda: evaluate(warm["hf"], tok, test_p, size["samples"], 0))
 
+    every = (*size["methods"], *size.get("select_only", ()))
+    store = ""
+    if "embedding" in every:
+        store = st.run("extract_pool", lambda: extract_pool(
+            pool_path, warm["hf"], tok_path, os.path.join(workdir, "embeddings")))["store"]
     runs = {m: [] for m in size["methods"]}
+    selections = {m: [] for m in size.get("select_only", ())}
+    for s, m in [(s, m) for s in range(seeds) for m in selections]:
+        sel_dir = os.path.join(workdir, "selected", f"{m}-s{s}")
+        selections[m].append(st.run(f"select_{m}_s{s}", lambda: select(
+            pool_path, sel_dir, m, size["budget"], s, store))["families"])
     todo = [(s, m) for s in range(seeds) for m in size["methods"]]
     for s, m in tqdm(todo, desc="repro routes", unit="run", disable=None):
         sel_dir = os.path.join(workdir, "selected", f"{m}-s{s}")
-        sel = st.run(f"select_{m}_s{s}", lambda: select(pool_path, sel_dir, m, size["budget"], s))
+        sel = st.run(f"select_{m}_s{s}", lambda: select(pool_path, sel_dir, m, size["budget"], s,
+                                                         store))
         cur = os.path.join(workdir, "curated", f"{m}-s{s}")
         rep = st.run(f"curate_{m}_s{s}", lambda: stages.curated_summary(stages.curate(
             sel["path"], cur, tok_path, rows="verifier_positive", mask_mode="eligible")))
@@ -109,7 +144,7 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
         runs[m].append({"seed": s, "selected": sel["families"], "select_report": sel["report"], **ev})
     return {"experiment": "routes", "quick": quick, "seeds": seeds, "size": size,
             "shares": SHARES, "pool_mix": pool_mix, "warmup": {**warm, "eval": base},
-            "runs": runs, "summary": summarize(runs)}
+            "runs": runs, "summary": summarize(runs), "selection_only": summarize_selections(selections)}
 
 
 def _ms(v) -> dict:
@@ -123,11 +158,19 @@ def summarize(runs: dict) -> dict:
     for m, rs in runs.items():
         out[m] = {k: _ms([r[k] for r in rs])
                   for k in ("coverage", "families_produced", "pass1", "passk")}
-        out[m]["selected_families"] = _ms([len(r["selected"]) for r in rs])
-        out[m]["selected_non_dominant"] = _ms(
-            [sum(v for f, v in r["selected"].items() if f != "direct") / sum(r["selected"].values())
-             for r in rs])
+        out[m].update(_selection_stats([r["selected"] for r in rs]))
     return out
+
+
+def _selection_stats(selected: list[dict]) -> dict:
+    return {"selected_families": _ms([len(f) for f in selected]),
+            "selected_non_dominant": _ms([sum(v for k, v in f.items() if k != "direct")
+                                          / sum(f.values()) for f in selected])}
+
+
+def summarize_selections(selections: dict) -> dict:
+    """Methods selected but not trained on (quick's baselines): the family mix of their rows."""
+    return {m: _selection_stats(sel) for m, sel in selections.items() if sel}
 
 
 def table(res: dict):
@@ -144,6 +187,9 @@ def table(res: dict):
         rows.append([m, ms(s["selected_families"], 1), ms(s["selected_non_dominant"]),
                      ms(s["coverage"]), ms(s["families_produced"], 1), ms(s["pass1"]),
                      ms(s["passk"])])
+    for m, s in res.get("selection_only", {}).items():   # selected, no model trained (quick)
+        rows.append([f"{m} (selection only)", ms(s["selected_families"], 1),
+                     ms(s["selected_non_dominant"]), "-", "-", "-", "-"])
     return headers, rows
 
 
@@ -207,6 +253,10 @@ def notes(res: dict) -> list[str]:
         "rossjax's diverse method gives each cluster a size-proportional share of the budget "
         "(the paper's rule) and spreads picks inside clusters; when route families form their "
         "own clusters, the family mix of a diverse selection follows the pool's, like random.",
+        "lexical (word n-gram TF-IDF of the solution text) and embedding (the warm-up model's "
+        "mean-pooled last-layer activations of each solution, `rossjax extract`) are the paper's "
+        "baselines: the diverse procedure in their own space under the same budget; in quick runs "
+        "they are selected but not trained on (selection-only rows).",
         "topology puts one row per distinct route signature first, then random's order (same "
         "seed): when every signature already falls among random's first rows, as on this pool, "
         "its selection is random's row for row.",
