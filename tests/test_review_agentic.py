@@ -42,7 +42,7 @@ def judge(message, call, **axes):
 def account(record, messages, findings):
     """`lines` covering every line of each message's text parts once: a message with an error
     finding is judged fail, one with an unresolved finding unresolved, the rest ok."""
-    from rossjax.review.checks import step_lines
+    from rossjax.review.agentic_checks import step_lines
     from rossjax.templates import render_chat
 
     r = render_chat(record["messages"], "chatml", None, tools=record.get("tools"))

@@ -6,7 +6,7 @@
                 line of every step's text parts given a verdict (ok / fail / unresolved), and
                 the findings listed: present errors, omissions, unresolved claims; no text
                 boundaries yet. Checked for coverage (every call, every line exactly once) and
-                consistency (checks.check_discovery, check_lines); a failure is asked again
+                consistency (agentic_checks.check_discovery, check_lines); a failure is asked again
                 with the failing check quoted.
   unresolved    a finding the reviewer cannot settle withholds the row (`review_unresolved`)
                 as soon as its group is checked: nothing is guessed, and no boundary is asked
@@ -14,7 +14,7 @@
   localization  one request per error or omission: message, 1-based line, verbatim quote,
                 0-based occurrence, protect regions. Selectors must resolve, an error's
                 exclusions lie in its own message, and no exclusion overlaps a protected region
-                of this or an earlier finding (checks.check_localization); a failure is asked
+                of this or an earlier finding (agentic_checks.check_localization); a failure is asked
                 again with the failing check quoted.
   annotation    exclude (errors), protect, omissions (recorded, no mask effect); status accept
                 when nothing is excluded, else revise; compiled once more with curate's
@@ -24,7 +24,7 @@
 from __future__ import annotations
 
 from rossjax.review import prompts
-from rossjax.review.checks import check_discovery, check_localization
+from rossjax.review.agentic_checks import check_discovery, check_localization
 from rossjax.review.render import step_groups
 from rossjax.review.steps import Row, RowWithheld
 

@@ -128,6 +128,11 @@ def malformed(where: str, what: str) -> BadAnswer:
     return BadAnswer("reviewer_malformed", f"{where} {what}")
 
 
+def inconsistent(detail: str) -> BadAnswer:
+    """An answer whose parts contradict each other or the request (`review_inconsistent`)."""
+    return BadAnswer("review_inconsistent", detail)
+
+
 def want_str(obj: dict, key: str, where: str, required: bool = True) -> str | None:
     v = obj.get(key)
     if v is None and not required:
