@@ -8,6 +8,9 @@ llama.cpp server or OpenAI), e.g. with `vllm serve Qwen/Qwen3-32B --port 8000`:
         --config.endpoint.model=Qwen/Qwen3-32B
     rossjax curate --config=configs/curate.py \
         --config.input=/tmp/reviewed/reviewed-00000.jsonl.gz --config.output=/tmp/curated
+    # what the masks leave out: a seeded per-domain sample of excluded spans, seven categories
+    rossjax review --config=configs/review.py --workdir=/tmp/classified --config.classify=True \
+        --config.input=/tmp/reviewed/reviewed-00000.jsonl.gz --config.endpoint.model=Qwen/Qwen3-32B
 
 The staged procedure (docs/review.md): single-turn rows get a proposal (whole / ordered keep
 spans / reject), deterministic checks, an audit of the exact selected text and up to
