@@ -21,8 +21,11 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulat
 
 
 def _loss_cfg(micro=2):
+    # Two iterations per batch: the update ratio is against the batch's old_logp (off-policy).
     return ml_collections.ConfigDict(dict(micro_batches=micro, agg="token_mean", beta=0.0,
-                                          eps_low=0.2, eps_high=0.2, is_mode="none"))
+                                          eps_low=0.2, eps_high=0.2, is_mode="none",
+                                          contexts=2, group_size=4, num_iterations=2,
+                                          minibatches=1))
 
 
 def _grpo_setup(micro=2, opt=None):
@@ -47,6 +50,7 @@ def _grpo_batch(rows=8, seq=16, vocab=64, seed=0):
             "segment_ids": np.ones((rows, seq), np.int32),
             "targets": np.concatenate([tokens[:, 1:], np.zeros((rows, 1), np.int32)], 1),
             "mask": mask, "old_logp": np.full((rows, seq), -4.0, np.float32),
+            "sampler_logp": np.full((rows, seq), -4.0, np.float32),
             "ref_logp": np.zeros((rows, seq), np.float32),
             "is_weights": np.zeros((rows, seq), np.float32),
             "adv": rng.normal(size=rows).astype(np.float32)}
