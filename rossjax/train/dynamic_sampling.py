@@ -50,12 +50,12 @@ def plan(totals: list, contexts: int, group_size: int):
 
 
 def assemble(rounds: list, contexts: int, group_size: int):
-    """One scored batch (the type of `rounds[0]`, a dataclass with cur, cpu, total, per, full,
-    ent) from a step's rounds: kept + filler groups in the update arrays (filler masked out),
-    every group in the records. Returns (scored, metrics); the caller recomputes anything that
+    """One scored batch (the type of `rounds[0]`, grpo's _Scored: sampled, cpu_scores, reward,
+    rewards, update_rows, entropy) from a step's rounds: kept + filler groups in the update
+    arrays (filler masked out), every group in the records. Returns (scored, metrics); the caller recomputes anything that
     is a mean over the batch (importance-sampling metrics)."""
     G = group_size
-    kept, filler, rest = plan([sc.total for sc in rounds], contexts, G)
+    kept, filler, rest = plan([sc.reward for sc in rounds], contexts, G)
     batch_groups = kept + filler
     all_groups = batch_groups + [rg for rg, _ in rest]
     label = {**{rg: "kept" for rg in kept}, **{rg: "filler_masked" for rg in filler},
@@ -68,31 +68,34 @@ def assemble(rounds: list, contexts: int, group_size: int):
         return _cat([get(rounds[r])[i:i + 1] for r, i in rows(groups)])
 
     in_batch = rows(batch_groups)
-    full = {k: gather(batch_groups, lambda sc, k=k: sc.full[k]) for k in rounds[0].full}
+    full = {k: gather(batch_groups, lambda sc, k=k: sc.update_rows[k])
+            for k in rounds[0].update_rows}
     masked = np.asarray([rg in filler for rg in batch_groups for _ in range(G)])
     full["mask"] = np.where(masked[:, None], 0, full["mask"]).astype(full["mask"].dtype)
-    gen0 = rounds[0].cur["gen"]
+    gen0 = rounds[0].sampled["gen"]
     gen = dataclasses.replace(
-        gen0, tokens=gather(batch_groups, lambda sc: sc.cur["gen"].tokens),
-        logprobs=gather(batch_groups, lambda sc: sc.cur["gen"].logprobs),
-        lengths=gather(batch_groups, lambda sc: sc.cur["gen"].lengths),
-        finish_reason=[rounds[r].cur["gen"].finish_reason[i] for r, i in in_batch])
-    batch = {k: gather(batch_groups, lambda sc, k=k: sc.cur["batch"][k])
-             for k in rounds[0].cur["batch"]}
+        gen0, tokens=gather(batch_groups, lambda sc: sc.sampled["gen"].tokens),
+        logprobs=gather(batch_groups, lambda sc: sc.sampled["gen"].logprobs),
+        lengths=gather(batch_groups, lambda sc: sc.sampled["gen"].lengths),
+        finish_reason=[rounds[r].sampled["gen"].finish_reason[i] for r, i in in_batch])
+    batch = {k: gather(batch_groups, lambda sc, k=k: sc.sampled["batch"][k])
+             for k in rounds[0].sampled["batch"]}
     batch["mask"] = full["mask"]
     records = []
     for r, i in rows(all_groups):
-        rec = rounds[r].cur["records"][i]
+        rec = rounds[r].sampled["records"][i]
         rec["source"]["dynamic_sampling"] = label[(r, i // G)]
         records.append(rec)
-    cur = {"tasks": [rounds[r].cur["tasks"][j] for r, j in all_groups], "records": records,
-           "batch": batch, "gen": gen, "sample_s": sum(sc.cur["sample_s"] for sc in rounds)}
+    cur = {"tasks": [rounds[r].sampled["tasks"][j] for r, j in all_groups], "records": records,
+           "batch": batch, "gen": gen, "sample_s": sum(sc.sampled["sample_s"] for sc in rounds)}
     everyone = rows(all_groups)
     scored = dataclasses.replace(
-        rounds[0], cur=cur, full=full, ent=gather(batch_groups, lambda sc: sc.ent),
-        cpu=[rounds[r].cpu[i] for r, i in everyone],
-        total=np.asarray([rounds[r].total[i] for r, i in everyone]),
-        per={n: np.asarray([rounds[r].per[n][i] for r, i in everyone]) for n in rounds[0].per})
+        rounds[0], sampled=cur, update_rows=full,
+        entropy=gather(batch_groups, lambda sc: sc.entropy),
+        cpu_scores=[rounds[r].cpu_scores[i] for r, i in everyone],
+        reward=np.asarray([rounds[r].reward[i] for r, i in everyone]),
+        rewards={n: np.asarray([rounds[r].rewards[n][i] for r, i in everyone])
+                 for n in rounds[0].rewards})
     metrics = {"dynamic_refill_rounds": len(rounds) - 1,
                "dynamic_groups_sampled": len(all_groups),
                "dynamic_groups_uniform": sum(lab in ("filler_masked", "dropped_uniform")

@@ -80,12 +80,12 @@ class _Timer:
 @dataclasses.dataclass
 class _Scored:
     """One step's batch after log-probs and rewards: what the updates and the records need."""
-    cur: dict
-    cpu: list
-    total: np.ndarray
-    per: dict
-    full: dict        # host arrays of the update batch
-    ent: np.ndarray
+    sampled: dict          # Run.sample's tasks, records, batch, gen
+    cpu_scores: list       # per candidate {kind: (reward, verdict)} from the reward workers
+    reward: np.ndarray     # per candidate, the weighted total
+    rewards: dict          # kind -> per-candidate reward
+    update_rows: dict      # host arrays of the update batch (old/ref log-probs, advantages)
+    entropy: np.ndarray    # per token, of the trainer's next-token distribution (None on-policy)
     is_metrics: dict
 
 
@@ -111,31 +111,34 @@ class Loop:
                      lead=self.lead)
         self.pending = None   # the next step's batch, sampled ahead with async_sampling
         self.metrics: dict = {}
-        self.R = None
+        self.run = None
         # A finished workdir: say so (run() returns its last metrics) without loading a model.
         self.complete = workdir_lib.finished_step(self.ckpt, cfg.grpo.steps)
         if self.complete is not None:
             return
-        self.R = Run(cfg, workdir, cpu_scorer, step_cache=step_cache,
-                     fresh_start=self.ckpt.latest_step() is None)
-        workdir_lib.check_free_space(workdir, workdir_lib.tree_bytes(self.R.abstract_state()), cfg.checkpoint.keep, "grpo")
+        self.run = Run(cfg, workdir, cpu_scorer, step_cache=step_cache,
+                       fresh_start=self.ckpt.latest_step() is None)
+        workdir_lib.check_free_space(workdir, workdir_lib.tree_bytes(self.run.abstract_state()),
+                                     cfg.checkpoint.keep, "grpo")
 
     def start(self):
         """Restore the latest checkpoint (state, task index, history) or start fresh; open files."""
-        cfg, R, lead = self.cfg, self.R, self.lead
+        cfg, run, lead = self.cfg, self.run, self.lead
         if lead:
             workdir_lib.save_config(self.workdir, cfg)
         hist_path = os.path.join(self.workdir, "history.jsonl")
-        self.start_step, self.state, ds = self.ckpt.restore_latest(R.abstract_state(), "grpo")  # a damaged step: falls back
+        self.start_step, self.state, data_state = self.ckpt.restore_latest(
+            run.abstract_state(), "grpo")  # a damaged step: falls back
         if self.start_step is not None:
-            self.source.set_state({"index": ds["tasks_index"]})
-            self.hist = history.HistoryWriter(hist_path, resume_bytes=ds["history_bytes"], enabled=lead)
+            self.source.set_state({"index": data_state["tasks_index"]})
+            self.hist = history.HistoryWriter(hist_path, resume_bytes=data_state["history_bytes"],
+                                              enabled=lead)
         else:
             self.start_step = 0
-            self.state = R.new_state()
+            self.state = run.new_state()
             self.hist = history.HistoryWriter(hist_path, enabled=lead)
         if lead:  # model_config.json (+ lora.json: checkpoints then hold adapters only)
-            R.trainable.write_run_files(self.workdir)
+            run.trainable.write_run_files(self.workdir)
         log = cfg.get("log") or {}
         self.writer = MetricsWriter(self.workdir, resume_step=self.start_step,
                                     wandb=log.get("wandb", ""), config=cfg.to_dict())
@@ -149,12 +152,12 @@ class Loop:
         self.bar = Progress(cfg.grpo.steps, initial=self.start_step, desc="grpo")
 
     def announce(self):
-        cfg, R, g = self.cfg, self.R, self.cfg.grpo
+        cfg, run, g = self.cfg, self.run, self.cfg.grpo
         who = "" if jax.process_count() == 1 else \
             f" (process {jax.process_index()} of {jax.process_count()})"
-        print(f"rossjax grpo{who}: {R.model_cfg.model_type} {R.model_cfg.num_params() / 1e6:.1f}M params"
+        print(f"rossjax grpo{who}: {run.model_cfg.model_type} {run.model_cfg.num_params() / 1e6:.1f}M params"
               f"{' + LoRA r=%d' % cfg.lora.rank if cfg.lora.enabled else ''}, {g.steps} steps of "
-              f"{g.contexts} x {g.group_size} candidates, {R.updates_per_step} updates/step, rewards "
+              f"{g.contexts} x {g.group_size} candidates, {run.updates_per_step} updates/step, rewards "
               f"{tuple(cfg.reward.functions)} on {cfg.reward.workers} workers, from step "
               f"{self.start_step}.", file=sys.stderr)
 
@@ -162,50 +165,51 @@ class Loop:
         """This step's batch (sampled now, or ahead by the previous step), its rewards submitted
         to the CPU workers, and, with async_sampling, the next step's batch sampled meanwhile."""
         g = self.cfg.grpo
-        cur = self.pending if self.pending is not None else \
-            self.R.sample(params, self.source.next(g.contexts), step)
-        timer.s["sample"] = 0.0 if self.pending is not None else cur["sample_s"]
+        sampled = self.pending if self.pending is not None else \
+            self.run.sample(params, self.source.next(g.contexts), step)
+        timer.s["sample"] = 0.0 if self.pending is not None else sampled["sample_s"]
         self.pending = None
         self.consumed += g.contexts
-        get_cpu = self.R.workers.submit(self.R.cpu_kinds, cur["records"])
+        get_cpu = self.run.workers.submit(self.run.cpu_kinds, sampled["records"])
         if g.async_sampling and step + 1 < g.steps:
-            self.pending = self.R.sample(params, self.source.next(g.contexts), step + 1)
+            self.pending = self.run.sample(params, self.source.next(g.contexts), step + 1)
             timer.s["sample"] += self.pending["sample_s"]
-        return cur, get_cpu
+        return sampled, get_cpu
 
-    def score(self, cur, get_cpu, params, timer: _Timer) -> _Scored:
+    def score(self, sampled, get_cpu, params, timer: _Timer) -> _Scored:
         """Trainer (and reference) log-probs on the accelerator while the CPU rewards finish;
         then rewards, group advantages and importance weights."""
-        R, g = self.R, self.cfg.grpo
+        run, g = self.run, self.cfg.grpo
         t = time.perf_counter()
-        b = R.fns.put_rows({k: cur["batch"][k] for k in grpo_step.BATCH_KEYS})
-        old_lp = ent = None  # on-policy: the update's own forward gives them (ratio 1)
-        if not R.fns.on_policy:
-            old_lp, ent = (sharding.to_host(x) for x in R.fns.logp(params, b))
+        b = run.fns.put_rows({k: sampled["batch"][k] for k in grpo_step.BATCH_KEYS})
+        old_lp = entropy = None  # on-policy: the update's own forward gives them (ratio 1)
+        if not run.fns.on_policy:
+            old_lp, entropy = (sharding.to_host(x) for x in run.fns.logp(params, b))
         t = timer.span("logp", t)
-        ref_lp = sharding.to_host(R.fns.logp(R.ref, b)[0]) if g.beta > 0 else old_lp
-        zeros = np.zeros(cur["batch"]["mask"].shape, np.float32)
+        ref_lp = sharding.to_host(run.fns.logp(run.ref, b)[0]) if g.beta > 0 else old_lp
+        zeros = np.zeros(sampled["batch"]["mask"].shape, np.float32)
         t = timer.span("ref", t)
-        cpu = get_cpu()
+        cpu_scores = get_cpu()
         t = timer.span("reward_wait", t)
-        total, per = R.rewards(cur["records"], cpu)
+        reward, rewards = run.rewards(sampled["records"], cpu_scores)
         timer.span("reward_probe", t)
         if g.overlong_buffer > 0:  # DAPO's soft overlong penalty, added to the reward
-            per["overlong"] = advantages.overlong_penalty(
-                cur["gen"].lengths, g.max_new_tokens, g.overlong_buffer, g.overlong_penalty)
-            total = total + per["overlong"]
-        adv = np.asarray(grpo_losses.group_advantages(total, g.group_size, g.advantages))
+            rewards["overlong"] = advantages.overlong_penalty(
+                sampled["gen"].lengths, g.max_new_tokens, g.overlong_buffer, g.overlong_penalty)
+            reward = reward + rewards["overlong"]
+        adv = np.asarray(grpo_losses.group_advantages(reward, g.group_size, g.advantages))
         if g.overlong_filter:  # DAPO: a truncated completion gets no loss
-            done = np.asarray([f != "length" for f in cur["gen"].finish_reason])
-            cur["batch"]["mask"] = cur["batch"]["mask"] * done[:, None].astype(np.int32)
+            done = np.asarray([f != "length" for f in sampled["gen"].finish_reason])
+            sampled["batch"]["mask"] = sampled["batch"]["mask"] * done[:, None].astype(np.int32)
         w, is_m = (zeros, {}) if old_lp is None else self._is_weights(
-            old_lp, cur["batch"]["sampler_logp"], cur["batch"]["mask"])
-        full = {**{k: cur["batch"][k] for k in grpo_step.BATCH_KEYS},
+            old_lp, sampled["batch"]["sampler_logp"], sampled["batch"]["mask"])
+        update_rows = {**{k: sampled["batch"][k] for k in grpo_step.BATCH_KEYS},
                 "old_logp": zeros if old_lp is None else np.asarray(old_lp),
                 "ref_logp": zeros if ref_lp is None else np.asarray(ref_lp),
-                "is_weights": np.asarray(w), "sampler_logp": cur["batch"]["sampler_logp"],
+                "is_weights": np.asarray(w), "sampler_logp": sampled["batch"]["sampler_logp"],
                 "adv": adv}
-        return _Scored(cur, cpu, total, per, full, None if ent is None else np.asarray(ent), is_m)
+        return _Scored(sampled, cpu_scores, reward, rewards, update_rows,
+                       None if entropy is None else np.asarray(entropy), is_m)
 
     def _is_weights(self, trainer_lp, sampler_lp, mask):
         g = self.cfg.grpo
@@ -214,61 +218,66 @@ class Loop:
         return grpo_losses.importance_weights(trainer_lp, sampler_lp, mask, mode=g.is_mode,
                                               how=g.is_how, low=g.is_low, high=g.is_high)
 
-    def refill(self, step: int, sc: _Scored, params, timer: _Timer) -> _Scored:
+    def refill(self, step: int, scored: _Scored, params, timer: _Timer) -> _Scored:
         """DAPO's dynamic sampling (rossjax/train/dynamic_sampling.py): while fewer than
         `contexts` groups have rewards that differ, sample and score `contexts` more prompts, at
         most `max_refill_rounds` times; the update batch takes the informative groups."""
-        R, g = self.R, self.cfg.grpo
-        rounds = [sc]
-        informative = lambda: sum((~advantages.uniform_groups(x.total, g.group_size)).sum()
+        run, g = self.run, self.cfg.grpo
+        rounds = [scored]
+        informative = lambda: sum((~advantages.uniform_groups(x.reward, g.group_size)).sum()
                                   for x in rounds)
         while informative() < g.contexts and len(rounds) <= g.max_refill_rounds:
-            cur = R.sample(params, self.source.next(g.contexts), step, refill=len(rounds))
-            timer.s["sample"] += cur["sample_s"]
+            sampled = run.sample(params, self.source.next(g.contexts), step, refill=len(rounds))
+            timer.s["sample"] += sampled["sample_s"]
             self.consumed += g.contexts
-            rounds.append(self.score(cur, R.workers.submit(R.cpu_kinds, cur["records"]),
+            rounds.append(self.score(sampled,
+                                     run.workers.submit(run.cpu_kinds, sampled["records"]),
                                      params, timer))
         out, metrics = dynamic_sampling.assemble(rounds, g.contexts, g.group_size)
-        f = out.full
-        _, out.is_metrics = self._is_weights(f["old_logp"], out.cur["batch"]["sampler_logp"],
+        f = out.update_rows
+        _, out.is_metrics = self._is_weights(f["old_logp"], out.sampled["batch"]["sampler_logp"],
                                              f["mask"])
         out.is_metrics.update(metrics)  # step metrics beside the IS ones
         return out
 
-    def update(self, step: int, full: dict, timer: _Timer) -> list:
+    def update(self, step: int, update_rows: dict, timer: _Timer) -> list:
         """`num_iterations` passes of minibatch updates; returns their metrics (host values)."""
-        R, g = self.R, self.cfg.grpo
+        run, g = self.run, self.cfg.grpo
         t = time.perf_counter()
-        n_rows, ums = len(full["adv"]), []
+        n_rows, updates = len(update_rows["adv"]), []
         rng = np.random.default_rng([self.cfg.train.seed, step])  # the same order after a resume
         for _ in range(g.num_iterations):
             order = rng.permutation(n_rows) if g.shuffle_minibatches else np.arange(n_rows)
-            for s0 in range(0, n_rows, R.minibatch):
-                idx = order[s0:s0 + R.minibatch]
-                self.state, um = R.fns.update(self.state, R.base, R.fns.put_rows(
-                    {k: v[idx] for k, v in full.items()}))
-                ums.append(um)
-        ums = jax.device_get(ums)
+            for s0 in range(0, n_rows, run.minibatch):
+                idx = order[s0:s0 + run.minibatch]
+                self.state, m = run.fns.update(self.state, run.base, run.fns.put_rows(
+                    {k: v[idx] for k, v in update_rows.items()}))
+                updates.append(m)
+        updates = jax.device_get(updates)
         timer.span("update", t)
-        if int(ums[-1]["bad_steps"]) >= g.max_bad_steps:
+        if int(updates[-1]["bad_steps"]) >= g.max_bad_steps:
             raise Diverged(f"stopped at step {step + 1}: non-finite GRPO updates.")
-        return ums
+        return updates
 
-    def record(self, done: int, sc: _Scored, ums: list, timer: _Timer, t_step: float) -> dict:
+    def record(self, done: int, scored: _Scored, updates: list, timer: _Timer,
+               t_step: float) -> dict:
         """History records (rewards, verdicts), metrics and samples of a finished step."""
         cfg, g = self.cfg, self.cfg.grpo
-        for k, rec in enumerate(sc.cur["records"]):
-            rec["reward"] = float(sc.total[k])
-            rec["rewards"] = {n: float(v[k]) for n, v in sc.per.items()}
-            verdicts = [sc.cpu[k][n][1] for n in ("verifier", "contains", "validity") if n in sc.cpu[k]]
+        for k, rec in enumerate(scored.sampled["records"]):
+            rec["reward"] = float(scored.reward[k])
+            rec["rewards"] = {n: float(v[k]) for n, v in scored.rewards.items()}
+            scores = scored.cpu_scores[k]
+            verdicts = [scores[n][1] for n in ("verifier", "contains", "validity") if n in scores]
             rec["verifier"] = history.reward_verdict(rec["reward"], verdicts, cfg.reward.functions,
                                                      cfg.reward.success_threshold)
-        self.hist.append(sc.cur["records"])
+        self.hist.append(scored.sampled["records"])
         step_s = time.perf_counter() - t_step
         m = rollout.step_metrics(
-            sc.total, sc.per, g.group_size, cfg.reward.success_threshold, ent=sc.ent,
-            mask=sc.cur["batch"]["mask"], lengths=sc.cur["gen"].lengths,
-            finish=sc.cur["gen"].finish_reason, updates=ums, is_metrics=sc.is_metrics)
+            scored.reward, scored.rewards, g.group_size, cfg.reward.success_threshold,
+            ent=scored.entropy,
+            mask=scored.sampled["batch"]["mask"], lengths=scored.sampled["gen"].lengths,
+            finish=scored.sampled["gen"].finish_reason, updates=updates,
+            is_metrics=scored.is_metrics)
         s = timer.s
         m.update(time_sample_s=s["sample"], time_logp_s=s["logp"], time_ref_s=s["ref"],
                  time_reward_wait_s=s["reward_wait"], time_reward_probe_s=s["reward_probe"],
@@ -277,21 +286,22 @@ class Loop:
         if done % cfg.log_every == 0 or done == g.steps:
             self.writer.write(done, m)
         if cfg.sample_every > 0 and done % cfg.sample_every == 0:
-            history.write_samples(self.samples_f, done, sc.cur["records"][:: max(1, g.group_size // 2)])
+            history.write_samples(self.samples_f, done,
+                                  scored.sampled["records"][:: max(1, g.group_size // 2)])
         self.bar.update(1, reward=m["reward_mean"], kl=m["kl"], len=m["completion_len_mean"])
         return m
 
     def step(self, step: int) -> dict:
         t_step = time.perf_counter()
         timer = _Timer()
-        params = self.R.policy(self.state)
-        cur, get_cpu = self.collect(step, params, timer)
-        sc = self.score(cur, get_cpu, params, timer)
+        params = self.run.policy(self.state)
+        sampled, get_cpu = self.collect(step, params, timer)
+        scored = self.score(sampled, get_cpu, params, timer)
         if self.cfg.grpo.dynamic_sampling:
-            sc = self.refill(step, sc, params, timer)
-        ums = self.update(step, sc.full, timer)
-        self.ckpt.check_resumed_step(step, ums[0]["loss"], "grpo")  # a resume's first step: finite?
-        self.metrics = self.record(step + 1, sc, ums, timer, t_step)
+            scored = self.refill(step, scored, params, timer)
+        updates = self.update(step, scored.update_rows, timer)
+        self.ckpt.check_resumed_step(step, updates[0]["loss"], "grpo")  # a resume's first step: finite?
+        self.metrics = self.record(step + 1, scored, updates, timer, t_step)
         return self.metrics
 
     def fit(self):
@@ -302,10 +312,10 @@ class Loop:
                 self.step(step)
                 done = step + 1
                 # The data state counts only tasks of finished steps (a pending batch is redone).
-                ds = _data_state(self.consumed, self.hist.tell())
-                self.ckpt.save(done, self.state, ds)
+                data_state = _data_state(self.consumed, self.hist.tell())
+                self.ckpt.save(done, self.state, data_state)
                 if ckpt_lib.any_process(guard.requested) or done == g.stop_after:
-                    self.ckpt.save(done, self.state, ds, force=True)
+                    self.ckpt.save(done, self.state, data_state, force=True)
                     why = (guard.signal_name or "SIGTERM") if guard.requested else "stop_after"
                     self.bar.write(f"rossjax grpo: {why} at step {done}; checkpoint saved, exiting.")
                     return
@@ -313,8 +323,8 @@ class Loop:
                            force=True)
 
     def close(self):
-        if self.R is not None:
-            self.R.workers.close()
+        if self.run is not None:
+            self.run.workers.close()
         self.ckpt.close()
         for name in ("bar", "writer", "hist", "samples_f"):
             if hasattr(self, name):
@@ -342,5 +352,5 @@ def run(cfg, workdir: str, *, cpu_scorer=None, step_cache=STEP_CACHE) -> dict:
             loop.fit()
         finally:
             loop.close()
-    return {"state": loop.state, "metrics": loop.metrics, "tokenizer": loop.R.tok_spec,
-            "history": os.path.join(workdir, "history.jsonl"), "run": loop.R}
+    return {"state": loop.state, "metrics": loop.metrics, "tokenizer": loop.run.tok_spec,
+            "history": os.path.join(workdir, "history.jsonl"), "run": loop.run}
