@@ -111,3 +111,41 @@ def test_max_bad_steps_is_one_sentence_and_exit_2(diverged):
     assert "Traceback" not in p.stderr and p.returncode == 2, p.stderr[-3000:]
     assert p.stderr.strip().splitlines()[-1] == (
         "rossjax train: stopped at step 6: 5 steps in a row had a non-finite loss or gradient.")
+
+
+def test_export_tokenizer_hf_dir_overrides_the_runs_own_tokenizer(tmp_path):
+    """`rossjax export --tokenizer=HF_DIR`: the folder's tokenizer, chat template and generation
+    config, not the ascii tokenizer the run's config names (README 'export')."""
+    import jax
+    from test_export import TEMPLATE, _base, _lora_run
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from rossjax import models
+    from rossjax.models.hf import read_hf_config
+    from rossjax.train import checkpoint as ckpt_lib
+
+    base = _base(tmp_path / "base")
+    run = _lora_run(tmp_path / "run", base)
+    os.remove(os.path.join(run, "lora.json"))  # a full-weights run: no LoRA base to fall back on
+    ck = ckpt_lib.Checkpointer(os.path.join(run, "checkpoints"), async_save=False)
+    ck.save(6, {"params": models.init_params(read_hf_config(str(base)), jax.random.key(0))},
+            force=True)
+    ck.close()
+    write_ascii_tokenizer(os.path.join(run, "tokenizer"))
+    with open(os.path.join(run, "config.json"), "w") as f:
+        json.dump({"tokenizer": "ascii", "template": "chatml", "model": {"path": ""}}, f)
+    hf = tmp_path / "dir"
+    p = _cli("export", f"--checkpoint={run}", f"--tokenizer={base}", str(hf))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"tokenizer {base} " in p.stderr, p.stderr[-2000:]
+    tok, ref = AutoTokenizer.from_pretrained(str(hf)), AutoTokenizer.from_pretrained(str(base))
+    assert tok.chat_template == TEMPLATE and tok.eos_token == "<eos>"
+    msgs = [{"role": "user", "content": "w3 w7"}, {"role": "assistant", "content": "w9"}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == "<|user|> w3 w7 <|assistant|> w9 <|assistant|>"  # TEMPLATE, not chatml
+    words = ["<|user|>", "w3", "w7", "<|assistant|>", "w9"]
+    assert tok.convert_tokens_to_ids(words) == ref.convert_tokens_to_ids(words) == [2, 7, 11, 3, 13]
+    with open(hf / "tokenizer.json") as a, open(base / "tokenizer.json") as b:
+        assert json.load(a)["model"]["vocab"] == json.load(b)["model"]["vocab"]  # 104 words, not ascii
+    gen = GenerationConfig.from_pretrained(str(hf))
+    assert gen.eos_token_id == 1 and gen.max_new_tokens == 7
