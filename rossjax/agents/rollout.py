@@ -1,0 +1,133 @@
+"""An agent episode over any OpenAI-compatible chat endpoint, written as a rollout row.
+
+    row = run_episode(env, task, OpenAIPolicy("http://127.0.0.1:8000/v1", "model"), rid="r0")
+
+Each turn the policy's reply is parsed for tool calls (the endpoint's structured `tool_calls`,
+else the text as the template writes them: hermes or react, parse.py), the environment's
+observations are appended as tool messages, until the env says done, the policy answers without
+a call (then `env.finish` judges it), `max_turns`, or the character budget of the history
+(`max_chars`; `window` keeps only the opening messages and the last `window` messages in what
+is SENT, the row keeps everything). A malformed call is an observation naming the fault.
+
+Per-token sampler log-probs are kept per assistant message when the endpoint returns them
+(`logprobs: true`), under `agent.logprobs`. Exact token ids are NOT kept on this path: an
+OpenAI endpoint returns text, so the row carries no `token_ids` and curate renders it (see
+docs/agents.md for the engine path that is still to come).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+
+from rossjax.agents.env import Environment, Observation, ToolCall, timed_step
+from rossjax.agents.parse import parse_tool_calls
+from rossjax.errors import InputError
+from rossjax.review.transport import Connection
+
+
+class PolicyError(InputError):
+    """The endpoint failed or answered something that is not a chat completion."""
+
+
+class OpenAIPolicy:
+    def __init__(self, base_url: str, model: str, api_key: str = "EMPTY", timeout_s: float = 60.0,
+                 max_bytes: int = 8 << 20, **sampling):
+        p = urllib.parse.urlsplit(base_url)
+        if p.scheme not in ("http", "https") or not p.hostname:
+            raise InputError(f"policy base_url {base_url!r} is not an http(s) URL")
+        self.path = p.path.rstrip("/") + "/chat/completions"
+        self.conn = Connection(p.scheme, p.hostname, p.port, timeout_s, max_bytes)
+        self.model, self.api_key, self.sampling = model, api_key, sampling
+
+    def __call__(self, messages: list[dict], tools: list) -> dict:
+        body = {"model": self.model, "messages": messages, "logprobs": True, **self.sampling}
+        if tools:
+            body["tools"] = tools
+        headers = {"Content-Type": "application/json",
+                   "Authorization": f"Bearer {self.api_key}"}
+        try:
+            status, raw, _, _ = self.conn.post(self.path, json.dumps(body).encode(), headers)
+        except OSError as e:
+            raise PolicyError(f"policy endpoint: {type(e).__name__}: {e}") from None
+        if status != 200:
+            raise PolicyError(f"policy endpoint answered HTTP {status}: {raw[:200]!r}")
+        try:
+            choice = json.loads(raw)["choices"][0]
+            msg = choice["message"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise PolicyError(f"policy endpoint answered no chat completion: {raw[:200]!r}"
+                              ) from None
+        lp = (choice.get("logprobs") or {}).get("content") or []
+        return {"content": msg.get("content") or "", "tool_calls": msg.get("tool_calls") or [],
+                "logprobs": [t.get("logprob") for t in lp if isinstance(t, dict)]}
+
+
+def _structured(tcs, n0: int):
+    calls, errors = [], []
+    for k, tc in enumerate(tcs):
+        fn = tc.get("function", {}) if isinstance(tc, dict) else {}
+        args = fn.get("arguments", {})
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except json.JSONDecodeError:
+            args = None
+        if not isinstance(fn.get("name"), str) or not isinstance(args, dict):
+            errors.append(f"tool call {k + 1}: needs a name and object arguments")
+            continue
+        calls.append(ToolCall(fn["name"], args, tc.get("id") or f"call_{n0 + len(calls)}"))
+    return calls, errors
+
+
+def _sent(messages: list[dict], window: int | None, n_open: int) -> list[dict]:
+    if not window or len(messages) <= n_open + window:
+        return messages
+    return messages[:n_open] + messages[-window:]
+
+
+def run_episode(env: Environment, task: dict, policy, rid: str, style: str = "hermes",
+                max_turns: int = 8, max_chars: int = 200_000, window: int | None = None) -> dict:
+    """One episode as a rollout row (docs/data.md): id, task, tools, messages with tool calls
+    and tool results, verifier (the env's verdict), reward, and `agent` (turns, stop reason,
+    per-message log-probs)."""
+    messages = env.reset(task)
+    n_open, n_calls, verdict, stop = len(messages), 0, None, "max_turns"
+    logprobs: dict[str, list] = {}
+    deadline = time.monotonic() + float(env.episode_timeout_s)
+    turns = 0
+    for turns in range(1, max_turns + 1):
+        reply = policy(_sent(messages, window, n_open), env.tools)
+        text = reply["content"]
+        calls, errors = (_structured(reply["tool_calls"], n_calls) if reply["tool_calls"]
+                         else parse_tool_calls(text, style, n_calls))
+        n_calls += len(calls)
+        msg = {"role": "assistant", "content": text}
+        if calls:
+            msg["tool_calls"] = [c.to_message() for c in calls]
+        if reply.get("logprobs"):
+            logprobs[str(len(messages))] = reply["logprobs"]
+        messages.append(msg)
+        if not calls and not errors:
+            verdict, stop = env.finish(text), "answered"
+            break
+        obs = [Observation("error: malformed tool call: " + e) for e in errors]
+        done = False
+        if calls:
+            got, done, verdict = timed_step(env, calls, deadline)
+            obs = list(got) + obs
+        messages += [o.to_message() for o in obs]
+        if done:
+            stop = "done"
+            break
+        if sum(len(m.get("content") or "") for m in messages) > max_chars:
+            stop = "context_budget"
+            break
+    passed = verdict.passed if verdict else None
+    return {"id": rid, "task": {"id": str(task.get("id", rid)), "domain": env.name,
+                                "prompt": task["prompt"]},
+            "tools": env.tools, "messages": messages,
+            "verifier": {"name": f"agents.{env.name}", "passed": passed,
+                         "evidence": verdict.evidence if verdict else f"no verdict ({stop})"},
+            "reward": 1.0 if passed else 0.0,
+            "agent": {"turns": turns, "stop": stop, "style": style, "logprobs": logprobs}}
