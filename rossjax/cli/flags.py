@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import sys
 
 from rossjax.errors import UsageError
 from rossjax.resources import config_path
@@ -46,7 +47,7 @@ def _parse(argv, default_config, extra_flags):
     from ml_collections import config_flags
 
     fv = flags.FlagValues()
-    argv = ["rossjax"] + list(argv)
+    argv = ["rossjax"] + [_shipped_config(a) for a in argv]
     # sys_argv: the `--config.x=y` override flags are discovered from this list, not sys.argv,
     # so commands called from code (tests, the demo) parse their own argv.
     config_flags.DEFINE_config_file("config", default_config, "ml-collections config file.",
@@ -71,6 +72,22 @@ def _parse(argv, default_config, extra_flags):
                    else default_config)
         raise UsageError(f"--config={path}: the config file could not be loaded (does it exist?).")
     return cfg, fv, rest
+
+
+def _shipped_config(arg: str) -> str:
+    """`--config=configs/x.py[:variant]` that does not exist relative to the working directory
+    names the shipped config of that file name (printed commands run from any directory)."""
+    if not arg.startswith("--config="):
+        return arg
+    path, sep, variant = arg.removeprefix("--config=").partition(":")
+    if not path or os.path.exists(path):
+        return arg
+    shipped = config_path(os.path.basename(path))
+    if not os.path.isfile(shipped):
+        return arg
+    print(f"rossjax: --config={path} is not in {os.getcwd()}; using the shipped {shipped}.",
+          file=sys.stderr)
+    return f"--config={shipped}{sep}{variant}"
 
 
 def _config_path(fv) -> str:

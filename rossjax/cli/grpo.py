@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -21,6 +22,7 @@ def main(argv=None) -> int:
     print(f"rossjax grpo: done in {time.time() - t0:.0f} s, reward "
           f"{out['metrics'].get('reward_mean', float('nan')):.3f}; history {out['history']} "
           f"(relearn: rossjax curate --config.input={out['history']} "
+          f"--config.output={os.path.join(workdir, 'relearn')} "
           f"--config.rows=verifier_positive --config.mask_mode=eligible "
           f"--config.tokenizer={out['tokenizer']}).")
     return 0

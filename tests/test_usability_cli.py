@@ -1,0 +1,56 @@
+"""Issue 29: the commands rossjax prints run as printed, from any working directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+from rossjax.resources import config_path
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(REPO, "data", "rollouts", "sample.jsonl")
+
+
+def _rossjax(args, cwd):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "rossjax.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_shipped_config_resolves_by_name_outside_a_checkout(tmp_path):
+    out = tmp_path / "curated"
+    r = _rossjax(["curate", "--config=configs/curate.py", f"--config.input={SAMPLE}",
+                  f"--config.output={out}"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"using the shipped {config_path('curate.py')}" in r.stderr
+    assert (out / "report.json").is_file()
+
+
+def test_missing_config_without_a_shipped_namesake_is_one_sentence(tmp_path):
+    r = _rossjax(["curate", "--config=configs/nope.py"], cwd=tmp_path)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr and "configs/nope.py" in r.stderr
+
+
+def test_grpo_relearn_command_runs_as_printed(tmp_path, monkeypatch, capsys):
+    """The relearn hint names its output folder; run as printed (in another cwd) it curates."""
+    from rossjax.cli import grpo as grpo_cli
+    from rossjax.train import grpo
+
+    workdir = tmp_path / "run"
+    monkeypatch.setattr(grpo, "run", lambda cfg, wd: dict(
+        metrics={"reward_mean": 0.5}, history=SAMPLE, tokenizer="qwen", step=1))
+    assert grpo_cli.main(["--config=configs/grpo_verifier.py", f"--workdir={workdir}"]) == 0
+    line = capsys.readouterr().out
+    cmd = re.search(r"relearn: (rossjax curate [^)]*)\)", line).group(1)
+    assert f"--config.output={workdir / 'relearn'}" in cmd
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    r = _rossjax(shlex.split(cmd)[1:], cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((workdir / "relearn" / "report.json").read_text())
+    assert report["config"]["mask_mode"] == "eligible"
