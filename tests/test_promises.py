@@ -149,3 +149,31 @@ def test_export_tokenizer_hf_dir_overrides_the_runs_own_tokenizer(tmp_path):
         assert json.load(a)["model"]["vocab"] == json.load(b)["model"]["vocab"]  # 104 words, not ascii
     gen = GenerationConfig.from_pretrained(str(hf))
     assert gen.eos_token_id == 1 and gen.max_new_tokens == 7
+
+
+@pytest.mark.slow  # two trainer processes, each compiling its step (~20 s each on 2 cores)
+def test_sigterm_to_a_running_train_checkpoints_exits_0_and_the_rerun_continues(tmp_path):
+    """docs/failures.md 'SIGTERM': the step in progress finishes, a checkpoint is saved, one line
+    says so, exit 0; a rerun (2 steps further) continues from that step and records no step twice."""
+    import signal
+
+    from test_faults_runs import _ckpt_steps, _cli_sub, _steps, _train_argv, _wait_for_step
+
+    data = write_curated(tmp_path / "data", n=200)
+    work = str(tmp_path / "run")
+    argv = _train_argv(data, work, "--config.train.num_steps=40", "--config.train.epochs=3",
+                       "--config.checkpoint.save_every=100", "--config.train.eval_every=-1")
+    p = _cli_sub(*argv)
+    seen = _wait_for_step(p, work, 2)
+    p.send_signal(signal.SIGTERM)
+    out = p.communicate(timeout=300)[0]
+    assert p.returncode == 0, out[-3000:]
+    stopped = _ckpt_steps(work)
+    assert len(stopped) == 1 and seen <= stopped[0] < 40, (stopped, out[-2000:])
+    at = stopped[0]  # save_every=100: only the SIGTERM can have written this checkpoint
+    assert f"SIGTERM at step {at}; checkpoint saved" in out, out[-2000:]
+    assert _steps(work) == list(range(1, at + 1))
+    p = _cli_sub(*argv, "--config.train.num_steps=" + str(at + 2))
+    out = p.communicate(timeout=300)[0]
+    assert p.returncode == 0 and f"from step {at}" in out, out[-3000:]
+    assert _steps(work) == list(range(1, at + 3))
