@@ -34,7 +34,7 @@ class Scripted:
                 outer.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
                 r = outer.replies.pop(0)
                 msg = r if isinstance(r, dict) else {"role": "assistant", "content": r}
-                lp = [{"token": "x", "logprob": -0.5}, {"token": "y", "logprob": -1.25}]
+                lp = [{"token": "token_id:7", "logprob": -0.5}, {"token": "token_id:9", "logprob": -1.25}]
                 data = json.dumps({"choices": [{"index": 0, "message": msg,
                                                 "logprobs": {"content": lp}}]}).encode()
                 self.send_response(200)
@@ -153,6 +153,7 @@ def test_multi_turn_episode_over_an_openai_endpoint_compiles_in_curate():
     assert row["verifier"]["passed"] is True and row["reward"] == 1.0
     assert row["agent"]["stop"] == "answered" and row["agent"]["turns"] == 3
     assert row["agent"]["logprobs"]["2"] == [-0.5, -1.25]
+    assert row["agent"]["token_ids"]["4"] == [7, 9] and srv.bodies[0]["return_tokens_as_token_ids"]
     assert len(srv.bodies) == 3 and srv.bodies[2]["messages"][-1]["role"] == "tool"
     assert srv.bodies[0]["tools"][0]["function"]["name"] == "calculate"
     assert validate_record(row) is None

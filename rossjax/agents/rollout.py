@@ -10,8 +10,10 @@ a call (then `env.finish` judges it), `max_turns`, or the character budget of th
 is SENT, the row keeps everything). A malformed call is an observation naming the fault.
 
 Per-token sampler log-probs are kept per assistant message when the endpoint returns them
-(`logprobs: true`), under `agent.logprobs`. Exact token ids are NOT kept on this path: an
-OpenAI endpoint returns text, so the row carries no `token_ids` and curate renders it (see
+(`logprobs: true`), under `agent.logprobs`, and the sampled ids under `agent.token_ids` when
+the server writes tokens as "token_id:N" (vLLM's return_tokens_as_token_ids). Observation and
+template tokens are not known on this path, so the row carries no top-level `token_ids` and
+curate renders it (see
 docs/agents.md for the engine path that is still to come).
 """
 
@@ -42,7 +44,8 @@ class OpenAIPolicy:
         self.model, self.api_key, self.sampling = model, api_key, sampling
 
     def __call__(self, messages: list[dict], tools: list) -> dict:
-        body = {"model": self.model, "messages": messages, "logprobs": True, **self.sampling}
+        body = {"model": self.model, "messages": messages, "logprobs": True,
+                "return_tokens_as_token_ids": True, **self.sampling}  # vLLM; others ignore it
         if tools:
             body["tools"] = tools
         headers = {"Content-Type": "application/json",
@@ -60,8 +63,14 @@ class OpenAIPolicy:
             raise PolicyError(f"policy endpoint answered no chat completion: {raw[:200]!r}"
                               ) from None
         lp = (choice.get("logprobs") or {}).get("content") or []
+        toks = [t.get("token") for t in lp if isinstance(t, dict)]
+        # vLLM with return_tokens_as_token_ids writes each token as "token_id:N": the ids the
+        # sampler drew, kept as they came (None when any token is plain text)
+        ids = [int(t[9:]) for t in toks if isinstance(t, str) and t.startswith("token_id:")
+               and t[9:].isdigit()]
         return {"content": msg.get("content") or "", "tool_calls": msg.get("tool_calls") or [],
-                "logprobs": [t.get("logprob") for t in lp if isinstance(t, dict)]}
+                "logprobs": [t.get("logprob") for t in lp if isinstance(t, dict)],
+                "token_ids": ids if toks and len(ids) == len(toks) else None}
 
 
 def _structured(tcs, n0: int):
@@ -94,6 +103,7 @@ def run_episode(env: Environment, task: dict, policy, rid: str, style: str = "he
     messages = env.reset(task)
     n_open, n_calls, verdict, stop = len(messages), 0, None, "max_turns"
     logprobs: dict[str, list] = {}
+    token_ids: dict[str, list] = {}  # message index -> the sampler's ids, when the server says
     deadline = time.monotonic() + float(env.episode_timeout_s)
     turns = 0
     for turns in range(1, max_turns + 1):
@@ -107,6 +117,8 @@ def run_episode(env: Environment, task: dict, policy, rid: str, style: str = "he
             msg["tool_calls"] = [c.to_message() for c in calls]
         if reply.get("logprobs"):
             logprobs[str(len(messages))] = reply["logprobs"]
+        if reply.get("token_ids"):
+            token_ids[str(len(messages))] = reply["token_ids"]
         messages.append(msg)
         if not calls and not errors:
             verdict, stop = env.finish(text), "answered"
@@ -130,4 +142,5 @@ def run_episode(env: Environment, task: dict, policy, rid: str, style: str = "he
             "verifier": {"name": f"agents.{env.name}", "passed": passed,
                          "evidence": verdict.evidence if verdict else f"no verdict ({stop})"},
             "reward": 1.0 if passed else 0.0,
-            "agent": {"turns": turns, "stop": stop, "style": style, "logprobs": logprobs}}
+            "agent": {"turns": turns, "stop": stop, "style": style, "logprobs": logprobs,
+                      "token_ids": token_ids}}
