@@ -54,3 +54,24 @@ def test_grpo_relearn_command_runs_as_printed(tmp_path, monkeypatch, capsys):
     assert r.returncode == 0, r.stderr
     report = json.loads((workdir / "relearn" / "report.json").read_text())
     assert report["config"]["mask_mode"] == "eligible"
+
+
+def test_config_field_typo_is_one_sentence_with_the_suggestion(capsys):
+    """Issue 29 part 8: with and without --config= (a default config applies overrides while
+    it is defined), nested fields keep their section, no escaped quotes or newlines."""
+    from rossjax import cli
+
+    cases = [(["curate", "--config.ouput=x"],
+              "rossjax curate: --config.ouput: the config has no field 'ouput'; "
+              "did you mean --config.output?"),
+             (["train", "--config=configs/ross_sft.py", "--config.data.seq_lenn=4", "--workdir=w"],
+              "rossjax train: --config.data.seq_lenn: the config has no field 'seq_lenn'; "
+              "did you mean --config.data.seq_len?"),
+             (["train", "--config=configs/ross_sft.py", "--config.zzzqq=4", "--workdir=w"],
+              "rossjax train: --config.zzzqq: the config has no field 'zzzqq' "
+              "(`--help` lists the fields)")]
+    for argv, want in cases:
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == want
+        assert "Traceback" not in "\n".join(err) and "\\" not in err[-1]

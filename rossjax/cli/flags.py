@@ -48,30 +48,44 @@ def _parse(argv, default_config, extra_flags):
 
     fv = flags.FlagValues()
     argv = ["rossjax"] + [_shipped_config(a) for a in argv]
-    # sys_argv: the `--config.x=y` override flags are discovered from this list, not sys.argv,
-    # so commands called from code (tests, the demo) parse their own argv.
-    config_flags.DEFINE_config_file("config", default_config, "ml-collections config file.",
-                                    flag_values=fv, lock_config=True, sys_argv=argv)
-    flags.DEFINE_string("workdir", None, "Directory for outputs, checkpoints and metrics.",
-                        flag_values=fv)
-    if extra_flags is not None:
-        extra_flags(fv)
     try:
+        # sys_argv: the `--config.x=y` override flags are discovered from this list, not
+        # sys.argv, so commands called from code (tests, the demo) parse their own argv. A
+        # default config applies its overrides here already, so a typo can raise here too.
+        config_flags.DEFINE_config_file("config", default_config, "ml-collections config file.",
+                                        flag_values=fv, lock_config=True, sys_argv=argv)
+        flags.DEFINE_string("workdir", None, "Directory for outputs, checkpoints and metrics.",
+                            flag_values=fv)
+        if extra_flags is not None:
+            extra_flags(fv)
         rest = fv(argv)[1:]
     except flags.Error as e:
         raise UsageError(_flag_error(str(e))) from None
     except (AttributeError, KeyError) as e:  # an override of a field the config does not have
-        bad = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-        field = str(e).strip("'\"")
-        flag = next((b for b in bad if b.split(".")[-1] == field), f"--config.{field}")
-        raise UsageError(f"{flag}: the config has no field {field!r} "
-                         f"(see the config file's get_config() for the fields it defines)") from None
+        raise UsageError(_unknown_field(e, argv)) from None
     cfg = fv.config if fv["config"].present or default_config else None
     if cfg is not None and type(cfg).__name__ == "_ErrorConfig":  # ml-collections defers the error
         path = str(fv["config"].config_filename if hasattr(fv["config"], "config_filename")
                    else default_config)
         raise UsageError(f"--config={path}: the config file could not be loaded (does it exist?).")
     return cfg, fv, rest
+
+
+def _unknown_field(e: Exception, argv) -> str:
+    """One sentence for a `--config.x` the config lacks: ml-collections' message carries the
+    field quoted and escaped, and its 'Did you mean' suggestion, inside the repr of a repr."""
+    text = str(e)
+    for _ in range(3):  # unescape the nested reprs
+        text = text.replace("\\\\", "\\").replace("\\'", "'").replace("\\n", "\n")
+    names = re.findall(r"'(\w+)'", text)
+    field = names[0] if names else text.strip("'\"")
+    hint = re.search(r'Did you mean "([\w.]+)"', text)
+    bad = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+    flag = next((b for b in bad if b.split(".")[-1] == field), f"--config.{field}")
+    where = flag.removeprefix("--config.").rsplit(".", 1)
+    fix = (f"; did you mean --config.{where[0] + '.' if len(where) > 1 else ''}{hint.group(1)}?"
+           if hint else " (`--help` lists the fields)")
+    return f"{flag}: the config has no field {field!r}{fix}"
 
 
 def _shipped_config(arg: str) -> str:
