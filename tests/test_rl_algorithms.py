@@ -331,8 +331,6 @@ def test_trainer_logprobs_and_entropy_at_the_sampling_temperature(T):
     assert grpo_step.sampling_temperature(0.0) == 1.0 and grpo_step.sampling_temperature(T) == T
 
 
-@pytest.mark.xfail(strict=True, reason="rossjax/engine/sampler.py select() still reports "
-                   "temperature-1 log-probs (lse of `last`, not of `last / temp`)")
 def test_sampler_and_trainer_logprobs_agree_at_the_temperature():
     """On-policy, the trainer's log-probs of the sampled tokens are the sampler's: the IS ratio
     is 1, at any temperature."""

@@ -35,15 +35,17 @@ def tiny(tmp_path_factory):
     return _make("qwen2", tmp_path_factory)
 
 
-def _teacher_forced(cfg, params, prompts, new):
-    """Log-probs of each row's generated tokens from one right-padded full forward pass."""
+def _teacher_forced(cfg, params, prompts, new, temperature=1.0):
+    """Log-probs of each row's generated tokens under logits / temperature, from one
+    right-padded full forward pass."""
     rows = [list(p) + list(n) for p, n in zip(prompts, new)]
     width = max(map(len, rows))
     toks = np.zeros((len(rows), width), np.int32)
     seg = np.zeros((len(rows), width), np.int32)
     for i, r in enumerate(rows):
         toks[i, :len(r)], seg[i, :len(r)] = r, 1
-    lp = np.asarray(jax.nn.log_softmax(forward(cfg, params, toks, segment_ids=seg)[0], -1))
+    logits = forward(cfg, params, toks, segment_ids=seg)[0] / temperature
+    lp = np.asarray(jax.nn.log_softmax(logits, -1))
     return np.stack([lp[i, np.arange(len(p) - 1, len(p) - 1 + len(n)), np.asarray(n)]
                      for i, (p, n) in enumerate(zip(prompts, new))])
 
@@ -60,7 +62,7 @@ def test_greedy_matches_transformers_and_logprobs_match_forward(family):
                                atol=1e-4, rtol=0)
 
 
-def test_sampling_is_seeded_and_logprobs_are_temperature_one(tiny):
+def test_sampling_is_seeded_and_logprobs_are_at_the_temperature(tiny):
     _, cfg, params, prompts = tiny
     kw = dict(temperature=1.3, top_k=50, top_p=0.95, num_samples=4)
     a = generate(cfg, params, prompts, N_NEW, seed=7, **kw)
@@ -72,8 +74,11 @@ def test_sampling_is_seeded_and_logprobs_are_temperature_one(tiny):
     assert not np.array_equal(a.tokens, c.tokens)
     # copies of one prompt diverge (they share the prefill, not the random draws)
     assert len({tuple(r) for r in a.tokens[:4].tolist()}) > 1
-    np.testing.assert_allclose(a.logprobs, _teacher_forced(cfg, params, [p for p in prompts for _ in range(4)],
-                                                           a.tokens), atol=1e-4, rtol=0)
+    # the sampler's log-probs are those of logits / T (what GRPO's trainer scores), not T = 1
+    rows = [p for p in prompts for _ in range(4)]
+    np.testing.assert_allclose(a.logprobs, _teacher_forced(cfg, params, rows, a.tokens, 1.3),
+                               atol=1e-4, rtol=0)
+    assert np.abs(a.logprobs - _teacher_forced(cfg, params, rows, a.tokens)).max() > 1e-2
 
 
 def test_stop_tokens_end_rows_and_filters_reduce_to_greedy(tiny):

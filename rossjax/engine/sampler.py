@@ -58,11 +58,13 @@ def mode_for(temperatures, top_ks, top_ps) -> str:
 
 def select(last, temperature, top_k, top_p, keys, count, mode: str):
     """last [n, V] float32 logits; per-row knobs [n]; keys [n, 2] uint32; count [n] int32.
-    Returns (tokens [n] int32, log p(token) at temperature 1 [n] float32)."""
+    Returns (tokens [n] int32, log p(token) under logits / T [n] float32: the temperature the
+    row samples at, T = 1 for greedy rows; before top-k / top-p, as the GRPO trainer scores it)."""
     top = jnp.max(last, axis=-1, keepdims=True)
     greedy_tok = first_index(last == top)
     if mode == "greedy":
         tok = greedy_tok
+        scaled = last
     else:
         is_greedy = temperature <= 0
         temp = jnp.where(is_greedy, 1.0, temperature)[:, None]
@@ -73,6 +75,8 @@ def select(last, temperature, top_k, top_p, keys, count, mode: str):
         step_keys = jax.vmap(jax.random.fold_in)(keys, count)
         drawn = jax.vmap(jax.random.categorical)(step_keys, filt).astype(jnp.int32)
         tok = jnp.where(is_greedy, greedy_tok, drawn)
-    lse = top[:, 0] + jnp.log(jnp.sum(jnp.exp(last - top), axis=-1))
-    lp = jnp.take_along_axis(last, tok[:, None], 1)[:, 0] - lse
+        scaled = last / temp
+    top = jnp.max(scaled, axis=-1, keepdims=True)
+    lse = top[:, 0] + jnp.log(jnp.sum(jnp.exp(scaled - top), axis=-1))
+    lp = jnp.take_along_axis(scaled, tok[:, None], 1)[:, 0] - lse
     return tok, lp
