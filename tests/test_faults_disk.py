@@ -46,3 +46,32 @@ def test_activation_store_in_a_full_directory_is_one_sentence(model):
         ids = [f"r{i}" for i in range(64)]
         with pytest.raises(InputError, match=r"needs .* bytes but the disk has .* free"):
             S.write_store(out, cfg, params, ids, [[1, 2, 3]] * 64, (1, 2), progress=False)
+
+
+@pytest.mark.slow  # two trainer processes, each compiling its step
+def test_a_disk_that_fills_during_a_run_keeps_the_last_checkpoint_and_resumes_with_room(tmp_path):
+    """docs/failures.md 'a disk that fills during the run': the save fails with orbax's error,
+    the last finished checkpoint is intact and resumes once there is room (the tmpfs regrown)."""
+    import subprocess
+
+    from test_faults_runs import _ckpt_steps, _cli_sub, _steps, _train_argv
+    from test_sft_loop import write_curated
+
+    data = write_curated(tmp_path / "data", n=80)
+    # 3 MiB: passes the one-checkpoint check before step 1 (~1.1 MiB each), fills at the 3rd save
+    with _mount("3m") as small:
+        _need(small)
+        work = os.path.join(small, "run")
+        argv = _train_argv(data, work, "--config.train.num_steps=6", "--config.train.epochs=10",
+                           "--config.checkpoint.save_every=1", "--config.train.eval_every=-1")
+        p = _cli_sub(*argv)
+        out = p.communicate(timeout=300)[0]
+        assert p.returncode == 1 and "RESOURCE_EXHAUSTED" in out, out[-3000:]
+        done = _ckpt_steps(work)
+        assert done and done == list(range(1, done[-1] + 1)) and done[-1] < 6, done
+        subprocess.run(["mount", "-o", "remount,size=64m", small], check=True)  # room again
+        p = _cli_sub(*argv)
+        out = p.communicate(timeout=300)[0]
+        assert p.returncode == 0 and f"from step {done[-1]}" in out, out[-3000:]
+        assert "removed 1 unfinished checkpoint" in out, out[-3000:]
+        assert _steps(work) == [1, 2, 3, 4, 5, 6]
