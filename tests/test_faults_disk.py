@@ -75,3 +75,44 @@ def test_a_disk_that_fills_during_a_run_keeps_the_last_checkpoint_and_resumes_wi
         assert p.returncode == 0 and f"from step {done[-1]}" in out, out[-3000:]
         assert "removed 1 unfinished checkpoint" in out, out[-3000:]
         assert _steps(work) == [1, 2, 3, 4, 5, 6]
+
+
+_KILL_IN_SAVE = """
+import os, signal, sys
+from orbax.checkpoint._src.path import atomicity as A
+for cls in (A.AtomicRenameTemporaryPath, A.CommitFileTemporaryPath):
+    def finalize(self, *a, _orig=cls.finalize, **k):
+        # step 4's files are written, its commit (rename / commit file) not yet: lose the host
+        if "/4.orbax-checkpoint-tmp" in str(self.get()):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _orig(self, *a, **k)
+    cls.finalize = finalize
+from rossjax.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # two trainer processes, each compiling its step
+def test_a_kill_inside_an_in_flight_save_resumes_from_the_previous_checkpoint(tmp_path):
+    """SIGKILL after orbax wrote step 4's files but before it committed them: the rerun drops the
+    unfinished step 4, resumes from step 2 and records no step twice."""
+    import subprocess
+    import sys
+
+    from test_faults_runs import ENV, ROOT, _ckpt_steps, _cli_sub, _steps, _train_argv
+    from test_sft_loop import write_curated
+
+    data = write_curated(tmp_path / "data", n=80)
+    work = str(tmp_path / "run")
+    argv = _train_argv(data, work, "--config.train.num_steps=6", "--config.train.epochs=10",
+                       "--config.checkpoint.save_every=2", "--config.train.eval_every=-1")
+    p = subprocess.run([sys.executable, "-c", _KILL_IN_SAVE, *argv], env=ENV, cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == -9, p.stderr[-3000:]
+    ck = os.listdir(os.path.join(work, "checkpoints"))
+    assert "4" not in ck and any(c.startswith("4.orbax-checkpoint-tmp") for c in ck), ck
+    assert _ckpt_steps(work) == [2] and _steps(work)[-1] == 4
+    p = _cli_sub(*argv)
+    out = p.communicate(timeout=300)[0]
+    assert p.returncode == 0 and "from step 2" in out, out[-3000:]
+    assert _ckpt_steps(work)[-1] == 6 and _steps(work) == [1, 2, 3, 4, 5, 6]
