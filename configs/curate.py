@@ -61,6 +61,7 @@ def get_config():
     c.duplicates = "withhold"  # withhold | keep rows whose id an earlier row already had
     c.export_format = ""  # "" | parquet: also DIR/data.parquet for TRL / verl
     c.max_length = 32768  # longer rollouts are withheld as too_long; 0 = no limit
+    c.recipe = ""  # ross | ross_no_mask | positive_sft | sft: sets rows, mask_mode (sft: verify, unverified too)
     c.mask_mode = "annotated"  # annotated | eligible ("ROSS w/o mask": every assistant token)
     c.rows = "accepted"  # accepted (reviewed: accept | revise) | verifier_positive (see above)
     # auto: the stored record.verifier.passed, else run the named verifier | stored: stored

@@ -22,14 +22,40 @@ RECIPES = {
                          trains_on="the same rows; every assistant token"),
     "positive_sft": dict(rows="verifier_positive", mask_mode="eligible",
                          trains_on="every verifier-positive row; every assistant token"),
+    # Plain SFT on a TRL / verl conversational dataset with no verdicts or reviews: no verifier
+    # runs, every valid row is kept (a stored failed verdict is still withheld).
+    "sft": dict(rows="verifier_positive", mask_mode="eligible",
+                curate=dict(verify="stored", unverified="keep"),
+                trains_on="every valid row, unverified; every assistant token"),
 }
 
 
+def curate_recipe(cfg) -> list[str]:
+    """`--config.recipe=NAME` on a curate config: set the recipe's curate fields (rows,
+    mask_mode and its extras) in `cfg`. Returns what it set, for the run's note."""
+    name = cfg.get("recipe", "")
+    if not name:
+        return []
+    if name not in RECIPES:
+        from rossjax.errors import ConfigError
+
+        raise ConfigError(f"config.recipe {name!r} is not one of {', '.join(RECIPES)}.")
+    r = RECIPES[name]
+    fields = dict(rows=r["rows"], mask_mode=r["mask_mode"], **r.get("curate", {}))
+    with cfg.unlocked():
+        for k, v in fields.items():
+            cfg[k] = v
+    return [f"{k}={v}" for k, v in fields.items()]
+
+
 def recipe_table() -> str:
-    """RECIPES as the Markdown table README.md carries and `rossjax train|curate --help` print."""
-    lines = ["| recipe | curate flags | rows, mask |", "|---|---|---|"]
+    """RECIPES as the Markdown table README.md carries and `rossjax train|curate --help` print
+    (`--config.recipe=NAME` on curate sets the flags after it)."""
+    lines = ["| recipe (`--config.recipe=` on curate and train) | curate fields it sets | rows, mask |",
+             "|---|---|---|"]
     for name, r in RECIPES.items():
-        flags = f"--config.rows={r['rows']} --config.mask_mode={r['mask_mode']}"
+        flags = " ".join(f"--config.{k}={v}" for k, v in
+                         dict(rows=r["rows"], mask_mode=r["mask_mode"], **r.get("curate", {})).items())
         lines.append(f"| `{name}` | `{flags}` | {r['trains_on']} |")
     return "\n".join(lines)
 

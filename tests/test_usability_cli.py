@@ -75,3 +75,40 @@ def test_config_field_typo_is_one_sentence_with_the_suggestion(capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1] == want
         assert "Traceback" not in "\n".join(err) and "\\" not in err[-1]
+
+
+def test_plain_sft_recipe_curates_and_trains_a_trl_dataset(tmp_path, capsys):
+    """Issue 29 part 3: TRL conversational rows with no verdicts or reviews curate and train with
+    `--config.recipe=sft` on both commands; every valid row kept, every assistant token
+    supervised, nothing verified."""
+    from rossjax import cli
+    from rossjax.tokenizers.ascii import write_ascii_tokenizer
+
+    tok = write_ascii_tokenizer(str(tmp_path / "tok"))
+    rows = tmp_path / "trl.jsonl"
+    with open(rows, "w") as f:
+        for i in range(6):
+            f.write(json.dumps({"messages": [
+                {"role": "user", "content": f"what is {i} + 1?"},
+                {"role": "assistant", "content": f"it is {i + 1}."}]}) + "\n")
+    out = tmp_path / "curated"
+    assert cli.main(["curate", "--config.recipe=sft", f"--config.input={rows}",
+                     f"--config.output={out}", f"--config.tokenizer={tok}",
+                     "--config.progress=False"]) == 0
+    assert "recipe sft: rows=verifier_positive mask_mode=eligible verify=stored " \
+           "unverified=keep" in capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert report["buckets"]["kept"] == 6, report["buckets"]
+    assert report["verify"]["rerun"] == 0 and report["verify"]["unverified"] == 6
+    assert report["config"]["mask_mode"] == "eligible"
+    assert cli.main(["train", f"--config={config_path('ross_sft.py')}:runlocal",
+                     "--config.recipe=sft", f"--config.data.train={out}",
+                     "--config.train.num_steps=1", "--config.data.seq_len=128",
+                     f"--workdir={tmp_path / 'w'}"]) == 0
+    # Without the recipe the same rows are withheld (nothing kept: exit 2), and the reason
+    # names the one-flag fix.
+    capsys.readouterr()
+    assert cli.main(["curate", f"--config.input={rows}", f"--config.output={tmp_path / 'c2'}",
+                     f"--config.tokenizer={tok}", "--config.progress=False"]) == 2
+    withheld = [json.loads(x) for x in open(tmp_path / "c2" / "withheld.jsonl")]
+    assert len(withheld) == 6 and "--config.recipe=sft" in json.dumps(withheld[0])
