@@ -103,9 +103,6 @@ def test_max_bad_steps_stops_the_run_at_the_fifth_non_finite_step_in_a_row(diver
     assert math.isfinite(losses[0]) and all(math.isnan(x) for x in losses[1:]), losses
 
 
-@pytest.mark.xfail(strict=True, reason="rossjax.train.loop.Diverged is a plain ValueError, not an "
-                   "InputError: the CLI prints its traceback and exits 1 where docs/failures.md "
-                   "promises one sentence")
 def test_max_bad_steps_is_one_sentence_and_exit_2(diverged):
     p, _ = diverged
     assert "Traceback" not in p.stderr and p.returncode == 2, p.stderr[-3000:]

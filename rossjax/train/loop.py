@@ -37,7 +37,7 @@ from rossjax.train import (
 )
 
 
-class Diverged(ValueError):
+class Diverged(InputError):
     """Too many non-finite steps in a row (printed as one sentence by the CLI)."""
 
 
