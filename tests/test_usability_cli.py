@@ -112,3 +112,20 @@ def test_plain_sft_recipe_curates_and_trains_a_trl_dataset(tmp_path, capsys):
                      f"--config.tokenizer={tok}", "--config.progress=False"]) == 2
     withheld = [json.loads(x) for x in open(tmp_path / "c2" / "withheld.jsonl")]
     assert len(withheld) == 6 and "--config.recipe=sft" in json.dumps(withheld[0])
+
+
+def test_empty_messages_and_unknown_columns_get_their_own_reasons(tmp_path):
+    """Issue 29 part 8: not 'id must be a non-empty string' for a row whose id could not be
+    derived because it has no turns or no messages column at all."""
+    rows = tmp_path / "bad.jsonl"
+    rows.write_text('{"messages": []}\n{"question": "q", "answer": "a"}\n')
+    out = tmp_path / "out"
+    r = _rossjax(["curate", f"--config.input={rows}", f"--config.output={out}",
+                  "--config.progress=False"], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    details = [json.loads(x)["detail"] for x in open(out / "invalid.jsonl")]
+    assert details == [
+        "bad.jsonl row 1: messages is empty (a row needs at least one turn)",
+        "bad.jsonl row 2: no messages column (the row has 'answer', 'question'); map the prompt "
+        "and completion columns with --config.fields.input_key=COLUMN "
+        "--config.fields.label_key=COLUMN"]

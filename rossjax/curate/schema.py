@@ -197,6 +197,14 @@ def validate_record(obj) -> str | None:
     err = _bad_text({k: v for k, v in obj.items() if k != "token_ids"}, "")  # ints: skip the walk
     if err:
         return err
+    if obj.get("id") is None:  # no id and none derived: say what the row lacks, not the id
+        msgs = obj.get("messages")
+        if msgs == []:
+            return "messages is empty (a row needs at least one turn)"
+        if msgs is None:
+            return (f"no messages column (the row has {', '.join(map(repr, sorted(obj))) or 'none'});"
+                    " map the prompt and completion columns with --config.fields.input_key=COLUMN"
+                    " --config.fields.label_key=COLUMN")
     if not isinstance(obj.get("id"), str) or not obj["id"]:
         return "id must be a non-empty string"
     task = obj.get("task")
