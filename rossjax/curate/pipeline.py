@@ -161,10 +161,12 @@ def _count_lines(files: list[str]) -> int | None:
 
 _UNVERIFIED = {
     "stored": "the row stores no verifier verdict and verify=stored runs none (plain SFT "
-              "data: --config.recipe=sft on curate and train; else config.verify=auto)",
+              "data: --config.recipe=sft on curate and train; else config.verify=auto, or "
+              "config.unverified=keep to keep it unverified)",
     "auto": "the row stores no verifier verdict and names no verifier to run (plain SFT data: "
             "--config.recipe=sft on curate and train; else name a verifier with verifier.name, "
-            "a task.domain that is a verifier or config.verify_fn=module:function)",
+            "a task.domain that is a verifier or config.verify_fn=module:function, or set "
+            "config.unverified=keep to keep it unverified)",
 }
 _UNVERIFIED["rerun"] = _UNVERIFIED["auto"]
 
