@@ -7,6 +7,7 @@ on a random-init model's activations must decode it; with shuffled labels it mus
 
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -100,6 +101,8 @@ def test_probe_sweep_cli_end_to_end(wide_model, tmp_path, monkeypatch, capsys):
             "--config.seeds=(0,1)", "--config.max_epochs=40", "--config.ece_max=0.3",
             "--config.split=random", "--config.balance=('reweight',)", "--config.ba_tolerance=0.0"]
     assert main(argv) == 0
+    said = capsys.readouterr().out  # which ECE is which (issue 29 part 8)
+    assert re.search(r"val ECE \d\.\d{3} before / \d\.\d{3} after temperature calibration", said)
     lines = (out / "cells.csv").read_text().strip().splitlines()
     assert len(lines) == 1 + 2 * 2 * 2   # header + pooling x layer x seed
     assert (out / "heatmap_linear.png").stat().st_size > 1000

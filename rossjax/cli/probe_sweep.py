@@ -14,6 +14,7 @@ def main(argv=None) -> int:
     s = sel["summary"]
     print(f"rossjax probe-sweep: {len(res['cells'])} cells -> {res['output']}")
     print(f"  selected {sel['head']} layer {sel['layer']} {sel['pooling']} ({sel['balance']}): "
-          f"val bacc {s['val_balanced_accuracy']:.3f}, val ECE {s['val_ece']:.3f}, "
+          f"val bacc {s['val_balanced_accuracy']:.3f}, val ECE {s['val_ece_raw']:.3f} before / "
+          f"{s['val_ece']:.3f} after temperature calibration (the ceiling applies before), "
           f"test bacc {s['test_balanced_accuracy']:.3f}, RVP {s['rvp']:.4f} [{sel['selection_note']}]")
     return 0
