@@ -129,3 +129,14 @@ def test_empty_messages_and_unknown_columns_get_their_own_reasons(tmp_path):
         "bad.jsonl row 2: no messages column (the row has 'answer', 'question'); map the prompt "
         "and completion columns with --config.fields.input_key=COLUMN "
         "--config.fields.label_key=COLUMN"]
+
+
+def test_probe_heatmap_colour_scale_covers_the_data():
+    """Issue 29 part 8: below-chance cells are inside the colour scale, not clipped to it."""
+    import numpy as np
+
+    from rossjax.probes.sweep import color_range
+
+    assert color_range(np.array([[0.62, 0.9], [0.7, np.nan]])) == (0.5, 1.0)
+    assert color_range(np.array([[0.31, 0.55]])) == (0.31, 1.0)
+    assert color_range(np.full((2, 2), np.nan)) == (0.5, 1.0)

@@ -223,6 +223,16 @@ def _write_csv(path, rows, fields):
             w.writerow({k: r.get(k) for k in fields})
 
 
+def color_range(grid) -> tuple[float, float]:
+    """The heatmap's colour scale: chance (0.5) to 1 for balanced accuracy, widened to cover
+    every cell (below-chance cells were clipped to the floor colour)."""
+    vals = np.asarray(grid, dtype=float)
+    vals = vals[np.isfinite(vals)]
+    if not vals.size:
+        return 0.5, 1.0
+    return float(min(0.5, vals.min())), float(max(1.0, vals.max()))
+
+
 def _heatmap(path, rows, head):
     import matplotlib
     matplotlib.use("Agg")
@@ -235,11 +245,13 @@ def _heatmap(path, rows, head):
         i, j = layers.index(r["layer"]), pools.index(r["pooling"])
         grid[i, j] = np.nanmax([grid[i, j], r["val_balanced_accuracy"]])
     fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(pools), 1.2 + 0.45 * len(layers)))
-    im = ax.imshow(grid, vmin=0.5, vmax=1.0, cmap="viridis", aspect="auto")
+    vmin, vmax = color_range(grid)
+    im = ax.imshow(grid, vmin=vmin, vmax=vmax, cmap="viridis", aspect="auto")
     for i in range(len(layers)):
         for j in range(len(pools)):
+            bright = im.norm(grid[i, j]) > 0.6  # dark text on viridis' yellow end
             ax.text(j, i, f"{grid[i, j]:.3f}", ha="center", va="center", fontsize=8,
-                    color="k" if grid[i, j] > 0.8 else "w")  # dark text on viridis' yellow end
+                    color="k" if bright else "w")
     ax.set_xticks(range(len(pools)), pools)
     ax.set_yticks(range(len(layers)), layers)
     ax.set_xlabel("pooling")
