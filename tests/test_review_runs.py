@@ -229,11 +229,18 @@ def test_sample_review_then_curate_end_to_end(tmp_path, capsys):
     assert rep["reasons"]["invalid"] == {"invalid_record": 2}
     assert set(rep["stages"]) == {"proposal", "audit", "discovery", "localization"}
     assert sum(s["requests"] for s in rep["stages"].values()) == len(srv.requests)
-    cur = tmp_path / "cur"
-    assert curate_cli.main([f"--config={REPO}/configs/curate.py",
-                          f"--config.input={work / rep['outputs'][0]['path']}",
-                          f"--config.output={cur}", "--config.verify=stored",
-                          "--config.unverified=keep", "--config.progress=False"]) == 0
+    # the 'next:' command review printed runs as printed (from another folder), plus settings
+    nxt = next(ln for ln in lines if "next: rossjax curate" in ln).split("next: rossjax curate ")[1]
+    printed = nxt.split()
+    cur = work / "curated"
+    assert f"--config.output={cur}" in printed
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert curate_cli.main([*printed, "--config.verify=stored", "--config.unverified=keep",
+                                "--config.progress=False"]) == 0
+    finally:
+        os.chdir(here)
     crep = json.load(open(cur / "report.json"))
     assert crep["buckets"] == {"kept": rep["buckets"]["kept"], "withheld": 0, "invalid": 0}
     shipped = {r["id"]: r for r in rows}

@@ -29,7 +29,8 @@ def summary(report: dict, workdir: str) -> list[str]:
         (f"annotated rollouts: {first}" + (f" (+{len(outs) - 1} more shards)" if len(outs) > 1
                                            else "")
          + f"; report {os.path.join(workdir, 'report.json')}; next: rossjax curate "
-           f"--config=configs/curate.py --config.input={first}") if outs
+           f"--config=configs/curate.py --config.input={first} "
+           f"--config.output={os.path.join(workdir, 'curated')}") if outs
         else f"no rows kept; report {os.path.join(workdir, 'report.json')}",
     ]
 
