@@ -308,7 +308,9 @@ def test_train_eval_row_of_a_checkpointed_step_survives_a_kill_after_its_save(tm
     assert _steps(work) == [1, 2, 3, 4] and _steps(work, "eval") == [2, 4]
 
 
+# 4 x 4 candidates a step, pinned (the assertions count 16 history rows a step).
 GRPO = ["grpo", "--config=configs/grpo_verifier.py:runlocal", "--config.grpo.max_new_tokens=8",
+        "--config.grpo.contexts=4", "--config.grpo.group_size=4",
         "--config.data.tasks=gen:contains", "--config.reward.functions=('contains',)",
         "--config.reward.weights=(1.0,)", "--config.reward.workers=0",
         "--config.checkpoint.async_save=False", "--config.sample_every=1"]

@@ -43,12 +43,12 @@ def test_dynamic_sampling_needs_synchronous_sampling():
 
 @dataclasses.dataclass
 class _FakeScored:   # the fields grpo.Loop's scored batch has
-    cur: dict
-    cpu: list
-    total: np.ndarray
-    per: dict
-    full: dict
-    ent: np.ndarray
+    sampled: dict
+    cpu_scores: list
+    reward: np.ndarray
+    rewards: dict
+    update_rows: dict
+    entropy: np.ndarray
     is_metrics: dict
 
 
@@ -76,24 +76,24 @@ def test_dynamic_sampling_assembles_kept_then_filler_and_keeps_every_record():
     r1 = _round([0, 1, 3, 3], width=6, tag="b")          # informative, uniform
     out, m = dynamic_sampling.assemble([r0, r1], 3, G)
     # kept a1, b0; then one filler (the first uniform, a0); the rest dropped
-    assert [r["id"] for r in out.cur["records"]] == ["a2", "a3", "b0", "b1", "a0", "a1",
+    assert [r["id"] for r in out.sampled["records"]] == ["a2", "a3", "b0", "b1", "a0", "a1",
                                                     "a4", "a5", "b2", "b3"]
-    assert [r["source"]["dynamic_sampling"] for r in out.cur["records"][::2]] == [
+    assert [r["source"]["dynamic_sampling"] for r in out.sampled["records"][::2]] == [
         "kept", "kept", "filler_masked", "dropped_uniform", "dropped_uniform"]
     assert m == {"dynamic_refill_rounds": 1, "dynamic_groups_sampled": 5,
                  "dynamic_groups_uniform": 3, "dynamic_groups_filler": 1}
-    f = out.full
+    f = out.update_rows
     assert f["mask"].shape == (6, 6)                        # padded to the widest round
     np.testing.assert_array_equal(f["mask"][:, :4].sum(1), [4, 4, 4, 4, 0, 0])  # filler masked
     assert f["mask"][:2, 4:].sum() == 0 and f["mask"][2:4, 4:].sum() == 4
     np.testing.assert_array_equal(f["adv"], [2, 3, 0, 1, 0, 1])
     np.testing.assert_array_equal(f["old_logp"][0, :4], [8, 9, 10, 11])
-    np.testing.assert_array_equal(out.cur["batch"]["mask"], f["mask"])
-    np.testing.assert_array_equal(out.total, [0, 1, 0, 1, 1, 1, 2, 2, 3, 3])
-    np.testing.assert_array_equal(out.per["x"], out.total * 10)
-    assert [c["r"] for c in out.cpu] == [2, 3, 0, 1, 0, 1, 4, 5, 2, 3]
-    assert out.cur["gen"].tokens[:, 0].tolist() == [2, 3, 0, 1, 0, 1]
-    assert out.cur["sample_s"] == 2.0 and out.ent.shape == (6, 6)
+    np.testing.assert_array_equal(out.sampled["batch"]["mask"], f["mask"])
+    np.testing.assert_array_equal(out.reward, [0, 1, 0, 1, 1, 1, 2, 2, 3, 3])
+    np.testing.assert_array_equal(out.rewards["x"], out.reward * 10)
+    assert [c["r"] for c in out.cpu_scores] == [2, 3, 0, 1, 0, 1, 4, 5, 2, 3]
+    assert out.sampled["gen"].tokens[:, 0].tolist() == [2, 3, 0, 1, 0, 1]
+    assert out.sampled["sample_s"] == 2.0 and out.entropy.shape == (6, 6)
 
 
 def scripted_rewards(kinds, records):
