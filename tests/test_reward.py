@@ -79,13 +79,15 @@ def test_probe_reward_reads_frozen_reference(tmp_path):
 
 
 @pytest.mark.slow
-def test_propel_runlocal_end_to_end(tmp_path):
+def test_propel_runlocal_end_to_end(tmp_path, capsys):
     from rossjax import cli
 
     work = str(tmp_path / "w")
     rc = cli.main(["grpo", "--config=configs/propel_azr.py:runlocal", f"--workdir={work}",
                    "--config.grpo.steps=2", "--config.grpo.max_new_tokens=16"])
     assert rc == 0
+    # the banner names the probe that pays the reward
+    assert "probe reward from bootstrap (linear, layer" in capsys.readouterr().err
     rows = [json.loads(x) for x in open(os.path.join(work, "history.jsonl"))]
     assert len(rows) == 2 * 16
     for r in rows:  # hard gate: invalid tasks get exactly -0.2, valid ones the probe score

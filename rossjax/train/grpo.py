@@ -160,6 +160,9 @@ class Loop:
               f"{g.contexts} x {g.group_size} candidates, {run.updates_per_step} updates/step, rewards "
               f"{tuple(cfg.reward.functions)} on {cfg.reward.workers} workers, from step "
               f"{self.start_step}.", file=sys.stderr)
+        if run.probe_names:  # which probe pays the reward, before any step runs
+            print(f"rossjax grpo{who}: probe reward from {'; '.join(run.probe_names)}",
+                  file=sys.stderr)
 
     def collect(self, step: int, params, timer: _Timer):
         """This step's batch (sampled now, or ahead by the previous step), its rewards submitted

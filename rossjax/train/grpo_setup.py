@@ -167,7 +167,7 @@ class Run:
             self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.probe.validity,)))
         self.workers = WorkerPool(cfg.reward.workers, cpu_scorer or functools.partial(
             rewards.score_batch, custom=cfg.reward.get("fn", "")))
-        self.probe_reward = None
+        self.probe_reward, self.probe_names = None, []
         if self._uses_probe():
             p = cfg.reward.probe
             render = _render_fn(cfg, self.tok)
@@ -178,6 +178,9 @@ class Run:
             aux = reward_lib.ProbeScorer.load(p.auxiliary) if p.auxiliary else None
             self.probe_reward = reward_lib.ProbeReward(self.model_cfg, self.ref, scorers, render,
                                                        auxiliary=aux)
+            named = list(zip(paths, scorers)) + ([(p.auxiliary + " (auxiliary)", aux)] if aux else [])
+            self.probe_names = [f"{x} ({sc.probe.head}, layer {sc.layer}, {sc.pooling} pooling)"
+                                for x, sc in named]
 
     def _uses_probe(self):
         return "probe" in self.cfg.reward.functions
