@@ -38,6 +38,11 @@ def test_label_corpus_then_extract_ids_match(tmp_path, capsys):
     # the lookup solver memorises the 5 shown pairs and fails every hidden input
     assert by["t0"]["trials"] == [False] * 3 and by["t0"]["valid"] == 1 and by["t0"]["group"] == "g0"
     assert by["short"]["valid"] == 0 and by["short"]["trials"] == []
+    # each invalid task says why (labels.jsonl and report.json), the valid ones carry no reason
+    assert by["short"]["invalid_reason"] and "invalid_reason" not in by["t0"]
+    rep = json.load(open(out / "report.json"))
+    assert rep["invalid"] == {r["id"]: r["invalid_reason"] for r in labs if not r["valid"]}
+    assert f"invalid short: {by['short']['invalid_reason']}" in capsys.readouterr().out
     assert by["run-s3-x-g0"]["probe_score"] == 0.7 and by["run-s3-x-g0"]["step"] == 3
     assert by["t1"]["family"] == "arithmetic"
     tasks = [json.loads(x) for x in open(out / "tasks.jsonl")]

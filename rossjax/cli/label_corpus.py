@@ -12,4 +12,8 @@ def main(argv=None) -> int:
     r = label_corpus.run(c, workdir)
     print(f"rossjax label-corpus: {r['tasks']} tasks, {r['valid']} valid, K={r['k']} "
           f"({r['solver']}), band rate {r['band_rate']:.3f} -> {r['output']}")
+    for tid, why in list(r["invalid"].items())[:5]:  # the rest: labels.jsonl, report.json
+        print(f"  invalid {tid}: {why}")
+    if len(r["invalid"]) > 5:
+        print(f"  ... {len(r['invalid']) - 5} more invalid tasks in {r['output']}/report.json")
     return 0

@@ -9,7 +9,7 @@ history.jsonl; its `rewards.probe_score` and `source.step` are carried over). Ea
 (rossjax.train.solvers) and each trial scored on the hidden inputs only.
 
 Outputs (in the output dir):
-  labels.jsonl   {"id", "trials": [true|false|null x K], "valid": 0|1, "group", "family",
+  labels.jsonl   {"id", "trials": [true|false|null x K], "valid": 0|1, ("invalid_reason"), "group", "family",
                   ["probe_score", "step"]}: an invalid task has no trials (min_valid drops it
                   from probe training; `valid` is the gate W the sweep's RVP reward uses);
   inputs.jsonl   {"id", "input_ids", "text"}: the task rendered as the probe reads it in GRPO
@@ -98,16 +98,22 @@ def run(c, workdir: str = "") -> dict:
     pool = read_pool(c.pool)
     os.makedirs(out, exist_ok=True)
     tok = solvers.load_tokenizer(c.tokenizer, out)
-    valid = [bool(induction_task.check_task(p["task"], protocol).passed) for p in pool]
+    checks = [induction_task.check_task(p["task"], protocol) for p in pool]
+    valid = [bool(v.passed) for v in checks]
     stasks = [induction_task.solver_task(p["task"], protocol, p["id"]) if ok else None
               for p, ok in zip(pool, valid)]
+    # why each invalid task is invalid: the validity check's own sentence
+    why = [None if ok and t is not None else
+           (v.evidence if not ok else "the task gives no hidden inputs to solve")
+           for ok, t, v in zip(valid, stasks, checks)]
     valid = [ok and t is not None for ok, t in zip(valid, stasks)]
     solver = solvers.Solver(c.solver, tok, c, c.seed)
     trials = solvers.trials(solver, stasks, c.k, c.seed, c.batch_tasks)
     labels, inputs = [], []
-    for p, ok, tr in zip(pool, valid, trials):
+    for p, ok, tr, reason in zip(pool, valid, trials, why):
         fam = topic(p["task"]["program"]) if p["task"] else "unparsed"
         labels.append({"id": p["id"], "trials": tr, "valid": int(ok),
+                       **({"invalid_reason": reason} if not ok else {}),
                        "group": p["extra"].get("group", p["id"]), "family": fam,
                        **{k: v for k, v in p["extra"].items() if k != "group"}})
         ids, text = probe_input(p["task"], p["text"], tok, c.template)
@@ -119,6 +125,7 @@ def run(c, workdir: str = "") -> dict:
     solved = [sum(bool(x) for x in tr) for tr in trials]
     report = {"tasks": len(pool), "valid": int(sum(valid)), "k": c.k, "solver": c.solver.kind,
               "validity_rate": float(np.mean(valid)),
+              "invalid": {lab["id"]: lab["invalid_reason"] for lab in labels if not lab["valid"]},
               "band_rate": float(np.mean([ok and k_lo <= s <= k_hi for ok, s in zip(valid, solved)])),
               "protocol": dict(c.induction)}
     with open(os.path.join(out, "report.json"), "w") as f:
