@@ -283,3 +283,16 @@ def test_default_pool_is_verifier_passed_rows_and_cluster_rule_matches(tmp_path)
     for n, budget in ((10**6, 100), (10**6, 1000), (50, 1000), (5, 3)):
         assert default_clusters(n, budget) == max(1, min(n, budget, round(3 * budget ** 0.5)))
     assert report["clusters"] == default_clusters(56, cfg.budget) == 10
+
+
+def test_selection_plot_draws_stacked_rows_once_with_their_count(tmp_path):
+    """Rows with one route share a PCA point: one marker per point, sized by its row count."""
+    from rossjax.curate.subset import plot_selection, stack_points
+
+    xy = np.array([[0, 0], [0, 0], [0, 0], [1, 2], [1, 2], [3, 1]], np.float32)
+    pts, n = stack_points(xy)
+    assert pts.tolist() == [[0, 0], [1, 2], [3, 1]] and n.tolist() == [3, 2, 1]
+    assert stack_points(xy[:0])[1].tolist() == []
+    fps = np.repeat(np.eye(4, dtype=np.float32), [5, 3, 2, 1], axis=0)
+    plot_selection(fps, {"diverse": [0, 5, 8, 10], "similar": [0, 1, 2]}, str(tmp_path / "s.png"))
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"

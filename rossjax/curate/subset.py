@@ -147,6 +147,14 @@ def _pca2(x: np.ndarray) -> np.ndarray:
     return (x - mu) @ vt[:2].T.astype(np.float32)
 
 
+def stack_points(xy: np.ndarray, decimals: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct points of `xy` [n, 2] (equal to `decimals` places) and how many rows each."""
+    if len(xy) == 0:
+        return np.zeros((0, 2), np.float32), np.zeros(0, int)
+    pts, counts = np.unique(np.round(xy, decimals), axis=0, return_counts=True)
+    return pts, counts
+
+
 def plot_selection(fps: np.ndarray, chosen: dict, path: str, seed: int = 0) -> None:
     """One panel per method: the pool (grey) and the chosen rows (colour) on the pool's PCA plane."""
     import matplotlib
@@ -160,8 +168,13 @@ def plot_selection(fps: np.ndarray, chosen: dict, path: str, seed: int = 0) -> N
         show = np.random.Generator(np.random.PCG64(seed)).choice(len(fps), 20000, replace=False)
     fig, axes = plt.subplots(1, len(chosen), figsize=(4 * len(chosen), 4), squeeze=False)
     for ax, (name, idx) in zip(axes[0], chosen.items()):
-        ax.scatter(xy[show, 0], xy[show, 1], s=4, c="0.8", label=f"pool ({len(fps)})")
-        ax.scatter(xy[idx, 0], xy[idx, 1], s=8, c="tab:red", label=f"{name} ({len(idx)})")
+        # Rows with one route share a point: one marker per point, its area the row count.
+        pts, n = stack_points(xy[show])
+        ax.scatter(pts[:, 0], pts[:, 1], s=4 * n, c="0.8",
+                   label=f"pool ({len(fps)})")
+        pts, n = stack_points(xy[np.asarray(idx, int)])
+        ax.scatter(pts[:, 0], pts[:, 1], s=8 * n, c="tab:red", alpha=0.7,
+                   label=f"{name} ({len(idx)}; area = rows at a point)")
         ax.set_title(name)
         ax.legend(loc="best", fontsize=7)
     fig.suptitle("route fingerprints, PCA of the pool")
