@@ -109,10 +109,13 @@ def test_corpus_bm25_search_open_extract(corpus):
 def test_corpus_refuses_bad_lines(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n')
-    with pytest.raises(InputError, match=r"bad.jsonl:2: id 'a' repeats"):
+    with pytest.raises(InputError, match=r"bad.jsonl row 2: field 'id' 'a' repeats"):
         load_corpus(p)
     p.write_text('{"id": "a"}\n')
-    with pytest.raises(InputError, match=r"bad.jsonl:1: text must be a string"):
+    with pytest.raises(InputError, match=r"bad.jsonl row 1: field 'text' must be a string"):
+        load_corpus(p)
+    p.write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": \n')
+    with pytest.raises(InputError, match=r"bad.jsonl row 2: line is not valid JSON"):
         load_corpus(p)
 
 

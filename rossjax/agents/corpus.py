@@ -8,7 +8,6 @@ pure Python). The verdict: the task's `answer` matched by the final reply, as in
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,25 +15,15 @@ import bm25s
 
 from rossjax.agents.builtin import _Answered, _schema
 from rossjax.agents.env import Observation, ToolCall
+from rossjax.curate.files import read_objects
 from rossjax.errors import InputError
 
 
 def load_corpus(path: str | Path) -> list[dict]:
-    docs, seen = [], set()
-    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{i}: not JSON ({e.msg})") from None
-        if not isinstance(d, dict) or not isinstance(d.get("id"), str) or not d["id"]:
-            raise InputError(f"{path}:{i}: id must be a non-empty string")
+    docs = []
+    for i, d in read_objects(str(path)):
         if not isinstance(d.get("text"), str):
-            raise InputError(f"{path}:{i}: text must be a string")
-        if d["id"] in seen:
-            raise InputError(f"{path}:{i}: id {d['id']!r} repeats an earlier line")
-        seen.add(d["id"])
+            raise InputError(f"{path} row {i}: field 'text' must be a string.")
         docs.append(d)
     if not docs:
         raise InputError(f"{path}: the corpus has no documents")

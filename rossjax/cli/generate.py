@@ -53,32 +53,24 @@ def _flags(fv):
 
 def read_prompts(path: str) -> list[dict]:
     """[{id, messages} | {id, prompt}] from a JSONL file; a bad row is one sentence naming it."""
+    from rossjax.curate.files import read_objects
     from rossjax.errors import InputError
 
     out = []
-    with open(path, encoding="utf-8") as f:
-        for k, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path} row {k}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{path} row {k}: a JSON object is needed, got {type(row).__name__}")
-            rid = str(row.get("id", f"row{k}"))
-            msgs = row.get("messages", row.get("prompt") if isinstance(row.get("prompt"), list)
-                           else None)
-            if isinstance(msgs, list) and msgs and all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str)
-                    and isinstance(m.get("content", ""), str) for m in msgs):
-                out.append({"id": rid, "messages": msgs})
-            elif isinstance(row.get("prompt"), str) and row["prompt"]:
-                out.append({"id": rid, "prompt": row["prompt"]})
-            else:
-                raise InputError(f"{path} row {k}: field 'messages' (a non-empty list of "
-                                 f"{{role, content}} messages) or 'prompt' (a non-empty string) "
-                                 f"is needed")
+    for k, row in read_objects(path, id_field=None):
+        rid = str(row.get("id", f"row{k}"))
+        msgs = row.get("messages", row.get("prompt") if isinstance(row.get("prompt"), list)
+                       else None)
+        if isinstance(msgs, list) and msgs and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content", ""), str) for m in msgs):
+            out.append({"id": rid, "messages": msgs})
+        elif isinstance(row.get("prompt"), str) and row["prompt"]:
+            out.append({"id": rid, "prompt": row["prompt"]})
+        else:
+            raise InputError(f"{path} row {k}: field 'messages' (a non-empty list of "
+                             f"{{role, content}} messages) or 'prompt' (a non-empty string) "
+                             f"is needed")
     if not out:
         raise InputError(f"{path} holds no prompts")
     return out

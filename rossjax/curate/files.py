@@ -111,6 +111,28 @@ def _json_rows(path: str) -> Iterator[bytes]:
         yield from f
 
 
+def read_objects(path: str, *, id_field: str | None = "id") -> Iterator[tuple[int, dict]]:
+    """(row number, object) for each line of a small .jsonl[.gz] input a command reads whole (a
+    corpus, a label file, a task pool): strict, so the first bad line is an InputError naming the
+    file and row; with `id_field`, every row needs a non-empty string id that no earlier row has."""
+    seen = set()
+    for k, obj, reason in iter_json_lines(path):
+        if reason:
+            raise InputError(f"{reason}.")
+        if not isinstance(obj, dict):
+            raise InputError(f"{path} row {k}: a JSON object is needed, got {type(obj).__name__}.")
+        if id_field:
+            rid = obj.get(id_field)
+            if not isinstance(rid, str) or not rid:
+                raise InputError(f"{path} row {k}: field '{id_field}' is missing or not a "
+                                 f"non-empty string.")
+            if rid in seen:
+                raise InputError(f"{path} row {k}: field '{id_field}' {rid!r} repeats an earlier "
+                                 f"row.")
+            seen.add(rid)
+        yield k, obj
+
+
 def iter_json_lines(path: str) -> Iterator[Line]:
     """One `Line(line number, parsed JSON value, None)` per non-blank line of a .jsonl[.gz] file,
     or `Line(k, None, reason)` for a line that is not UTF-8 or not JSON (the next lines are still

@@ -25,16 +25,11 @@ from rossjax.probes import labels as labels_mod
 
 
 def _jsonl(path: str, field: str) -> list[dict]:
-    from rossjax.curate.schema import iter_json_lines
+    from rossjax.curate.files import read_objects
 
     if not os.path.isfile(path):
         raise ConfigError(f"configs/aux_set.py: field '{field}' is {path!r}, which is not a file.")
-    rows = []
-    for _, obj, reason, *_ in iter_json_lines(path):
-        if reason:
-            raise InputError(f"{reason}.")
-        rows.append(obj)
-    return rows
+    return [obj for _, obj in read_objects(path, id_field=None)]
 
 
 def _in_band(rows, path, band_kw) -> dict:

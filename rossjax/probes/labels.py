@@ -68,23 +68,16 @@ def utility_labels(trials: Sequence[Sequence], *, lo: float = 1 / 8, hi: float =
 def read_label_file(path: str) -> list[dict]:
     """Rows of a JSONL(.gz) label file: {"id": str, "trials": [true|false|null, ...]} or
     {"id", "label": 0|1}, optionally "group" (for group k-fold) and "valid" (the validity gate W)."""
-    from rossjax.curate.schema import iter_json_lines
+    from rossjax.curate.files import read_objects
 
-    rows, seen = [], set()
-    for n, obj, reason, *_ in iter_json_lines(path):
-        if reason:
-            raise InputError(f"{reason}.")
-        if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
-            raise InputError(f"{path} row {n}: field 'id' is missing or not a string.")
+    rows = []
+    for n, obj in read_objects(path):
         if "trials" not in obj and "label" not in obj:
             raise InputError(f"{path} row {n}: needs field 'trials' or 'label'.")
         if "trials" in obj and not isinstance(obj["trials"], list):
             raise InputError(f"{path} row {n}: field 'trials' is not a list.")
         if "label" in obj and obj["label"] not in (0, 1):
             raise InputError(f"{path} row {n}: field 'label' is {obj['label']!r}, not 0 or 1.")
-        if obj["id"] in seen:
-            raise InputError(f"{path} row {n}: field 'id' {obj['id']!r} repeats an earlier row.")
-        seen.add(obj["id"])
         rows.append(obj)
     if not rows:
         raise InputError(f"{path}: the label file has no rows.")
