@@ -124,11 +124,11 @@ def test_probe_sweep_cli_end_to_end(wide_model, tmp_path, monkeypatch, capsys):
     assert s.shape == (1000,) and ((s >= 0.5) == (nums > 49)).mean() > 0.7  # accuracy proper: the honesty test
     # group k-fold split and a label file whose ids are not in the store
     seen.clear()
-    assert main(argv[:5] + ["--config.heads=('linear',)", "--config.layers=(2,)",
+    assert main(argv[:5] + ["--config.split=group_kfold", "--config.heads=('linear',)", "--config.layers=(2,)",
                             "--config.seeds=(0,)", "--config.max_epochs=3",
                             f"--config.output={tmp_path / 'sweep_g'}"]) == 0
-    # defaults: group k-fold over all 5 folds, the domain's (azr) downsampling; the summary is
-    # the mean over every fold, not fold 0
+    # group k-fold (SWE's protocol) over all 5 folds, the domain's (azr) downsampling; the
+    # summary is the mean over every fold, not fold 0
     gcells = _csv(tmp_path / "sweep_g" / "cells.csv")
     assert len(gcells) == 2 * 5 and {c["fold"] for c in gcells} == {str(f) for f in range(5)}
     assert {c["balance"] for c in gcells} == {"downsample"}
@@ -162,7 +162,7 @@ def test_rvp_reward_is_the_rl_gate():
     from rossjax.probes import sweep
 
     class Fixed:  # a probe whose scores are given
-        def score(self, x):
+        def score(self, x, calibrated=True):
             return np.asarray(x, np.float64)
 
     s, valid = np.array([0.9, 0.2, 0.6, 0.4]), np.array([1.0, 0.0, 1.0, 0.0])
@@ -245,7 +245,9 @@ def test_rvp_sample_is_its_own_set_with_gate_and_ensemble(wide_model, tmp_path):
     assert len(sample.rows) == 50 and len(set(sample.rows.tolist())) == 50
     got = sample.rvp(sweep.make_reward("hard_gate"), p1, "mean", 2)
     r = sample.rows
-    want = np.var(reward.hard_gate(np.minimum(p1.score(x[r]), p2.score(x[r])), valid[r]))
+    # raw scores, as the AZR/Math RL reward reads them
+    want = np.var(reward.hard_gate(np.minimum(p1.score(x[r], calibrated=False),
+                                              p2.score(x[r], calibrated=False)), valid[r]))
     assert got == pytest.approx(want, rel=1e-5) and "50 rows" in sample.source
     c.rvp_valid = ""
     with pytest.raises(ValueError, match="rvp_valid"):

@@ -64,7 +64,7 @@ def test_probe_reward_reads_frozen_reference(tmp_path):
     render = lambda r: (enc(r["messages"][-1]["content"]), None)
     pr = reward.ProbeReward(cfg, ref, [scorer], render)
     got = pr(records)
-    want = probe.score(x[64:])
+    want = probe.score(x[64:], calibrated=False)  # Math/AZR: raw scores (SWE: calibrated)
     np.testing.assert_allclose(got["probe"], want, rtol=1e-5, atol=1e-6)
     # the probe reads a token-visible property: clearly better than chance on held-out rows
     acc = np.mean((got["probe"] >= 0.5) == y[64:])

@@ -3,7 +3,12 @@
 A probe reward reads the *frozen reference* model, never the policy: the candidate is rendered to
 text, tokenized, run through the reference, pooled as the selected probe's manifest says (layer,
 pooling, turn pooling) and scored with the probe (P(in band)). The policy can change what it
-writes, not the activations the probe reads for a given text.
+writes, not the activations the probe reads for a given text. The reference is the policy's base
+or, for cold transfer, another model of any family and width with its own tokenizer
+(`reward.probe.reference`); a probe's manifest names the reference it was swept on
+(`reference_fingerprint`: path, architecture sha256, weights sha256) and `check_reference`
+refuses another. Scores are raw (uncalibrated) for Math and AZR and temperature-calibrated for
+SWE, as PROPEL (`calibrated_for`).
 
 Compositions (pure functions of arrays; `valid` is the validity check W, 0/1 or a score):
   probe_only(s)                 s
@@ -72,21 +77,105 @@ def combine(rewards: dict, weights: dict):
     return sum(float(weights[k]) * np.asarray(r, np.float64) for k, r in rewards.items())
 
 
-class ProbeScorer:
-    """One probe with the manifest it was selected with (layer, pooling, turn pooling)."""
+CALIBRATIONS = ("auto", "raw", "temperature")
 
-    def __init__(self, probe, manifest: dict):
+
+def calibrated_for(domain: str | None, calibration: str = "auto") -> bool:
+    """Whether the RL reward reads temperature-calibrated probe scores. `auto` follows PROPEL:
+    raw scores for Math and AZR, calibrated ones for SWE (the probe manifest's `domain`)."""
+    if calibration not in CALIBRATIONS:
+        raise ConfigError(f"config.reward.probe.calibration {calibration!r} is not one of "
+                          f"{', '.join(CALIBRATIONS)}.")
+    return calibration == "temperature" or (calibration == "auto" and domain == "swe")
+
+
+class ProbeScorer:
+    """One probe with the manifest it was selected with (layer, pooling, turn pooling) and
+    whether its scores are read calibrated (`calibrated_for`)."""
+
+    def __init__(self, probe, manifest: dict, calibration: str = "auto"):
         self.probe, self.manifest = probe, manifest
         self.layer = int(manifest["layer"])
         self.pooling = manifest.get("pooling", "mean")
         self.turn_pooling = manifest.get("turn_pooling", "mean")
         self.turns = bool(manifest.get("turns", False))
+        self.calibrated = calibrated_for(manifest.get("domain"), calibration)
 
     @classmethod
-    def load(cls, path: str):
+    def load(cls, path: str, calibration: str = "auto"):
         from rossjax.probes.heads import load_probe
 
-        return cls(*load_probe(path))
+        return cls(*load_probe(path), calibration=calibration)
+
+    def score(self, x):
+        return self.probe.score(x, calibrated=self.calibrated)
+
+
+# Compute settings, not the model: a probe trained on float32 activations reads bfloat16 ones.
+_NOT_IDENTITY = ("dtype", "param_dtype", "remat_policy", "scan_layers", "attention_impl",
+                 "attention_block", "initializer_range")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".npz")
+
+
+def config_sha256(model_config: dict) -> str:
+    """sha256 of a model config's architecture fields (dataclasses.asdict(ModelConfig), as an
+    activation store's manifest holds it), compute settings left out."""
+    import hashlib
+    import json
+
+    d = {k: v for k, v in json.loads(json.dumps(model_config, default=str)).items()
+         if k not in _NOT_IDENTITY}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def weights_sha256(spec: str) -> str | None:
+    """sha256 over a model folder's weight files (relative path + content, sorted), or None for
+    a preset or a folder that is not here. An orbax folder's arrays are all its non-JSON files."""
+    import hashlib
+    import os
+
+    from rossjax.checksums import file_sha256
+
+    if not spec or spec.startswith("preset:") or not os.path.isdir(spec):
+        return None
+    orbax = os.path.exists(os.path.join(spec, "model_config.json"))
+    h, n = hashlib.sha256(), 0
+    for root, _, files in sorted(os.walk(spec)):
+        for f in sorted(files):
+            if (orbax and not f.endswith(".json")) or f.endswith(_WEIGHT_SUFFIXES):
+                rel = os.path.relpath(os.path.join(root, f), spec)
+                h.update(f"{rel}\0{file_sha256(os.path.join(root, f))}\n".encode())
+                n += 1
+    return h.hexdigest() if n else None
+
+
+def reference_fingerprint(spec: str, model_config: dict) -> dict:
+    """What a probe manifest records of the model its activations came from (`reference`)."""
+    return {"model": spec, "model_type": model_config.get("model_type"),
+            "d_model": model_config.get("d_model"), "n_layers": model_config.get("n_layers"),
+            "config_sha256": config_sha256(model_config), "weights_sha256": weights_sha256(spec)}
+
+
+def check_reference(path: str, manifest: dict, given: dict, field: str) -> None:
+    """Refuse (one sentence) a probe whose manifest names another reference model than `given`
+    (a `reference_fingerprint`): another architecture, or the same one with other weights.
+    Manifests written before probes recorded their reference carry no `reference` and pass."""
+    want = manifest.get("reference")
+    if not want:
+        return
+    what = lambda r: (f"{r.get('model') or '?'} ({r.get('model_type')}, d_model {r.get('d_model')}, "
+                      f"{r.get('n_layers')} layers, config sha256 {str(r.get('config_sha256'))[:12]})")
+    if want.get("config_sha256") != given["config_sha256"]:
+        raise ConfigError(f"{field}: probe {path} was trained on the activations of {what(want)}, "
+                          f"but the reference model given is {what(given)}; give the probe's "
+                          f"reference model ({field}) or a probe swept on this one.")
+    if want.get("weights_sha256") and given.get("weights_sha256") and \
+            want["weights_sha256"] != given["weights_sha256"]:
+        raise ConfigError(f"{field}: probe {path} was trained on the activations of {what(want)} "
+                          f"with weights sha256 {want['weights_sha256'][:12]}, but the reference "
+                          f"model given ({given['model']}) has the same architecture and other "
+                          f"weights (sha256 {given['weights_sha256'][:12]}); give the probe's "
+                          f"reference model or a probe swept on this one.")
 
 
 class ProbeReward:
@@ -106,7 +195,8 @@ class ProbeReward:
             if p.layer > model_cfg.n_layers or dim != model_cfg.d_model:
                 raise ConfigError(f"config.reward.probe: a probe reads layer {p.layer} of width {dim}, "
                                  f"but the reference model has {model_cfg.n_layers} layers of width "
-                                 f"{model_cfg.d_model}.")
+                                 f"{model_cfg.d_model}; give the model it was trained on as "
+                                 "config.reward.probe.reference.path.")
         self.model_cfg, self.ref_params, self.render = model_cfg, ref_params, render
         self.probes, self.auxiliary, self.batch_tokens = list(probes), auxiliary, batch_tokens
 
@@ -116,7 +206,7 @@ class ProbeReward:
         x = extract(self.model_cfg, self.ref_params, tokens, (scorer.layer,), scorer.pooling,
                     spans if scorer.turns else None, turn_pooling=scorer.turn_pooling,
                     batch_tokens=self.batch_tokens)
-        return scorer.probe.score(x[:, 0])
+        return scorer.score(x[:, 0])
 
     def __call__(self, records, valid=None) -> dict:
         """{"probe": wco score, "probe_aux": auxiliary score, "probe_reward": after adversarial}."""

@@ -63,10 +63,11 @@ class RvpSample:
             self.valid = np.asarray([w[ids[i]] for i in self.rows])
         else:
             self.valid = np.ones(len(self.rows))
+        calibrated = reward_lib.calibrated_for(c.get("domain"))  # as the RL reward reads them
         for path in c.rvp_ensemble:
             scorer = reward_lib.ProbeScorer.load(path)
             x = self.x(scorer.pooling, scorer.layer, f"rvp_ensemble probe {path}")
-            self.others.append(scorer.probe.score(x))
+            self.others.append(scorer.probe.score(x, calibrated=calibrated))
         self.source = f"{first.path} ({n} rows)"
 
     def x(self, pooling: str, layer: int, who: str = "a sweep cell"):

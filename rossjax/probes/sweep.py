@@ -13,20 +13,25 @@ ensemble) on its own sample of base-model completions (rossjax/probes/rvp.py); w
 `rvp_stores` it is NaN and the best balanced accuracy wins. When no cell meets the ECE ceiling
 the best-calibrated cell wins and the manifest records it.
 
-Splits: `group_kfold` (default) trains every fold (`fold=-1`; test = one fold, validation the
-next) for every seed and reports the mean over all of them; `random` is one seeded 80/10/10
-split. Class balance: `balance=()` takes the domain's default, downsampling for math and azr,
-a reweighted loss for swe.
+Splits, as PROPEL: `split=""` takes the domain's, one seeded random 80/10/10 split for math and
+azr, a grouped k-fold for swe (`group_kfold` trains every fold, `fold=-1`; test = one fold,
+validation the next, for every seed, and reports the mean over all of them: 5 folds x 3 seeds).
+Class balance: `balance=()` takes the domain's default, downsampling for math and azr, a
+reweighted loss for swe. The RL reward reads raw probe scores for math and azr and calibrated
+ones for swe (reward.calibrated_for), so RVP measures those.
 
 Outputs in the output dir: cells.csv (one line per cell and seed), summary.csv (mean over seeds),
 heatmap_<head>.png (layer x pooling, validation balanced accuracy), selected_probe/ (orbax) and
-selected_probe.json (the manifest: head, layer, pooling, model, temperature, metrics), and
-TensorBoard events (tb/) + metrics.jsonl: every cell's epoch curve and one point per cell.
+selected_probe.json (the manifest: head, layer, pooling, domain, split, the reference model the
+activations came from with its architecture and weights sha256, temperature, metrics), report.json
+(the split, row counts and the selection), and TensorBoard events (tb/) + metrics.jsonl: every
+cell's epoch curve and one point per cell.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 from collections.abc import Callable
 
@@ -45,18 +50,21 @@ FIELDS = ("layer", "pooling", "head", "balance", "seed", "fold", "epochs", "temp
 
 
 DOMAINS = {"math": "downsample", "azr": "downsample", "swe": "reweight"}
+SPLITS = {"math": "random", "azr": "random", "swe": "group_kfold"}  # PROPEL's probe protocols
 
 
-def make_reward(kind: str = "probe_only", invalid_reward: float = -0.2) -> Callable:
-    """reward(probe, x, valid, others=()) -> [n]: the probe score, worst-cased with the ensemble's
-    scores `others` (reward.wco), through the gate the RL loop applies (`reward.gate`:
-    probe_only | hard_gate | soft_gate), so RVP measures exactly its reward."""
+def make_reward(kind: str = "probe_only", invalid_reward: float = -0.2,
+                calibrated: bool = False) -> Callable:
+    """reward(probe, x, valid, others=()) -> [n]: the probe score (raw, or calibrated as the RL
+    reward reads it for swe), worst-cased with the ensemble's scores `others` (reward.wco),
+    through the gate the RL loop applies (`reward.gate`: probe_only | hard_gate | soft_gate),
+    so RVP measures exactly its reward."""
     if kind not in reward_lib.GATES:
         raise ConfigError(f"configs/probe_sweep.py: field 'reward' is {kind!r}, not one of "
-                         f"{', '.join(reward_lib.GATES)}.")
+                          f"{', '.join(reward_lib.GATES)}.")
 
     def fn(probe, x, valid, others=()):
-        s = probe.score(x)
+        s = probe.score(x, calibrated=calibrated)
         return reward_lib.gate(kind, reward_lib.wco([s, *others]) if len(others) else s, valid,
                                invalid_reward)
     return fn
@@ -72,19 +80,37 @@ def balances(c) -> tuple:
     return (DOMAINS[c.domain],)
 
 
+def split_kind(c) -> str:
+    """The split to use: the config's, else the domain's (random for math/azr, group_kfold for swe)."""
+    if c.split:
+        if c.split not in ("random", "group_kfold"):
+            raise ConfigError(f"configs/probe_sweep.py: field 'split' is {c.split!r}, not random "
+                              "or group_kfold (or empty for the domain's).")
+        return c.split
+    if c.domain not in SPLITS:
+        raise ConfigError(f"configs/probe_sweep.py: field 'domain' is {c.domain!r}, not one of "
+                          f"{', '.join(SPLITS)}.")
+    return SPLITS[c.domain]
+
+
+def split_description(c) -> str:
+    if split_kind(c) == "random":
+        return f"random 80/10/10 (split_seed {c.split_seed}) x {len(c.seeds)} seeds"
+    return (f"grouped {c.folds}-fold (test fold f, validation fold f+1; split_seed {c.split_seed})"
+            f" x {len(c.seeds)} seeds")
+
+
 def folds(c) -> list:
     """Fold indices to train: every fold of a group k-fold (fold=-1), else the one given."""
-    if c.split == "group_kfold" and c.fold < 0:
+    if split_kind(c) == "group_kfold" and c.fold < 0:
         return list(range(c.folds))
     return [max(c.fold, 0)]
 
 
 def _split(c, n, groups, fold):
-    if c.split == "random":
+    if split_kind(c) == "random":
         return heads.random_split(n, seed=c.split_seed)
-    if c.split == "group_kfold":
-        return heads.group_kfold(groups, k=c.folds, fold=fold, seed=c.split_seed)
-    raise ConfigError(f"configs/probe_sweep.py: field 'split' is {c.split!r}, not random or group_kfold.")
+    return heads.group_kfold(groups, k=c.folds, fold=fold, seed=c.split_seed)
 
 
 def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool = True) -> dict:
@@ -111,7 +137,8 @@ def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool
                          "out-of-band rows.")
     splits = {f: _split(c, len(idx), groups, f) for f in folds(c)}
     row_ids = np.asarray([ids[i] for i in idx])
-    reward_fn = reward_fn or make_reward(c.reward, c.invalid_reward)
+    calibrated = reward_lib.calibrated_for(c.domain)  # as the RL reward reads the probe
+    reward_fn = reward_fn or make_reward(c.reward, c.invalid_reward, calibrated)
     sample = RvpSample(c)
 
     # TensorBoard: each cell's epoch curve under its own tag, and one point per cell under sweep/.
@@ -166,7 +193,11 @@ def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool
     tr, va, te = splits[fold]
     manifest = {"head": probe.head, "layer": best["layer"], "pooling": best["pooling"],
                 "turn_pooling": store.manifest["turn_pooling"], "turns": store.manifest["turns"],
-                "balance": best["balance"], "seed": seed, "fold": fold, "split": c.split,
+                "balance": best["balance"], "seed": seed, "fold": fold, "domain": c.domain,
+                "split": split_kind(c), "split_detail": split_description(c),
+                "reward_scores": "calibrated" if calibrated else "raw",
+                "reference": reward_lib.reference_fingerprint(store.manifest["model"],
+                                                              store.manifest["model_config"]),
                 "temperature": probe.temperature, "ba_tolerance": c.ba_tolerance,
                 "rvp_source": sample.source,
                 "dropout": probe.dropout, "d_model": int(probe.mean.shape[0]),
@@ -176,7 +207,15 @@ def run_sweep(c, out_dir: str, reward_fn: Callable | None = None, progress: bool
                 "selection_note": note, "summary": best,
                 "n_train": int(len(tr)), "n_val": int(len(va)), "n_test": int(len(te))}
     save_probe(os.path.join(out_dir, "selected_probe"), probe, manifest)
-    return {"cells": cells, "summary": summary, "selected": manifest}
+    report = {"domain": c.domain, "split": split_kind(c), "split_detail": split_description(c),
+              "rows": int(len(idx)), "cells": len(cells),
+              "n_train": manifest["n_train"], "n_val": manifest["n_val"], "n_test": manifest["n_test"],
+              "reward_scores": manifest["reward_scores"], "selected": {
+                  k: manifest[k] for k in ("head", "layer", "pooling", "balance", "seed", "fold")},
+              "selection_note": note, "reference": manifest["reference"]}
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=1, default=float)
+    return {"cells": cells, "summary": summary, "selected": manifest, "report": report}
 
 
 def _summarize(cells):
