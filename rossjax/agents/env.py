@@ -98,6 +98,7 @@ REGISTRY: dict[str, str] = {
     "python": "rossjax.agents.builtin:PythonEnv",
     "calculator": "rossjax.agents.builtin:CalculatorEnv",
     "corpus": "rossjax.agents.corpus:CorpusEnv",
+    "bash": "rossjax.agents.bash:BashEnv",
 }
 
 

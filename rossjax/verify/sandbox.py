@@ -5,7 +5,9 @@ an exit status of 0 alone proves nothing); `run_tests(program, tests, entry_poin
 (HumanEval style); `run_checked(program, checker, entry_point)` -> (RunResult, reports), the
 general form both use: a trusted `checker` source runs against proxies of the program's
 functions. Each run is a fresh `python -I -S` (stdlib only) started by the host, which enforces
-wall time and an output cap and kills the process tree when either runs out.
+wall time and an output cap and kills the process tree when either runs out. `run_shell(command,
+workdir)` runs `bash -c command` instead, over a writable scratch copy of a repository (the
+agents' `bash` environment, the SWE verifier's pytest runs): kernel walls only, no audit hook.
 
 Verdicts a program cannot forge (checked runs). The bootstrap (sandbox_boot.py, trusted, before
 any untrusted code) forks a *program* process, which runs the model's code and then serves calls
@@ -65,7 +67,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from rossjax.errors import InputError
-from rossjax.verify.sandbox_host import get_host
+from rossjax.verify.sandbox_host import _outermost, get_host
 from rossjax.verify.sandbox_wire import wire_enc
 from rossjax.verify.verdict import Verdict
 
@@ -143,13 +145,48 @@ def run_tests(program: str, tests: str, entry_point: str, timeout_s: float = 10.
     return Verdict(False, res.reason)
 
 
-def _run(program, stdin, timeout_s, lim, checker, entry, prefix):
+def run_shell(command: str, workdir: str, timeout_s: float = 10.0, *,
+              limits: Limits | None = None, read_roots=(), env: dict | None = None,
+              stdin: str = "") -> RunResult:
+    """`bash -c command` in the sandbox with `workdir` (the caller's scratch copy of a
+    repository, written in place: never pass an original) as its writable cwd: /repo as root
+    (bound into the sandbox's own root), its own path under Landlock. Everything else is as for
+    `run` plus /usr/bin and `read_roots` readable and executable (e.g. a venv with pytest); no
+    audit hook (bash is not Python), so it refuses to start without the kernel's file walls
+    (sandbox_error). ok iff exit 0; `returncode` is the shell's status. As root the tree is
+    handed to the run's uid for the run and back to the host's after, links never followed."""
+    workdir = os.path.realpath(workdir)
+    if not os.path.isdir(workdir):
+        raise InputError(f"run_shell workdir {workdir!r} is not a directory")
+    extra = ["/usr/bin"] + [os.path.realpath(r) for r in read_roots]
+    links = {"/bin": os.readlink("/bin")} if os.path.islink("/bin") else {}  # usr-merged
+    extra += [] if links else ["/bin"]
+    missing = [r for r in extra if not os.path.isdir(r)]
+    if missing:
+        raise InputError(f"run_shell read root {missing[0]!r} is not a directory")
+    shell = {"repo": workdir, "extra": extra, "env": dict(env or {}), "links": links}
+    return _run(command, stdin, timeout_s, limits or Limits(), None, "", None, shell)[0]
+
+
+def _own_tree(root: str, uid: int):
+    """lchown every entry below `root` (links are changed, never followed)."""
+    os.lchown(root, uid, uid)
+    for d, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs + files:
+            os.lchown(os.path.join(d, name), uid, uid)
+
+
+def _run(program, stdin, timeout_s, lim, checker, entry, prefix, shell=None):
     timeout_s = _check_timeout(timeout_s, lim)
     host = get_host()
     uid = host.acquire_uid()
     tmp = tempfile.mkdtemp(prefix="run-", dir=host.base)
     t0 = time.monotonic()
     fds, proc, got = [], None, None
+    ro_dirs, read_roots, links = host.ro_dirs, host.read_roots, host.links
+    if shell:
+        ro_dirs = read_roots = _outermost(set(host.ro_dirs) | set(shell["extra"]))
+        links = {**links, **shell["links"]}
     try:
         work = os.path.join(tmp, "work")
         os.mkdir(work, 0o700)
@@ -169,12 +206,13 @@ def _run(program, stdin, timeout_s, lim, checker, entry, prefix):
         params = {
             "tmp": tmp, "work": work, "mark": _MARK, "uid": uid,
             "cuid": None if uid is None else uid + 1, "stage": host.stage,
-            "ro_dirs": host.ro_dirs, "links": host.links, "read_roots": host.read_roots,
+            "ro_dirs": ro_dirs, "links": links, "read_roots": read_roots,
             "hook_reads": host.hook_reads, "allow_fork": lim.allow_fork, "audit": lim.audit,
             "landlock": lim.landlock, "namespaces": lim.namespaces, "host_pid": os.getpid(),
             "hidden": host.hidden,
             "status_fd": status_w, "report_fd": report_w, "checked": checker is not None,
-            "entry": entry, "cap": _REPLY_CAP,
+            "entry": entry, "cap": _REPLY_CAP, "shell": bool(shell),
+            "repo": shell and shell["repo"], "shell_env": None,
             "limits": {"cpu_s": int(lim.cpu_s or math.ceil(timeout_s)),
                        "memory_bytes": lim.memory_mb << 20, "file_bytes": lim.file_mb << 20,
                        "disk_bytes": lim.disk_mb << 20, "files": lim.files,
@@ -183,6 +221,10 @@ def _run(program, stdin, timeout_s, lim, checker, entry, prefix):
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                "HOME": "/sandbox" if host.root else work,
                "TMPDIR": "/sandbox" if host.root else work}
+        if shell:
+            params["shell_env"] = {**env, "USER": "sandbox", **shell["env"]}
+            if uid is not None:
+                _own_tree(shell["repo"], uid)
         with open(os.path.join(tmp, "stdin.txt"), "rb") as stdin_f:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", host.boot, repr(params)],
@@ -202,6 +244,8 @@ def _run(program, stdin, timeout_s, lim, checker, entry, prefix):
             os.close(fd)
         status = _status_of(got) if got is not None else {}
         host.release_uid(uid, "pidns" in status.get("layers", ""))
+        if shell and uid is not None:
+            _own_tree(shell["repo"], os.geteuid())
         shutil.rmtree(tmp, ignore_errors=True)
     res = _judge(got, status, killed, wall, timeout_s, lim, checker is not None)
     reports = got.get("report", b"").decode("utf-8", "replace").splitlines()

@@ -125,6 +125,10 @@ def _build_root(p, program, uid):
            f"size={lim['disk_bytes']},nr_inodes={lim['files']},mode=700{owner}")
     os.symlink("/sandbox", new + "/tmp")
     _put_program(new + "/sandbox/main.py", program, uid)
+    if p.get("shell"):  # run_shell: the caller's scratch copy of a repository, writable at /repo
+        os.makedirs(new + "/repo")
+        _mount(p["repo"], new + "/repo", None, MS_BIND | MS_REC)
+        _mount(None, new + "/repo", None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV)
     os.makedirs(new + "/.old")
     if _libc.syscall(_SYS["pivot_root"], new.encode(), (new + "/.old").encode()) != 0:
         raise OSError(ctypes.get_errno(), "pivot_root failed")
@@ -170,7 +174,7 @@ def landlock_abi():
     return abi if abi > 0 else 0
 
 
-def _landlock(abi, read, write, devices):
+def _landlock(abi, read, write, devices, execute=False):
     fs = _LL_FS_ABI.get(abi, (1 << 16) - 1)
     net = 3 if abi >= 4 else 0  # BIND_TCP | CONNECT_TCP, no rule: no TCP at all
     scoped = 3 if abi >= 6 else 0  # ABSTRACT_UNIX_SOCKET | SIGNAL: nothing outside the domain
@@ -196,10 +200,10 @@ def _landlock(abi, read, write, devices):
         finally:
             os.close(fd)
 
-    for d in read:
-        allow(d, _LL_READ & fs)
-    if write:
-        allow(write, fs)
+    for d in read:  # a shell execs binaries (and their ELF interpreter) from the read roots
+        allow(d, (_LL_READ | (1 if execute else 0)) & fs)
+    for w in [write] if isinstance(write, str) else write or ():
+        allow(w, fs)
     for d in devices:
         allow(d, (_LL_FILE & fs) & ~1)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
@@ -293,7 +297,7 @@ def _confine(uid, keep, write, ns, ll_abi):
     _keep_fds(keep)
     if ll_abi:  # before the uid change: the rules' paths are opened with the current rights
         _landlock(ll_abi, P["read_roots"], write,
-                  ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"))
+                  ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"), P.get("shell"))
     else:
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
     _limit(P["limits"], uid)
@@ -359,7 +363,7 @@ def _p1(ns):
         layers.append("seccomp")
     layers.append("rlimits")
     allow_fork = P["allow_fork"] and uid is not None
-    if P["audit"]:
+    if P["audit"] and not P.get("shell"):
         layers.append("audit")
     _status(status_fd, "layers " + ",".join(layers))
     kids = {}
@@ -386,6 +390,8 @@ def _p1(ns):
         for fd in (spec_fd, req_w, rep_r, report_fd):
             os.close(fd)
     pid = os.fork()
+    if pid == 0 and P.get("shell"):
+        _shell(program, scratch, uid, ns, ll_abi)
     if pid == 0:
         _program(scratch, uid, {req_r, rep_w} - {-1}, ns, ll_abi, allow_fork, req_r, rep_w,
                  capped)
@@ -423,6 +429,32 @@ def _supervise(kids, status_fd):
             _status(status_fd, f"{kids[pid]} {done[kids[pid]]}")
             if kids[pid] == "checker" and "program" not in done:
                 deadline = time.monotonic() + 0.5
+
+
+def _shell(command, scratch, uid, ns, ll_abi):
+    """run_shell: `bash -c command` in the repository copy. No audit hook (bash is not Python):
+    only kernel walls, so it refuses to run without a kernel file wall (the root mode's own
+    root, or Landlock) and without a way to kill every process it starts (a pid namespace, or
+    a private uid)."""
+    repo = "/repo" if ns == "root" else P["repo"]
+    try:
+        if not (ns == "root" or ll_abi) or not (ns or uid is not None):
+            raise RuntimeError("a shell needs namespaces as root or Landlock (for files) and a "
+                               "pid namespace or a private uid (for processes)")
+        _confine(uid, set(), [scratch, repo], ns, ll_abi)
+        if ns == "user":  # with no private uid, RLIMIT_NPROC is charged to the user namespace
+            n = P["limits"]["procs"]
+            resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+        os.chdir(repo)
+    except BaseException as e:
+        os.write(2, f"sandbox setup failed: {e}\n".encode())
+        os._exit(SETUP_FAILED)
+    try:
+        os.execve("/bin/bash", ["bash", "-c", command.decode("utf-8", "surrogateescape")],
+                  P["shell_env"])
+    except OSError as e:
+        os.write(2, f"sandbox setup failed: /bin/bash: {e.strerror}\n".encode())
+        os._exit(SETUP_FAILED)
 
 
 def _program(scratch, uid, keep, ns, ll_abi, allow_fork, req_r, rep_w, capped):
