@@ -226,3 +226,17 @@ def test_repo_disjoint_splits():
     assert sum(len(v) for v in parts.values()) == 3
     with pytest.raises(InputError, match="row 1: group 'other'"):
         aswe.split_rows([{"id": "y", "group": "other"}], a)
+
+
+def test_generator_row_compiles_with_one_span_per_agent_turn(base):
+    """The generator's row is a rollout row curate compiles (exclude mode), one turn span per
+    assistant turn: what the probe pools per agent turn."""
+    from rossjax.curate import compile_rollout
+    from rossjax.curate.schema import validate_record
+    from rossjax.tokenizers import load_tokenizer
+
+    row, _ = aswe.write_bug(base, Script("ls", BREAK), rid="g2")
+    assert row["verifier"]["passed"] is True and validate_record(row) is None
+    ex = compile_rollout(row, load_tokenizer("qwen"), template="chatml")
+    assert ex.status == "kept", ex.detail
+    assert len(ex.turn_spans) == 3  # two tool-calling turns and the final answer
