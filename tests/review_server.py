@@ -70,7 +70,10 @@ def rollout_id(body) -> str:
 
 
 class Reviewer:
-    def __init__(self, script=None, default=None, on_request=None):
+    def __init__(self, script=None, default=None, on_request=None, id_of=None, stage_fn=None):
+        # id_of / stage_fn (body -> str): how another command's prompts name the row and the
+        # stage (default: review's "Rollout id:" line and stage markers)
+        id_of, stage_fn = id_of or rollout_id, stage_fn or stage_of
         self.script = {k: list(v) for k, v in (script or {}).items()}
         self.default = default
         self.on_request = on_request  # callable(n_requests_so_far, body) -> bool: answer it?
@@ -90,14 +93,14 @@ class Reviewer:
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
                 body = json.loads(raw)
                 assert self.path == "/v1/chat/completions", self.path
-                rid = rollout_id(body)
+                rid = id_of(body)
                 with outer.lock:
                     if outer.on_request is not None and not outer.on_request(len(outer.requests),
                                                                              body):
                         self.close_connection = True
                         return
                     outer.ports.add(self.client_address[1])
-                    outer.requests.append((rid, stage_of(body), body, dict(self.headers)))
+                    outer.requests.append((rid, stage_fn(body), body, dict(self.headers)))
                     todo = outer.script.get(rid)
                     ans = todo.pop(0) if todo else outer.default(rid, body)
                 if callable(ans) and not isinstance(ans, Raw):

@@ -187,7 +187,7 @@ LAYERS = {
     "rossjax.defaults": 0, "rossjax.runlock": 0, "rossjax.checksums": 0,
     "rossjax.tokenizers": 1, "rossjax.templates": 1, "rossjax.verify": 1,
     "rossjax.routes": 2, "rossjax.curate": 2,
-    "rossjax.review": 3, "rossjax.agents": 3,
+    "rossjax.review": 3, "rossjax.agents": 3, "rossjax.reconstruct": 3,
     "rossjax.sharding": 4,
     "rossjax.models": 5,
     "rossjax.sample": 6, "rossjax.engine": 6,

@@ -108,6 +108,7 @@ HELP_SHOWS = {
     "label-corpus": "--config.pool=''", "aux-set": "--config.run_labels=''",
     "bench": "benchmarks:", "demo": "--steps=30", "repro": "--quick",
     "serve": "--max_len=2048", "generate": "--max_new_tokens=256",
+    "reconstruct": "--config.max_tool_steps=30",
 }
 BENCHES = ("model", "sft", "sample", "curate", "select", "grpo")
 
@@ -190,6 +191,7 @@ CONFIG_VARIANTS = {
     "review": (), "eval_generator": ("runlocal", "mixed_outcome"), "grpo_verifier": ("runlocal",),
     "propel_azr": ("runlocal",), "propel_math": ("runlocal",), "mixture": ("by_recipe",),
     "retrogen": ("runlocal", "artifact_only"), "select_routes": ("runlocal",),
+    "reconstruct": ("runlocal",), "retrogen_sft": ("runlocal",),
     "ross_sft": ("ross_no_mask", "positive_sft", "agentic", "token_budget", "runlocal"),
 }
 

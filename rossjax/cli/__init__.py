@@ -32,6 +32,7 @@ COMMANDS = {
     "select": "select",
     "mix": "mix",
     "retrogen": "retrogen",
+    "reconstruct": "reconstruct",
     "review": "review",
     "train": "train",
     "export": "export",

@@ -106,7 +106,7 @@ def gate(record) -> tuple[str, str] | None:
             return "malformed_trace", f"trace[{i}].type {kind!r} is not call, observation or note"
     if pending is not None:
         return "missing_observation", f"trace[{pending[0]}] call has no observation"
-    if n_calls == 0:
+    if n_calls == 0 and record.get("artifact_only") is not True:  # the Artifact-Only baseline
         return "no_tool_calls", "trace has no tool call"
     if not _text(record.get("draft")):
         return "missing_draft", "final draft is missing or blank"

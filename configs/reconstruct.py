@@ -1,0 +1,90 @@
+"""RetroGen reconstruction: expert artifacts + a corpus -> verified tool-use trajectories.
+
+Run (needs a chat model behind an OpenAI-compatible endpoint: vLLM, SGLang, TGI, llama.cpp
+server, OpenAI, or `rossjax serve` on a local checkpoint):
+
+    export OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=...   # or endpoint.base_url
+    rossjax reconstruct --config=configs/reconstruct.py --workdir=/tmp/rc \
+        --config.endpoint.model=Qwen/Qwen3-32B
+    rossjax retrogen --config=configs/retrogen.py --config.input=/tmp/rc/trajectories.jsonl \
+        --config.output=/tmp/rc/retrogen
+  `:runlocal` needs nothing started by hand: it builds a tiny random model, serves it with
+  `rossjax serve` on a free 127.0.0.1 port and stops it at the end (its answers are noise, so
+  its artifacts end invalid or withheld; report.json still accounts for every one).
+  Baselines: --config.method=forwardgen | artifact_only | next_n (next_n: --config.next_n=N).
+
+Needs: config.input, artifacts as JSONL ({"id", "domain", "text", "kind"?, "title"?}; shipped:
+data/retrogen/artifacts.jsonl, a related-work section, a 10-K narrative and a judgment per
+domain) and config.corpus, documents as JSONL ({"id", "text", "title"?}; shipped:
+data/retrogen/corpus.jsonl). Writes WORKDIR/trajectories.jsonl (the records `rossjax retrogen`
+reads), withheld.jsonl, invalid.jsonl, transcripts.jsonl, report.json, journal.jsonl (resume)
+and cache/ (every answer: a rerun asks nothing twice).
+
+Paper defaults: at most 30 tool steps, an 8,000-character sliding context window, Eq. 4 with
+lambda = 0.25. Choices the paper leaves open (docs/deviations.md): the prompts, cue rules, leak
+rules (8-word n-gram, cue kinds, length), retrieval depth 3 per cue and 8 documents in Ê, the
+diversity draws. Time: ~12-20 requests an artifact (2 anchor, 1 plan, one per step, 4
+verification); estimated, not measured: a 32B model on one GPU at concurrency 8 reconstructs
+~10-30 artifacts a minute.
+"""
+
+import ml_collections
+
+from rossjax.configs import common
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    variants = common.variants(arg, ("runlocal",), "reconstruct.py")
+    c = ml_collections.ConfigDict()
+    c.input = common.data_file("retrogen", "artifacts.jsonl")
+    c.corpus = common.data_file("retrogen", "corpus.jsonl")
+    c.output = ""  # or --workdir=DIR
+    c.method = "retrogen"  # retrogen | forwardgen | artifact_only | next_n
+    c.next_n = 4  # next_n: tool steps anchored on the artifact before forward generation
+    c.seed = 0  # the diversity draws (per artifact and method, independent of row order)
+    c.endpoint = ml_collections.ConfigDict()
+    c.endpoint.base_url = ""  # "" = $OPENAI_BASE_URL, else http://127.0.0.1:8000/v1
+    c.endpoint.model = ""  # the served model name (required unless serve.model is set)
+    c.endpoint.api_key = ""  # "" = $OPENAI_API_KEY; redacted in reports
+    c.endpoint.timeout_s = 300.0
+    c.endpoint.max_response_bytes = 8 << 20
+    c.endpoint.max_retries = 4
+    c.endpoint.backoff_s = 1.0
+    c.endpoint.concurrency = 8  # artifacts reconstructed at once
+    c.endpoint.temperature = 0.7  # the steps sample; the seed of the draws varies the prompts
+    c.endpoint.max_tokens = 2048
+    c.endpoint.extra_body = ""  # JSON object of extra request fields (seed, top_p, ...)
+    c.reask = "failed"  # failed | none | all (review's cache policy)
+    c.cache_dir = ""  # default WORKDIR/cache; share it across methods to reuse the anchor
+    c.answer_retries = 1  # re-asks of a stage whose answer fails its check
+    c.max_answer_chars = 50_000
+    c.min_artifact_chars = 200
+    # anchor
+    c.max_cues = 24
+    c.rubric_min = 3
+    c.rubric_max = 8
+    c.leak = ml_collections.ConfigDict(dict(ngram=8, max_task_chars=600, max_task_ratio=0.5))
+    c.retrieval_depth = 3  # BM25 documents per cue query
+    c.max_evidence = 8  # documents in Ê
+    c.search_k = 3  # hits a search step returns
+    # trace
+    c.max_tool_steps = 30
+    c.max_writing_steps = 6  # outline steps (no tool) allowed besides the tool steps
+    c.window_chars = 8000
+    # verification
+    c.evidence_chars = 1500  # characters of each Ê document shown to the grounding judge
+    c.lam = 0.25  # Eq. 4
+    # serve a local checkpoint for the run: a model folder, or "tiny" (a random tiny model)
+    c.serve = ml_collections.ConfigDict(dict(model="", model_id="local", max_len=8192, slots=4,
+                                             startup_s=300.0))
+    c.progress = True
+    if "runlocal" in variants:
+        c.output = "runs/reconstruct_local"
+        c.serve.model = "tiny"
+        c.endpoint.temperature = 0.0
+        c.endpoint.max_tokens = 32
+        c.endpoint.concurrency = 4
+        c.endpoint.max_retries = 1
+        c.answer_retries = 0
+        c.progress = False
+    return c

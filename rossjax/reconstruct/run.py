@@ -1,0 +1,330 @@
+"""`run(cfg, workdir)`: expert artifacts in, verified trajectories out, every artifact in one
+bucket of curate's ledger (curate/ledger.py: report.json's buckets add up to the input rows).
+
+  read     config.input (.jsonl): {"id", "domain", "text", "kind"?, "title"?} per line; a line
+           that is not JSON or lacks a field is invalid (invalid_artifact, naming file, row and
+           field), a repeated id is invalid (duplicate_id)
+  anchor   anchor.py; trace trace.py; verify verify.py; per config.method (baselines.py)
+  write    WORKDIR/trajectories.jsonl: the kept records, the input of
+           `rossjax retrogen --config.input=WORKDIR/trajectories.jsonl` (gate, thresholds,
+           serialization into SFT rollouts); withheld.jsonl / invalid.jsonl ({row, id, reason,
+           detail}); transcripts.jsonl (every request and answer per artifact); report.json
+           (buckets, reasons, requests and failed checks per stage, signal means per domain,
+           the diversity draws of the kept records, the next command)
+  resume   WORKDIR/journal.jsonl holds each settled artifact (record or reason, transcript): a
+           rerun with the same settings settles those from it and asks nothing for them; the
+           answer cache (config.cache_dir, default WORKDIR/cache) covers an artifact cut off
+           halfway. An artifact the endpoint failed (endpoint_error) is not journaled: a rerun
+           asks it again. Outputs are rewritten whole, so no artifact is ever listed twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+from rossjax.curate.ledger import Report, RowLists, write_json
+from rossjax.errors import ConfigError, InputError
+from rossjax.reconstruct import prompts
+from rossjax.reconstruct.asking import Asker, Settled
+from rossjax.reconstruct.baselines import METHODS, run_artifact
+from rossjax.reconstruct.trace import Tools
+from rossjax.reconstruct.verify import SIGNALS
+from rossjax.review.client import REASK
+from rossjax.review.run import make_client, public_config
+
+JOURNAL = "journal.jsonl"
+OUTPUTS = ("trajectories.jsonl", "transcripts.jsonl", "report.json")
+
+
+def check_config(cfg):
+    if cfg.method not in METHODS:
+        raise ConfigError(f"config.method {cfg.method!r} must be one of {', '.join(METHODS)}")
+    if cfg.get("reask", "failed") not in REASK:
+        raise ConfigError(f"config.reask {cfg.reask!r} must be one of {', '.join(REASK)}")
+    for key, lo in (("max_tool_steps", 1), ("window_chars", 200), ("retrieval_depth", 1),
+                    ("max_evidence", 1), ("rubric_min", 1), ("answer_retries", 0),
+                    ("max_writing_steps", 0), ("next_n", 0), ("max_cues", 0),
+                    ("evidence_chars", 100)):
+        if cfg[key] < lo:
+            raise ConfigError(f"config.{key} must be >= {lo}, got {cfg[key]}")
+    if cfg.rubric_max < cfg.rubric_min:
+        raise ConfigError(f"config.rubric_max ({cfg.rubric_max}) < config.rubric_min "
+                          f"({cfg.rubric_min})")
+    if not 0 < cfg.lam <= 1:
+        raise ConfigError(f"config.lam must be in (0, 1], got {cfg.lam}")
+    if cfg.leak.ngram < 2 or not 0 < cfg.leak.max_task_ratio <= 1:
+        raise ConfigError("config.leak.ngram must be >= 2 and config.leak.max_task_ratio in (0, 1]")
+    for key in ("input", "corpus"):
+        if not cfg[key]:
+            raise ConfigError(f"config.{key} is empty: name the artifacts .jsonl (input) and the "
+                              f"corpus .jsonl (corpus)")
+        if not os.path.isfile(cfg[key]):
+            raise FileNotFoundError(f"{cfg[key]}: no such file (config.{key})")
+
+
+def read_artifacts(path: str, min_chars: int):
+    """(row, artifact or None, reason code, detail) per line of `path`."""
+    from rossjax.curate.files import iter_json_lines
+
+    name, seen = os.path.basename(path), set()
+    for line in iter_json_lines(path):
+        rec, where = line.record, f"{name} row {line.row}"
+        if rec is None:
+            yield line.row, None, None, "invalid_artifact", line.reason
+            continue
+        rid = rec.get("id") if isinstance(rec, dict) else None
+        why = None
+        if not isinstance(rec, dict):
+            why = f"{where}: an artifact must be a JSON object, got {type(rec).__name__}"
+        elif not isinstance(rid, str) or not rid.strip():
+            why = f"{where}: id must be a non-empty string, got {rid!r:.40}"
+        elif not isinstance(rec.get("domain"), str) or not rec["domain"].strip():
+            why = f"{where} (artifact {rid}): domain must be a non-empty string"
+        elif not isinstance(rec.get("text"), str) or len(rec["text"].strip()) < min_chars:
+            got = rec.get("text")
+            size = f"{len(got.strip())} characters" if isinstance(got, str) else type(got).__name__
+            why = (f"{where} (artifact {rid}): text must be a string of at least {min_chars} "
+                   f"characters (config.min_artifact_chars), got {size}")
+        else:
+            for key in ("kind", "title"):
+                if rec.get(key) is not None and not isinstance(rec[key], str):
+                    why = f"{where} (artifact {rid}): {key} must be a string when given"
+        if why:
+            yield line.row, None, rid if isinstance(rid, str) else None, "invalid_artifact", why
+        elif rid in seen:
+            yield line.row, None, rid, "duplicate_id", f"{where}: id {rid!r} repeats an earlier row"
+        else:
+            seen.add(rid)
+            art = {"id": rid, "domain": rec["domain"].strip(), "text": rec["text"].strip(),
+                   "kind": rec.get("kind") or "", "title": rec.get("title") or ""}
+            yield line.row, art, rid, None, f"{where} (artifact {rid})"
+
+
+def fingerprint(cfg) -> str:
+    """What an artifact's outcome depends on: settings, prompts, model (not the URL: `:runlocal`
+    serves on a fresh port each run; not concurrency, progress or where outputs go)."""
+    d = cfg.to_dict()
+    for k in ("output", "progress", "cache_dir", "serve"):
+        d.pop(k, None)
+    e = d.get("endpoint", {})
+    for k in ("base_url", "api_key", "concurrency", "timeout_s", "max_retries", "backoff_s"):
+        e.pop(k, None)
+    blob = json.dumps([d, prompts.PROMPT_VERSION], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _sha(art: dict) -> str:
+    return hashlib.sha256(json.dumps(art, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Journal:
+    def __init__(self, workdir: str, fp: str):
+        self.path = os.path.join(workdir, JOURNAL)
+        self.done: dict = {}
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+            head = json.loads(lines[0]) if lines else {}
+            if head.get("fingerprint") == fp:
+                for ln in lines[1:]:
+                    try:
+                        e = json.loads(ln)
+                    except ValueError:
+                        break  # a line cut off by a kill: that artifact is asked again
+                    self.done[(e["row"], e["id"])] = e
+            else:
+                print(f"reconstruct: {self.path} was written with other settings; starting over",
+                      file=sys.stderr)
+        self.f = open(self.path + ".tmp", "w", encoding="utf-8")
+        self.f.write(json.dumps({"fingerprint": fp}) + "\n")
+        for e in self.done.values():
+            self.f.write(json.dumps(e, ensure_ascii=False) + "\n")
+        self.f.flush()
+        os.replace(self.path + ".tmp", self.path)
+
+    def add(self, entry: dict):
+        self.f.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        self.f.flush()
+        os.fsync(self.f.fileno())
+
+    def close(self):
+        self.f.close()
+
+
+class ReconstructRun:
+    def __init__(self, cfg, workdir: str):
+        from rossjax.agents.corpus import CorpusEnv
+
+        check_config(cfg)
+        self.cfg, self.workdir = cfg, workdir
+        os.makedirs(workdir, exist_ok=True)
+        env = CorpusEnv(path=cfg.corpus, k=cfg.search_k)
+        self.index, self.tools = env.index, Tools(env)
+        self.client = make_client(cfg, cfg.cache_dir or os.path.join(workdir, "cache"))
+        self.ledger = Report(public_config(cfg))
+        self.journal = Journal(workdir, fingerprint(cfg))
+        self.lists = RowLists(workdir, self.ledger)
+        self.kept, self.transcripts = [], []
+        self.failed_checks: dict = {}
+        self.resumed = self.rows_read = self.asked_rows = self.answered = 0
+        self.settled_by_endpoint = []
+
+    def close(self):
+        self.lists.close()
+        self.journal.close()
+
+    def one(self, item):
+        row, art, where = item
+        asker = Asker(self.client, art["id"], where, self.cfg.answer_retries,
+                      self.cfg.max_answer_chars)
+        try:
+            return item, run_artifact(asker, art, self.index, self.tools, self.cfg), asker
+        except Settled as e:
+            return item, e, asker
+
+    def settle(self, row, rid, status, code, detail, record, transcript, failed_checks):
+        self.rows_read += 1
+        if status == "kept":
+            self.ledger.add("kept")
+            self.kept.append(record)
+        else:
+            self.lists.add(status, row, rid, code, detail)
+        for stage, c in (failed_checks or {}).items():
+            self.failed_checks.setdefault(stage, Counter()).update(c)
+        self.transcripts.append({"row": row, "id": rid, "status": status, "reason": code,
+                                 "entries": transcript or []})
+
+    def finish(self, item, out, asker):
+        row, art, _ = item
+        self.asked_rows += 1
+        self.answered += asker.answers
+        if isinstance(out, Settled):
+            status, code, detail, record = out.status, out.code, out.detail, None
+        else:
+            status, code, detail, record = "kept", None, None, out
+        entry = {"row": row, "id": art["id"], "sha": _sha(art), "status": status, "reason": code,
+                 "detail": detail, "record": record, "failed_checks": asker.failed_checks,
+                 "transcript": asker.transcript}
+        if code == "endpoint_error":
+            self.settled_by_endpoint.append(detail)
+        else:
+            self.journal.add(entry)
+        self.settle(row, art["id"], status, code, detail, record, asker.transcript,
+                    asker.failed_checks)
+
+    def execute(self) -> dict:
+        from tqdm import tqdm
+
+        t0 = time.perf_counter()
+        items = list(read_artifacts(self.cfg.input, self.cfg.min_artifact_chars))
+        bar = tqdm(total=len(items), unit="artifact", desc="reconstruct", file=sys.stderr,
+                   disable=not self.cfg.progress)
+        todo = []
+        for row, art, rid, code, detail in items:
+            if art is None:
+                self.settle(row, rid, "invalid", code, detail, None, [], {})
+                continue
+            prev = self.journal.done.get((row, art["id"]))
+            if prev is not None and prev.get("sha") == _sha(art):
+                self.resumed += 1
+                self.settle(row, art["id"], prev["status"], prev["reason"], prev["detail"],
+                            prev["record"], prev["transcript"], prev["failed_checks"])
+                continue
+            todo.append((row, art, detail))
+        bar.update(len(items) - len(todo))
+        with ThreadPoolExecutor(max(1, self.cfg.endpoint.concurrency)) as pool:
+            for item, out, asker in pool.map(self.one, todo):  # results in input order
+                self.finish(item, out, asker)
+                bar.update(1)
+        bar.close()
+        if todo and len(self.settled_by_endpoint) == len(todo) and not self.answered:
+            # every request failed at the endpoint and none was ever answered: the setup
+            raise InputError(f"no artifact got an answer from {self.client.url}: "
+                             f"{self.settled_by_endpoint[0]}")
+        return self.write(time.perf_counter() - t0)
+
+    def write(self, elapsed_s: float) -> dict:
+        self.transcripts.sort(key=lambda t: t["row"])  # input order
+        path = os.path.join(self.workdir, "trajectories.jsonl")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in self.kept)
+        os.replace(path + ".tmp", path)
+        tpath = os.path.join(self.workdir, "transcripts.jsonl")
+        with open(tpath + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(t, ensure_ascii=False) + "\n" for t in self.transcripts)
+        os.replace(tpath + ".tmp", tpath)
+        report = self.report(elapsed_s, path)
+        write_json(os.path.join(self.workdir, "report.json"), report)
+        return report
+
+    def report(self, elapsed_s: float, path: str) -> dict:
+        acc = self.ledger.accounts(self.rows_read)
+        acc.pop("kept_by_review")
+        by_dom: dict = {}
+        for r in self.kept:
+            by_dom.setdefault(r["domain"], []).append(r)
+        scores = {d: {"kept": len(rs), **{k: round(sum(r["scores"][k] for r in rs) / len(rs), 4)
+                                          for k in SIGNALS},
+                      "eq4": round(sum(r["score"] for r in rs) / len(rs), 4)}
+                  for d, rs in sorted(by_dom.items())}
+        draws = {}
+        for r in self.kept:
+            for k, v in (r.get("diversity") or {}).items():
+                draws.setdefault(k, Counter())[str(v)] += 1
+        stages = {}
+        for s in sorted(set(self.client.stats) | set(self.failed_checks)):
+            c = self.client.stats.get(s, Counter())
+            stages[s] = {**{k: c.get(k, 0) for k in ("requests", "retries", "cache_hits",
+                                                     "reasked", "prompt_tokens",
+                                                     "completion_tokens")},
+                         "failed_checks": dict(sorted(self.failed_checks.get(s, {}).items()))}
+        steps = [r["tool_steps"] for r in self.kept]
+        return {
+            **acc, "method": self.cfg.method, "resumed": self.resumed,
+            "asked": self.asked_rows,
+            "requests": {**self.client.totals(), "connections": self.client.connections},
+            "stages": stages, "scores": scores,
+            "tool_steps": {"min": min(steps), "max": max(steps),
+                           "mean": round(sum(steps) / len(steps), 2)} if steps else {},
+            "diversity": {k: dict(sorted(v.items())) for k, v in sorted(draws.items())},
+            "model": {"url": self.client.url, "model": self.client.model,
+                      "prompt_version": prompts.PROMPT_VERSION},
+            "outputs": {"trajectories": path, "withheld": "withheld.jsonl",
+                        "invalid": "invalid.jsonl", "transcripts": "transcripts.jsonl"},
+            "next": f"rossjax retrogen --config.input={path} "
+                    f"--config.output={os.path.join(self.workdir, 'retrogen')}",
+            "config": self.ledger.config, "elapsed_s": round(elapsed_s, 3),
+        }
+
+
+def run(cfg, workdir: str) -> dict:
+    """Reconstruct the artifacts of an ml-collections config (configs/reconstruct.py) into
+    `workdir`; serves config.serve.model itself when set. Returns report.json's content."""
+    if cfg.serve.model == "tiny":
+        raise ConfigError("config.serve.model='tiny' is built by `rossjax reconstruct` "
+                          "(rossjax/cli/reconstruct.py tiny_model); give run() a model folder")
+    if cfg.serve.model:
+        from rossjax.reconstruct.local import LocalServer
+
+        os.makedirs(workdir, exist_ok=True)
+        with LocalServer(cfg.serve.model, os.path.join(workdir, "serve.log"),
+                         max_len=cfg.serve.max_len, slots=cfg.serve.slots,
+                         model_id=cfg.serve.model_id, startup_s=cfg.serve.startup_s) as srv:
+            with cfg.unlocked():
+                cfg.endpoint.base_url, cfg.endpoint.model = srv.url, srv.model_id
+            return _run(cfg, workdir)
+    return _run(cfg, workdir)
+
+
+def _run(cfg, workdir):
+    r = ReconstructRun(cfg, workdir)
+    try:
+        return r.execute()
+    finally:
+        r.close()
