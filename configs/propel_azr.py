@@ -6,7 +6,9 @@ Run:
       --config.reward.probe.path=SWEEP_DIR/selected_probe --workdir=runs/propel
   rossjax grpo --config=configs/propel_azr.py:runlocal --workdir=/tmp/propel-local
 
-Task (AZR protocol, rossjax/verify/induction_task.py; `data.induction`): the generator writes f
+Task (AZR protocol, rossjax/verify/induction_task.py; `data.induction`): the generator is shown
+AZR's seed function, two reference tasks drawn per prompt from a pool and the banned imports
+(`data.induction.context=paper`; `examples=PATH` for a pool of your own), and writes f
 in a ```python block, exactly 10 inputs in an ```inputs block and a hint in a ```message block; a
 solver is later shown 5 input/output pairs + the hint and scored on the 5 hidden inputs (that is
 how the probe's labels were made: `rossjax label-corpus`).
@@ -51,6 +53,10 @@ def get_config(arg: str | None = None):
     c.reward.probe.validity = "validity"
     c.reward.probe.render = "task"
     c.data.induction.n_inputs, c.data.induction.n_visible = 10, 5   # the AZR protocol
+    # the generator's context (rossjax/verify/generator_context.py): AZR's seed function,
+    # n_examples reference tasks drawn per prompt from `examples` ("" = the shipped
+    # data/propel/azr_examples.jsonl) and the banned imports; "instruction": one fixed prompt
+    c.data.induction.context, c.data.induction.examples, c.data.induction.n_examples = "paper", "", 2
     c.grpo.advantages = "grpo"     # the paper's GRPO: (r - mean_group) / (std_group + eps)
     c.grpo.beta = 0.05             # KL to the reference (AZR)
     c.grpo.steps = 30              # the paper's 30 RL steps

@@ -29,7 +29,8 @@ def _count(seq, gram):
 
 
 def slow_self_bleu3(texts):
-    """Self-BLEU-3 from the definition, one n-gram occurrence at a time."""
+    """Self-BLEU-3 from the definition, one n-gram occurrence at a time, with Montahaei et al.'s
+    smoothing (NLTK method1: a zero match count becomes 0.1; no unigram match scores 0)."""
     toks = [t.split() for t in texts]
     scores = []
     for i, hyp in enumerate(toks):
@@ -37,16 +38,13 @@ def slow_self_bleu3(texts):
         logp = 0.0
         for n in (1, 2, 3):
             grams = [tuple(hyp[j:j + n]) for j in range(len(hyp) - n + 1)]
-            if not grams:
-                logp = None
-                break
             clipped = 0
             for g in set(grams):
                 clipped += min(_count(hyp, g), max(_count(r, g) for r in refs))
-            if clipped == 0:
+            if clipped == 0 and n == 1:
                 logp = None
                 break
-            logp += math.log(clipped / len(grams)) / 3
+            logp += math.log((clipped or 0.1) / max(1, len(grams))) / 3
         if logp is None:
             scores.append(0.0)
             continue

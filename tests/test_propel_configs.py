@@ -36,10 +36,13 @@ def _math(content):
 def test_math_generator_task_and_validity():
     t = rollout.TaskSource("gen:math_task").next(1)[0]
     assert "```problem" in t["prompt"] and t["domain"] == "math_gen"
-    good = "```problem\nWhat is the sum of the first 10 odd numbers?\n```\nAnswer: \\boxed{100}"
-    assert rewards.score("math_validity", _math(good))[0] == 1.0
+    # the generator writes the problem only; an answer after the block is ignored (the
+    # reference comes from the two oracles), so both of these are valid
+    for good in ("```problem\nWhat is the sum of the first 10 odd numbers?\n```",
+                 "```problem\nWhat is the sum of the first 10 odd numbers?\n```\n\\boxed{100}"):
+        assert rewards.score("math_validity", _math(good))[0] == 1.0
     for bad in ("What is 2+2? \\boxed{4}",                                   # no problem block
-                "```problem\nWhat is 2+2?\n```\nno answer",                    # no boxed answer
+                "```problem\n  \n```",                                        # empty problem
                 "```problem\nShow that \\boxed{4} is 2+2.\n```\n\\boxed{4}"):  # answer given away
         r, v = rewards.score("math_validity", _math(bad))
         assert r == 0.0 and v["name"] == "math_problem_valid", v

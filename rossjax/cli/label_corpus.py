@@ -10,8 +10,12 @@ def main(argv=None) -> int:
     c, workdir, flags = command_config(list(argv or []), "label-corpus", "configs/label_corpus.py",
                                        needs_workdir=False)
     r = label_corpus.run(c, workdir)
-    print(f"rossjax label-corpus: {r['tasks']} tasks, {r['valid']} valid, K={r['k']} "
-          f"({r['solver']}), band rate {r['band_rate']:.3f} -> {r['output']}")
+    o = r.get("oracles")
+    oracles = (f"; oracles: {o['agreed']} agreed, {o['disagreement']} disagreed, {o['failure']} "
+               f"failed, {o['a']['trials'] + o['b']['trials']} oracle trials" if o else "")
+    print(f"rossjax label-corpus: {r['tasks']} {r['domain']} tasks, {r['valid']} valid, "
+          f"K={r['k']} ({r['solver']['kind']}, {r['solver']['trials']} solver trials{oracles}), "
+          f"band rate {r['band_rate']:.3f} -> {r['output']}")
     for tid, why in list(r["invalid"].items())[:5]:  # the rest: labels.jsonl, report.json
         print(f"  invalid {tid}: {why}")
     if len(r["invalid"]) > 5:

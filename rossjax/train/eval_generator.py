@@ -1,21 +1,35 @@
 """`rossjax eval-generator --config=configs/eval_generator.py`: judge a task generator (PROPEL) or
 a policy.
 
-Generator mode: sample fresh function-induction tasks from the generator, check validity under
-the AZR protocol (rossjax.verify.induction_task: 10 inputs + a message, `task_valid`), show the
-solver 5 input/output pairs and the message, score each of its K answers on the 5 hidden inputs
-(rossjax.train.solvers) and report, as the PROPEL paper does:
+Generator mode: sample fresh tasks from the generator, each prompted with its own context
+(rossjax.verify.generator_context: Math, two example problems from a pool; AZR, the seed
+function, reference tasks and the banned imports; `context=instruction`: one fixed instruction),
+gate them, and score the solver's K answers per valid task (rossjax.train.solvers):
+  induction (`domain=induction`)  the AZR protocol (rossjax.verify.induction_task: 10 inputs + a
+                  message, `task_valid`); the solver sees 5 input/output pairs and the message
+                  and each answer is scored on the 5 hidden inputs;
+  math (`domain=math`)  the generator writes a problem only (`check_problem`); two oracles answer
+                  it twice each and it is valid only when all four agree (the agreed answer is
+                  the reference; rossjax/verify/math_oracle.py); the solver's answers are checked
+                  against it with math-verify.
+Reported as the PROPEL paper does:
   utility rate    share of sampled tasks whose realized solve count lands in [lo*K, hi*K]
                   (invalid tasks count as not useful);
-  validity rate   share of sampled tasks that pass `task_valid`;
-  Self-BLEU-3     mean BLEU (1-3-grams, uniform weights, brevity penalty) of each task against all
-                  others (lower = more diverse);
+  validity rate   share of sampled tasks that are valid (math: W and the oracles agree);
+  Self-BLEU-3     Montahaei et al.'s: each task's sentence BLEU (1-3-grams, weights 1/3,
+                  clipped counts against all other tasks, closest-reference brevity penalty,
+                  NLTK's smoothing method1: epsilon 0.1 added to a zero n-gram match count) on
+                  whitespace tokens, averaged (lower = more diverse);
   Distinct-3      distinct word trigrams / all word trigrams;
   top-topic rate  share of the most common topic. Deviation: topics come from a rule (the first
-                  matching operation family in the program, see `topic`), not an LLM classifier.
-Solvers: `model` (any checkpoint through the sampler; `solver.path`/`solver.preset`) or the
-programmatic `oracle` (the task's own f: always solves), `identity` (`def f(*a): return a[0]`)
-and `lookup` (a table of the shown pairs: scores 0, the hidden-split check).
+                  matching operation family in the program, see `topic`; math:
+                  `math_task.topic`), not an LLM classifier;
+  solver / oracles  what the solver and the oracles did (tasks, trials, answers that never came;
+                  endpoints: requests, retries, cache hits, tokens).
+Solvers (rossjax.train.solvers): `model` (a checkpoint on the rollout engine), `endpoint` (an
+OpenAI-compatible server), `fn` (module:function), or the programmatic `oracle` (the task's own
+answer: always solves), `identity` and `lookup` (induction: a table of the shown pairs, scores
+0, the hidden-split check).
 
 Policy mode (`mode=policy`): K answers per task of a task file, verified by the curation
 verifiers; reports pass@k (unbiased estimator) for k in `ks`, coverage (share of tasks solved
@@ -37,7 +51,10 @@ import numpy as np
 
 from rossjax.errors import ConfigError
 from rossjax.train import solvers
-from rossjax.verify import induction_task
+from rossjax.verify import generator_context, induction_task, math_oracle, math_task
+
+DOMAINS = ("induction", "math")
+EPSILON = 0.1  # NLTK SmoothingFunction().method1's default, as Montahaei et al. use it
 
 _TOPICS = (("string", r"str\(|\.join|\.split|\.upper|\.lower|\[::-1\]|'"),
            ("sorting", r"sorted\(|\.sort\("), ("list", r"\[|append|len\("),
@@ -50,34 +67,69 @@ def _ngrams(toks, n):
     return collections.Counter(tuple(toks[i:i + n]) for i in range(len(toks) - n + 1))
 
 
-def bleu(hyp: list[str], refs: list[list[str]], max_n: int = 3) -> float:
-    """Sentence BLEU with clipped counts over several references, closest reference length."""
-    if not hyp or not refs:
-        return 0.0
+def _log_precisions(hyp_grams, best, max_n: int):
+    """log p_n for n = 1..max_n with NLTK's method1 smoothing, or None when no unigram matches
+    (NLTK returns 0 then). `best(n, gram)` is the gram's largest count in any reference."""
     logs = []
     for n in range(1, max_n + 1):
-        h = _ngrams(hyp, n)
-        total = sum(h.values())
-        if total == 0:
-            return 0.0
-        best = collections.Counter()
-        for r in refs:
-            for g, c in _ngrams(r, n).items():
-                best[g] = max(best[g], c)
-        clipped = sum(min(c, best[g]) for g, c in h.items())
-        if clipped == 0:
-            return 0.0
-        logs.append(math.log(clipped / total))
-    ref_len = min((abs(len(r) - len(hyp)), len(r)) for r in refs)[1]
-    bp = 1.0 if len(hyp) > ref_len else math.exp(1 - ref_len / len(hyp))
-    return bp * math.exp(sum(logs) / max_n)
+        h = hyp_grams[n - 1]
+        clipped = sum(min(c, best(n, g)) for g, c in h.items())
+        if n == 1 and clipped == 0:
+            return None
+        total = max(1, sum(h.values()))  # NLTK: a hypothesis shorter than n counts 0 / 1
+        logs.append(math.log((clipped if clipped else EPSILON) / total))
+    return logs
+
+
+def _bp(hyp_len: int, ref_lens) -> float:
+    ref_len = min(ref_lens, key=lambda r: (abs(r - hyp_len), r))  # closest, ties to the shorter
+    if hyp_len > ref_len:
+        return 1.0
+    return 0.0 if hyp_len == 0 else math.exp(1 - ref_len / hyp_len)
+
+
+def bleu(hyp: list[str], refs: list[list[str]], max_n: int = 3) -> float:
+    """Sentence BLEU with clipped counts over several references, closest reference length,
+    uniform weights and NLTK's smoothing method1 (= nltk sentence_bleu(refs, hyp,
+    (1/max_n,)*max_n, SmoothingFunction().method1))."""
+    if not hyp or not refs:
+        return 0.0
+    ref_grams = [[_ngrams(r, n) for r in refs] for n in range(1, max_n + 1)]
+    logs = _log_precisions([_ngrams(hyp, n) for n in range(1, max_n + 1)],
+                           lambda n, g: max(rg[g] for rg in ref_grams[n - 1]), max_n)
+    if logs is None:
+        return 0.0
+    return _bp(len(hyp), [len(r) for r in refs]) * math.exp(math.fsum(logs) / max_n)
 
 
 def self_bleu(texts: list[str], n: int = 3) -> float:
+    """Self-BLEU-n (Montahaei et al.): the mean over texts of `bleu(text, all other texts)`.
+    Each n-gram's largest and second-largest counts over all texts (and who holds the largest)
+    give the largest count among the *others* in O(1), so the whole is linear in the tokens."""
     toks = [t.split() for t in texts]
     if len(toks) < 2:
         return 0.0
-    return float(np.mean([bleu(toks[i], toks[:i] + toks[i + 1:], n) for i in range(len(toks))]))
+    grams = [[_ngrams(t, m) for m in range(1, n + 1)] for t in toks]
+    top: list[dict] = [{} for _ in range(n)]  # gram -> (largest, holder, second largest)
+    for i, per in enumerate(grams):
+        for m in range(n):
+            for g, c in per[m].items():
+                c1, who, c2 = top[m].get(g, (0, -1, 0))
+                top[m][g] = (c, i, c1) if c > c1 else (c1, who, max(c2, c))
+    lens = [len(t) for t in toks]
+    scores = []
+    for i, per in enumerate(grams):
+        if not toks[i]:
+            scores.append(0.0)
+            continue
+
+        def best(m, g, i=i):
+            c1, who, c2 = top[m - 1][g]
+            return c2 if who == i else c1
+        logs = _log_precisions(per, best, n)
+        others = lens[:i] + lens[i + 1:]
+        scores.append(0.0 if logs is None else _bp(lens[i], others) * math.exp(math.fsum(logs) / n))
+    return float(np.mean(scores))
 
 
 def distinct_n(texts: list[str], n: int = 3) -> float:
@@ -136,45 +188,87 @@ def check_config(c):
     """One-sentence ConfigErrors for an eval-generator config, before any model loads."""
     if c.mode not in ("generator", "policy"):
         raise ConfigError(f"config.mode {c.mode!r} is not generator or policy.")
-    if c.solver.kind not in solvers.KINDS:
-        raise ConfigError(f"config.solver.kind {c.solver.kind!r} is not one of "
-                          f"{', '.join(solvers.KINDS)}.")
+    if c.get("domain", "induction") not in DOMAINS:
+        raise ConfigError(f"config.domain {c.domain!r} is not one of {', '.join(DOMAINS)}.")
     for field in ("num_tasks", "k", "max_new_tokens"):
         if c[field] < 1:
             raise ConfigError(f"config.{field} is {c[field]}; it must be at least 1.")
     if not 0 <= c.lo <= c.hi <= 1:
         raise ConfigError(f"config.lo {c.lo} and config.hi {c.hi} must satisfy 0 <= lo <= hi <= 1.")
     induction_task.protocol_from(c.get("induction"))
-    needed = [("generator", c.generator)] if c.mode == "generator" else []
-    if c.solver.kind == "model" or c.mode == "policy":  # policy mode samples solver.path/preset
-        needed.append(("solver", c.solver))
-    for name, m in needed:
-        if not (m.path or m.preset):
-            raise ConfigError(f"config.{name}.path and config.{name}.preset are both empty; give a "
-                              f"model folder or a preset name.")
+    if c.mode == "policy":  # policy mode samples solver.path/preset itself
+        if not (c.solver.path or c.solver.preset):
+            raise ConfigError("config.solver.path and config.solver.preset are both empty; give a "
+                              "model folder or a preset name.")
+        return
+    solvers.check_section(c.solver, "config.solver")
+    if not (c.generator.path or c.generator.preset):
+        raise ConfigError("config.generator.path and config.generator.preset are both empty; give "
+                          "a model folder or a preset name.")
+    if c.get("domain") == "math":
+        for name in ("a", "b"):
+            solvers.check_section(c.oracles[name], f"config.oracles.{name}")
+
+
+def generator_texts(c, tok, protocol) -> list[str]:
+    """num_tasks answers of the generator, each prompted with its own context (the same draws
+    GRPO makes for the same seed and index); one fixed instruction: one prompt, sampled
+    num_tasks times."""
+    math = c.get("domain") == "math"
+    domain = "math" if math else "induction"
+    section = c.get("math") if math else c.get("induction")
+    ctx = generator_context.context_from(section, domain, c.seed, f"config.{domain}")
+    mc, params = _model(c.generator, tok, c.seed, "config.generator")
+
+    def prompt(shown):
+        return (math_task.generator_prompt(shown) if math
+                else induction_task.generator_prompt(protocol, shown))
+    if ctx.kind == "instruction":
+        return _sample(mc, params, tok, [[{"role": "user", "content": prompt([])}]],
+                       c.num_tasks, c, c.seed)
+    msgs = [[{"role": "user", "content": prompt(ctx.examples(i))}] for i in range(c.num_tasks)]
+    return _sample(mc, params, tok, msgs, 1, c, c.seed)
 
 
 def evaluate_generator(c) -> dict:
-    """Sample tasks, gate them (check_task), build each valid one's solver task (5 shown pairs +
-    message, 5 hidden inputs) and count the solver's successes on the hidden inputs in K trials."""
+    """Sample tasks, gate them, give each valid one its solver task (induction: 5 shown pairs +
+    message, 5 hidden inputs; math: the oracles' agreed reference) and count the solver's
+    successes in K trials."""
     protocol = induction_task.protocol_from(c.get("induction"))
     tok = solvers.load_tokenizer(c.tokenizer, c.workdir)
-    mc, params = _model(c.generator, tok, c.seed, "config.generator")
-    msgs = [[{"role": "user", "content": induction_task.generator_prompt(protocol)}]]
-    texts = _sample(mc, params, tok, msgs, c.num_tasks, c, c.seed)
-    tasks = [induction_task.parse_generated_task(t) for t in texts]
-    valid = [bool(induction_task.check_task(t, protocol).passed) for t in tasks]
-    solver_tasks = [induction_task.solver_task(t, protocol, f"gen-{i}") if ok else None
-                    for i, (t, ok) in enumerate(zip(tasks, valid))]
+    texts = generator_texts(c, tok, protocol)
     solver = solvers.Solver(c.solver, tok, c, c.seed)
+    out = {"mode": "generator", "domain": c.get("domain", "induction"), "tasks": len(texts),
+           "k": c.k}
+    if c.get("domain") == "math":
+        tasks = [math_task.parse_generated_problem(t) for t in texts]
+        gate = [bool(math_task.check_problem(t).passed) for t in tasks]
+        asked = [math_task.solver_task(t["problem"], f"gen-{i}") if ok else None
+                 for i, (t, ok) in enumerate(zip(tasks, gate))]
+        oracles = [solvers.Solver(c.oracles[n], tok, c, c.seed, f"config.oracles.{n}")
+                   for n in "ab"]
+        labels = solvers.oracle_labels(oracles, asked, c.oracles.attempts, c.seed)
+        solver_tasks = [math_task.solver_task(a["problem"], a["id"], lab.reference)
+                        if lab is not None and lab.status == "agreed" else None
+                        for a, lab in zip(asked, labels)]
+        topics = [math_task.topic(t["problem"]) for t, ok in zip(tasks, gate) if ok]
+        out["gate_rate"] = float(np.mean(gate))  # W alone, before the oracles
+        out["oracles"] = {"a": oracles[0].report(), "b": oracles[1].report(),
+                          **{s: sum(lab is not None and lab.status == s for lab in labels)
+                             for s in math_oracle.STATUSES}}
+    else:
+        tasks = [induction_task.parse_generated_task(t) for t in texts]
+        gate = [bool(induction_task.check_task(t, protocol).passed) for t in tasks]
+        solver_tasks = [induction_task.solver_task(t, protocol, f"gen-{i}") if ok else None
+                        for i, (t, ok) in enumerate(zip(tasks, gate))]
+        topics = [topic(t["program"]) for t in tasks if t]
+    valid = [t is not None for t in solver_tasks]
     solved = [sum(bool(x) for x in row)
               for row in solvers.trials(solver, solver_tasks, c.k, c.seed)]
-    good = [t["program"] for t in tasks if t]
-    return {"mode": "generator", "tasks": len(tasks), "k": c.k,
-            "utility_rate": utility_rate(solved, valid, c.k, c.lo, c.hi),
+    return {**out, "utility_rate": utility_rate(solved, valid, c.k, c.lo, c.hi),
             "validity_rate": float(np.mean(valid)), "self_bleu3": self_bleu(texts),
-            "distinct3": distinct_n(texts), "top_topic_rate": top_topic_rate([topic(p) for p in good]),
-            "solve_counts": solved}
+            "distinct3": distinct_n(texts), "top_topic_rate": top_topic_rate(topics),
+            "solver": solver.report(), "solve_counts": solved}
 
 
 def evaluate_policy(c) -> dict:

@@ -102,7 +102,8 @@ class Loop:
         ckpt_dir = os.path.join(workdir, "checkpoints")
         workdir_lib.prepare(workdir, "grpo", ckpt_dir, lead=self.lead)
         self.source = rollout.TaskSource(cfg.data.tasks, cfg.data.seed,  # a bad task file fails first
-                                         induction=cfg.data.get("induction"))
+                                         induction=cfg.data.get("induction"),
+                                         math=cfg.data.get("math"))
         self.ckpt = ckpt_lib.Checkpointer(ckpt_dir, save_every=cfg.checkpoint.save_every,
                                           keep=cfg.checkpoint.keep,
                                           async_save=cfg.checkpoint.async_save)

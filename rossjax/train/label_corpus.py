@@ -1,22 +1,33 @@
-"""`rossjax label-corpus`: a pool of generated induction tasks -> K solver trials per task under
-the AZR protocol -> the label file `rossjax probe-sweep` reads, plus the rows `rossjax extract`
-reads, with the same ids, so the activation store and the labels join without hand assembly.
+"""`rossjax label-corpus`: a pool of generated tasks -> K solver trials per task -> the label
+file `rossjax probe-sweep` reads, plus the rows `rossjax extract` reads, with the same ids, so
+the activation store and the labels join without hand assembly.
 
-Pool rows (JSONL/.gz): a task object {"id", "program", "inputs", "message"} or a record with
-"messages" whose last assistant message is the generator's answer (e.g. a GRPO run's
-history.jsonl; its `rewards.probe_score` and `source.step` are carried over). Each task is gated
-(`check_task`), split (5 shown pairs + the message, 5 hidden inputs), tried K times by the solver
-(rossjax.train.solvers) and each trial scored on the hidden inputs only.
+Domains (`config.domain`):
+  induction  pool rows are task objects {"id", "program", "inputs", "message"} or generator
+             records; each task is gated (`check_task`), split (5 shown pairs + the message, 5
+             hidden inputs), tried K times and each trial scored on the hidden inputs only;
+  math       pool rows are {"id", "problem"} or generator records (the generator wrote the
+             problem only); each problem is gated (`check_problem`), answered twice by each of
+             two oracles (`config.oracles.a` / `.b`), given the agreed answer as its reference
+             when all four agree under math-verify (rossjax/verify/math_oracle.py; else invalid:
+             oracle disagreement / oracle failure), then tried K times against it.
+A record row ("messages": the last assistant message is the generator's answer, e.g. a GRPO
+run's history.jsonl) keeps its `rewards.probe_score` and `source.step`. Solvers:
+rossjax.train.solvers (model, endpoint, fn, and the programmatic checks).
 
 Outputs (in the output dir):
   labels.jsonl   {"id", "trials": [true|false|null x K], "valid": 0|1, ("invalid_reason"), "group", "family",
-                  ["probe_score", "step"]}: an invalid task has no trials (min_valid drops it
-                  from probe training; `valid` is the gate W the sweep's RVP reward uses);
+                  ["probe_score", "step"], (math: "reference", "oracle": status)}: an invalid
+                  task has no trials (min_valid drops it from probe training; `valid` is the
+                  gate W the sweep's RVP reward uses);
   inputs.jsonl   {"id", "input_ids", "text"}: the task rendered as the probe reads it in GRPO
                   (`reward.probe.render=task`: the canonical task text as a user turn, chat
                   template up to the assistant's answer) — `rossjax extract --config.input=` this;
-  tasks.jsonl    the solver tasks (shown pairs, prompt, hidden inputs) for inspection;
-  report.json    counts, validity rate, band rate.
+  tasks.jsonl    the solver tasks (induction: shown pairs, prompt, hidden inputs; math: problem,
+                  prompt, reference) for inspection;
+  report.json    counts, validity rate, band rate, the solver's trials (`solver`) and the
+                  oracles' (`oracles`: their trials and how many problems agreed, disagreed or
+                  failed).
 """
 
 from __future__ import annotations
@@ -29,10 +40,17 @@ import numpy as np
 from rossjax.errors import ConfigError, InputError
 from rossjax.train import rollout, solvers
 from rossjax.train.eval_generator import topic
-from rossjax.verify import induction_task
+from rossjax.verify import induction_task, math_oracle, math_task
+
+DOMAINS = ("induction", "math")
 
 
-def read_pool(path: str) -> list[dict]:
+def _parse_record(text: str, domain: str):
+    return (math_task.parse_generated_problem(text) if domain == "math"
+            else induction_task.parse_generated_task(text))
+
+
+def read_pool(path: str, domain: str = "induction") -> list[dict]:
     """[{id, task (parsed or None), text, extra}] from a pool file (see module doc)."""
     from rossjax.curate.schema import iter_json_lines
 
@@ -50,19 +68,24 @@ def read_pool(path: str) -> list[dict]:
         extra = {}
         if isinstance(obj.get("messages"), list):
             text = obj["messages"][-1].get("content") or "" if obj["messages"] else ""
-            task = induction_task.parse_generated_task(text)
+            task = _parse_record(text, domain)
             r = obj.get("rewards") or {}
             if "probe_score" in r:
                 extra["probe_score"] = r["probe_score"]
             if "step" in (obj.get("source") or {}):
                 extra["step"] = obj["source"]["step"]
-        elif isinstance(obj.get("program"), str) and isinstance(obj.get("inputs"), list):
+        elif domain == "math" and isinstance(obj.get("problem"), str):
+            task = {"problem": obj["problem"].strip()}
+            text = math_task.task_text(task)
+        elif domain == "induction" and isinstance(obj.get("program"), str) and isinstance(
+                obj.get("inputs"), list):
             task = {"program": obj["program"], "inputs": [str(x) for x in obj["inputs"]],
                     "message": obj.get("message") or ""}
             text = induction_task.task_text(task)
         else:
-            raise InputError(f"{path} row {n}: needs 'messages' (a generator record) or "
-                             "'program' + 'inputs' (a task).")
+            want = "'problem'" if domain == "math" else "'program' + 'inputs'"
+            raise InputError(f"{path} row {n}: needs 'messages' (a generator record) or {want} "
+                             f"(a {domain} task).")
         if "group" in obj:
             extra["group"] = str(obj["group"])
         out.append({"id": obj["id"], "task": task, "text": text, "extra": extra})
@@ -71,9 +94,11 @@ def read_pool(path: str) -> list[dict]:
     return out
 
 
-def probe_input(task: dict | None, text: str, tok, template: str) -> tuple[list[int], str]:
+def probe_input(task: dict | None, text: str, tok, template: str,
+                domain: str = "induction") -> tuple[list[int], str]:
     """Token ids and text of what the probe reads for a task (grpo_setup's render="task")."""
-    content = induction_task.task_text(task) if task else (text or " ")
+    canon = math_task.task_text if domain == "math" else induction_task.task_text
+    content = canon(task) if task else (text or " ")
     rendered = rollout.render_prompt([{"role": "user", "content": content}], template, tok)
     return tok.encode(rendered), rendered
 
@@ -84,20 +109,26 @@ def _write_jsonl(path, rows):
             f.write(json.dumps(r) + "\n")
 
 
-def run(c, workdir: str = "") -> dict:
-    """`rossjax label-corpus` (configs/label_corpus.py): returns the report plus "output"."""
-    out = c.output or (os.path.join(workdir, "label_corpus") if workdir else "")
+def check_config(c, out: str):
+    if c.domain not in DOMAINS:
+        raise ConfigError(f"configs/label_corpus.py: field 'domain' is {c.domain!r}, not one of "
+                          f"{', '.join(DOMAINS)}.")
     if not c.pool or not out:
         raise ConfigError("configs/label_corpus.py: fields 'pool' and 'output' (or --workdir) must be set.")
     if c.k < 1:
         raise ConfigError(f"configs/label_corpus.py: field 'k' is {c.k}; it must be at least 1.")
-    if c.solver.kind not in solvers.KINDS:
-        raise ConfigError(f"configs/label_corpus.py: field 'solver.kind' is {c.solver.kind!r}, not "
-                          f"one of {', '.join(solvers.KINDS)}.")
+    solvers.check_section(c.solver, "config.solver")
+    if c.domain == "math":
+        for name in ("a", "b"):
+            solvers.check_section(c.oracles[name], f"config.oracles.{name}")
+        if c.oracles.attempts < 1:
+            raise ConfigError(f"config.oracles.attempts is {c.oracles.attempts}; it must be at "
+                              f"least 1.")
+
+
+def induction_tasks(c, pool):
+    """(valid, solver tasks, invalid reasons, {}) of an induction pool."""
     protocol = induction_task.protocol_from(c.induction)
-    pool = read_pool(c.pool)
-    os.makedirs(out, exist_ok=True)
-    tok = solvers.load_tokenizer(c.tokenizer, out)
     checks = [induction_task.check_task(p["task"], protocol) for p in pool]
     valid = [bool(v.passed) for v in checks]
     stasks = [induction_task.solver_task(p["task"], protocol, p["id"]) if ok else None
@@ -106,28 +137,67 @@ def run(c, workdir: str = "") -> dict:
     why = [None if ok and t is not None else
            (v.evidence if not ok else "the task gives no hidden inputs to solve")
            for ok, t, v in zip(valid, stasks, checks)]
-    valid = [ok and t is not None for ok, t in zip(valid, stasks)]
+    return [ok and t is not None for ok, t in zip(valid, stasks)], stasks, why, {}
+
+
+def math_tasks(c, pool, tok):
+    """(valid, solver tasks, invalid reasons, oracle report) of a math pool: W, then the
+    two-oracle reference policy on the problems that pass it."""
+    checks = [math_task.check_problem(p["task"]) for p in pool]
+    asked = [math_task.solver_task(p["task"]["problem"], p["id"]) if v.passed else None
+             for p, v in zip(pool, checks)]
+    oracles = [solvers.Solver(c.oracles[n], tok, c, c.seed, f"config.oracles.{n}") for n in "ab"]
+    labels = solvers.oracle_labels(oracles, asked, c.oracles.attempts, c.seed, c.batch_tasks)
+    stasks, why = [], []
+    for p, v, lab in zip(pool, checks, labels):
+        ok = lab is not None and lab.status == "agreed"
+        stasks.append(math_task.solver_task(p["task"]["problem"], p["id"], lab.reference)
+                      if ok else None)
+        why.append(None if ok else (lab.reason if lab is not None else v.evidence))
+    counts = {s: sum(lab is not None and lab.status == s for lab in labels)
+              for s in math_oracle.STATUSES}
+    report = {"a": oracles[0].report(), "b": oracles[1].report(),
+              "attempts": c.oracles.attempts, **counts}
+    return [t is not None for t in stasks], stasks, why, {"labels": labels, "report": report}
+
+
+def run(c, workdir: str = "") -> dict:
+    """`rossjax label-corpus` (configs/label_corpus.py): returns the report plus "output"."""
+    out = c.output or (os.path.join(workdir, "label_corpus") if workdir else "")
+    check_config(c, out)
+    pool = read_pool(c.pool, c.domain)
+    os.makedirs(out, exist_ok=True)
+    tok = solvers.load_tokenizer(c.tokenizer, out)
+    math = c.domain == "math"
+    valid, stasks, why, oracle = math_tasks(c, pool, tok) if math else induction_tasks(c, pool)
     solver = solvers.Solver(c.solver, tok, c, c.seed)
     trials = solvers.trials(solver, stasks, c.k, c.seed, c.batch_tasks)
     labels, inputs = [], []
-    for p, ok, tr, reason in zip(pool, valid, trials, why):
-        fam = topic(p["task"]["program"]) if p["task"] else "unparsed"
+    for n, (p, ok, tr, reason) in enumerate(zip(pool, valid, trials, why)):
+        if math:
+            fam = math_task.topic(p["task"]["problem"]) if p["task"] else "unparsed"
+            lab = oracle["labels"][n]
+            extra = {"oracle": lab.status if lab else "not asked",
+                     **({"reference": lab.reference} if lab and lab.reference else {})}
+        else:
+            fam = topic(p["task"]["program"]) if p["task"] else "unparsed"
+            extra = {}
         labels.append({"id": p["id"], "trials": tr, "valid": int(ok),
                        **({"invalid_reason": reason} if not ok else {}),
-                       "group": p["extra"].get("group", p["id"]), "family": fam,
+                       "group": p["extra"].get("group", p["id"]), "family": fam, **extra,
                        **{k: v for k, v in p["extra"].items() if k != "group"}})
-        ids, text = probe_input(p["task"], p["text"], tok, c.template)
+        ids, text = probe_input(p["task"], p["text"], tok, c.template, c.domain)
         inputs.append({"id": p["id"], "input_ids": ids, "text": text})
     _write_jsonl(os.path.join(out, "labels.jsonl"), labels)
     _write_jsonl(os.path.join(out, "inputs.jsonl"), inputs)
     _write_jsonl(os.path.join(out, "tasks.jsonl"), [t for t in stasks if t is not None])
     k_lo, k_hi = c.lo * c.k - 1e-9, c.hi * c.k + 1e-9
     solved = [sum(bool(x) for x in tr) for tr in trials]
-    report = {"tasks": len(pool), "valid": int(sum(valid)), "k": c.k, "solver": c.solver.kind,
-              "validity_rate": float(np.mean(valid)),
+    report = {"tasks": len(pool), "valid": int(sum(valid)), "k": c.k, "domain": c.domain,
+              "solver": solver.report(), "validity_rate": float(np.mean(valid)),
               "invalid": {lab["id"]: lab["invalid_reason"] for lab in labels if not lab["valid"]},
               "band_rate": float(np.mean([ok and k_lo <= s <= k_hi for ok, s in zip(valid, solved)])),
-              "protocol": dict(c.induction)}
+              **({"oracles": oracle["report"]} if math else {"protocol": dict(c.induction)})}
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     return {**report, "output": out}

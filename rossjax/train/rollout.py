@@ -6,7 +6,11 @@
               \\boxed{}; math verifier), `gen:induction` (PROPEL: ask the generator model for a
               function-induction task under the AZR protocol, rossjax.verify.induction_task:
               program, 10 inputs, a message; validity = its `check_task`), `gen:math_task`
-              (PROPEL Math: ask for a problem + \\boxed{} answer; `math_validity`);
+              (PROPEL Math: ask for a problem only, no answer; `math_validity`). Generator
+              contexts (rossjax.verify.generator_context): Math shows two example problems
+              drawn per task from a pool (`math` section: context, examples, n_examples);
+              gen:induction with `induction.context=paper` shows AZR's seed function, reference
+              tasks and the banned imports (default: the one fixed instruction);
   prompts     the chat template renders the prompt messages plus an empty assistant turn and is
               cut where the assistant's content starts, so prompt + completion + end marker
               spell exactly what `rossjax curate` renders for the finished record;
@@ -26,7 +30,7 @@ import numpy as np
 
 from rossjax.errors import ConfigError, InputError
 from rossjax.templates import render_chat
-from rossjax.verify import induction_task, math_task
+from rossjax.verify import generator_context, induction_task, math_task
 
 _LETTERS = "abcdefgh"
 
@@ -37,11 +41,17 @@ class TaskSource:
     """An endless, seeded, resumable stream of tasks; `state()` / `set_state()` for checkpoints."""
 
     def __init__(self, spec: str, seed: int = 0, field: str = "config.data.tasks",
-                 induction=None):
+                 induction=None, math=None):
         self.spec, self.seed, self.index = spec, int(seed), 0
         # gen:induction: the protocol (n_inputs, n_visible, split) rides on each task object, so
         # the validity reward in the worker processes checks the same one.
         self.protocol = induction_task.protocol_from(induction)
+        self._context = None  # the generator's in-context examples (gen:math_task, gen:induction)
+        if spec == "gen:math_task":
+            self._context = generator_context.context_from(math, "math", seed, "config.data.math")
+        elif spec == "gen:induction":
+            self._context = generator_context.context_from(induction, "induction", seed,
+                                                           "config.data.induction", "instruction")
         self._rows = None
         if not spec.startswith("gen:"):
             self._rows = read_tasks(spec, field)
@@ -66,11 +76,14 @@ class TaskSource:
             return {"id": f"arith-{i}", "domain": "math",
                     "prompt": f"What is {a} + {b}? Put the final answer in \\boxed{{}}.",
                     "reference": str(a + b)}
+        shown = self._context.examples(i)
+        context = {"context": [e["id"] for e in shown]} if shown else {}
         if self.spec == "gen:math_task":
-            return {"id": f"math-gen-{i}", "domain": "math_gen", "prompt": math_task.GENERATOR_PROMPT}
+            return {"id": f"math-gen-{i}", "domain": "math_gen",
+                    "prompt": math_task.generator_prompt(shown), **context}
         return {"id": f"induction-gen-{i}", "domain": "induction_gen",
-                "prompt": induction_task.generator_prompt(self.protocol),
-                "protocol": dataclasses.asdict(self.protocol)}
+                "prompt": induction_task.generator_prompt(self.protocol, shown),
+                "protocol": dataclasses.asdict(self.protocol), **context}
 
     def next(self, n: int) -> list[dict]:
         out = [self._make(self.index + k) for k in range(n)]

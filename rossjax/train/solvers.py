@@ -1,22 +1,35 @@
-"""Solvers for induction tasks under the AZR protocol, and their K trials per task: what
-`rossjax eval-generator` (utility rate) and `rossjax label-corpus` (U_S labels) both run.
+"""Solvers for PROPEL's tasks and their K trials per task: what `rossjax eval-generator` (utility
+rate), `rossjax label-corpus` (U_S labels) and the Math oracles (reference answers) all run.
 
-Kinds: `model` (a checkpoint through the sampler: `path` or `preset`), and three programmatic
-ones: `oracle` (answers with the task's own f: always solves), `identity` (returns its first
-argument) and `lookup` (a table of the visible pairs: never infers f, so it scores 0 on hidden
-inputs — the check that they are hidden). A trial is True/False, or None when the verifier could
-not decide (the reference run failed).
+Kinds (`section.kind`):
+  model     a local rossjax checkpoint (`path`, or a `preset` sized to the tokenizer) sampled on
+            the rollout engine (rossjax.sample.generate), all of a batch's K answers at once;
+  endpoint  an OpenAI-compatible chat-completions endpoint (`section.endpoint`: base_url, model,
+            api_key_env, temperature, max_tokens, ...) through rossjax.review's client
+            (retries, one deadline per request, credentials scrubbed, optional cache); trial j
+            sends `seed + j`, so K trials are K different requests (and cache entries);
+  fn        a Python callable `module:function` (`section.fn`), `(task, k, seed) -> [k texts]`;
+  oracle    the task's own answer (induction: its f; math: \\boxed{reference}): always solves;
+  identity  (induction) returns its first argument;
+  lookup    (induction) a table of the visible pairs: never infers f, so it scores 0 on hidden
+            inputs (the check that they are hidden).
+A trial is True/False, or None when it could not be decided (the reference run failed, or the
+endpoint gave no answer: its request failed). `Solver.stats` counts tasks, trials, answers that
+never came and, for endpoints, requests, retries, cache hits and tokens: every report carries it.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import os
 
 from rossjax.errors import ConfigError
-from rossjax.verify import induction_task
+from rossjax.verify import induction_task, math_oracle
 from rossjax.verify.induction import verify
 
-KINDS = ("model", "oracle", "identity", "lookup")
+KINDS = ("model", "endpoint", "fn", "oracle", "identity", "lookup")
+_INDUCTION_ONLY = ("identity", "lookup")
 
 
 def load_model(section, tok, seed, field):
@@ -50,34 +63,167 @@ def sample_texts(mc, params, tok, prompts_msgs, n, c, seed, template="chatml"):
     return [tok.decode([t for t in s if t != tok.eos_id]) for s in gen.sequences()]
 
 
+def check_section(section, field: str = "config.solver"):
+    """One-sentence ConfigErrors for a solver section, before any model loads."""
+    kind = section.get("kind")
+    if kind not in KINDS:
+        raise ConfigError(f"{field}.kind {kind!r} is not one of {', '.join(KINDS)}.")
+    if kind == "model" and not (section.get("path") or section.get("preset")):
+        raise ConfigError(f"{field}.path and {field}.preset are both empty; give a model folder "
+                          f"or a preset name (or another {field}.kind).")
+    if kind == "fn" and not section.get("fn"):
+        raise ConfigError(f"{field}.fn is empty; give the solver as module:function.")
+    if kind == "endpoint" and not (section.get("endpoint") or {}).get("model"):
+        raise ConfigError(f"{field}.endpoint.model is empty: name the model the endpoint serves.")
+
+
+def _messages(task: dict, system: str) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": task["prompt"]}]
+
+
 class Solver:
-    """`answers(solver_tasks, k, seed) -> [[k texts] per task]` for one configured solver."""
+    """`answers(solver_tasks, k, seed) -> [[k texts (None: no answer came)] per task]` for one
+    configured solver; `stats` counts what it did."""
 
     def __init__(self, section, tok, c, seed: int = 0, field: str = "config.solver"):
         if section.kind not in KINDS:
             raise ConfigError(f"{field}.kind {section.kind!r} is not one of {', '.join(KINDS)}.")
         self.section, self.tok, self.c, self.seed, self.field = section, tok, c, seed, field
         self._model = None
+        self._clients = {}  # endpoint: one client per trial seed
+        self._fn = None
+        self.stats = collections.Counter(tasks=0, trials=0, no_answer=0)
+        self.errors: list[str] = []  # the first few failed requests, for the report
+        if section.kind == "fn":
+            from rossjax.verify.rewards import load_custom
 
-    def answers(self, tasks: list[dict], k: int, seed: int) -> list[list[str]]:
-        """k answers for each task; a model solver samples all of them in one batch."""
+            self._fn = load_custom(section.get("fn", ""), field=f"{field}.fn")
+        if section.kind == "endpoint":
+            e = section.get("endpoint")
+            if e is None or not e.get("model"):
+                raise ConfigError(f"{field}.endpoint.model is empty: name the model the endpoint "
+                                  f"serves.")
+            if "seed" in _extra(e, field):
+                raise ConfigError(f"{field}.endpoint.extra_body sets 'seed'; the solver sends its "
+                                  f"own per trial (seed + trial index).")
+            self._client(seed)  # a bad URL or setting fails here, before any model loads
+
+    def _client(self, seed: int):
+        from rossjax.review.client import ReviewerClient
+
+        if seed not in self._clients:
+            e = self.section.endpoint
+            self._clients[seed] = ReviewerClient(
+                base_url=e.get("base_url") or None, model=e.model,
+                api_key=os.environ.get(e.get("api_key_env") or "OPENAI_API_KEY", ""),
+                timeout_s=e.get("timeout_s", 300), max_retries=e.get("max_retries", 4),
+                temperature=e.get("temperature", 1.0), max_tokens=e.get("max_tokens", 4096),
+                cache_dir=e.get("cache_dir") or None,
+                extra_body={**_extra(e, self.field), "seed": int(seed)})
+        return self._clients[seed]
+
+    def answers(self, tasks: list[dict], k: int, seed: int) -> list[list[str | None]]:
+        """k answers for each task."""
         kind = self.section.kind
+        self.stats["tasks"] += len(tasks)
+        self.stats["trials"] += len(tasks) * k
+        if kind in _INDUCTION_ONLY and any(t.get("domain") == "math" for t in tasks):
+            raise ConfigError(f"{self.field}.kind {kind!r} is an induction check; math tasks need "
+                              f"model, endpoint, fn or oracle.")
         if kind == "oracle":
-            return [[f"```python\n{t['program']}\n```"] * k for t in tasks]
+            return [[_oracle_answer(t, self.field)] * k for t in tasks]
         if kind == "identity":
             return [["```python\ndef f(*a):\n    return a[0]\n```"] * k for t in tasks]
         if kind == "lookup":
             return [[induction_task.lookup_answer(t)] * k for t in tasks]
-        self._model = self._model or load_model(self.section, self.tok, self.seed + 1, self.field)
-        texts = sample_texts(*self._model, self.tok,
-                             [[{"role": "user", "content": t["prompt"]}] for t in tasks], k, self.c, seed)
+        if kind == "fn":
+            out = [self._fn_answers(t, k, seed) for t in tasks]
+        elif kind == "endpoint":
+            out = self._endpoint_answers(tasks, k, seed)
+        else:
+            self._model = self._model or load_model(self.section, self.tok, self.seed + 1,
+                                                    self.field)
+            system = self.section.get("system", "")
+            texts = sample_texts(*self._model, self.tok, [_messages(t, system) for t in tasks],
+                                 k, self.c, seed)
+            out = [texts[i * k:(i + 1) * k] for i in range(len(tasks))]
+        self.stats["no_answer"] += sum(a is None for row in out for a in row)
+        return out
+
+    def _fn_answers(self, task: dict, k: int, seed: int) -> list:
+        got = self._fn(task, k, seed)
+        if not isinstance(got, (list, tuple)) or len(got) != k or not all(
+                a is None or isinstance(a, str) for a in got):
+            raise TypeError(f"{self.field}.fn {self.section.get('fn')} must return a list of {k} texts "
+                            f"(str or None) for task {task.get('id')!r}, got {str(got)[:80]}.")
+        return list(got)
+
+    def _endpoint_answers(self, tasks, k, seed):
+        from rossjax.review.client import ReviewerError
+
+        system = self.section.get("system", "")
+
+        def one(job):
+            i, j = job
+            try:
+                return self._client(seed + j).ask(_messages(tasks[i], system), stage="solver").text
+            except ReviewerError as err:  # this trial has no answer; the run goes on
+                if len(self.errors) < 5:
+                    self.errors.append(f"task {tasks[i].get('id')!r} trial {j + 1}: {err}")
+                return None
+
+        jobs = [(i, j) for i in range(len(tasks)) for j in range(k)]
+        for j in range(k):
+            self._client(seed + j)  # made here: the pool's threads only read the dict
+        workers = max(1, int(self.section.endpoint.get("workers", 8)))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            texts = list(pool.map(one, jobs))
         return [texts[i * k:(i + 1) * k] for i in range(len(tasks))]
 
+    def report(self) -> dict:
+        """What the solver did: tasks, trials, answers that never came, and for an endpoint its
+        requests, retries, cache hits and tokens."""
+        out = {"kind": self.section.kind, **self.stats}
+        if self._clients:
+            tot = collections.Counter()
+            for cl in self._clients.values():
+                tot.update(cl.totals())
+            out["endpoint"] = {"url": next(iter(self._clients.values())).base_url, **tot}
+            out["errors"] = list(self.errors)
+        return out
 
-def judge(task: dict, answer: str) -> bool | None:
-    """One trial: the solver's answer scored on the task's hidden inputs only."""
-    return verify({"task": task, "messages": [{"role": "user", "content": task["prompt"]},
-                                              {"role": "assistant", "content": answer}]}).passed
+
+def _extra(e, field) -> dict:
+    from rossjax.review.client import parse_extra_body
+
+    try:
+        return parse_extra_body(e.get("extra_body"))
+    except ConfigError as err:
+        raise ConfigError(f"{field}.endpoint: {err}") from None
+
+
+def _oracle_answer(task: dict, field: str) -> str:
+    if task.get("domain") != "math":
+        return f"```python\n{task['program']}\n```"
+    if task.get("reference") is None:
+        raise ConfigError(f"{field}.kind 'oracle' answers with the task's reference, and a math "
+                          f"task being labelled has none; give the oracles a model, endpoint or fn.")
+    return f"\\boxed{{{task['reference']}}}"
+
+
+def judge(task: dict, answer: str | None) -> bool | None:
+    """One trial: an induction answer scored on the task's hidden inputs only; a math answer
+    against the task's reference (math-verify); no answer is undecided (None)."""
+    if answer is None:
+        return None
+    record = {"task": task, "messages": [{"role": "user", "content": task["prompt"]},
+                                         {"role": "assistant", "content": answer}]}
+    if task.get("domain") == "math":
+        from rossjax.verify.math_verifier import verify as math_verify
+
+        return math_verify(record).passed
+    return verify(record).passed
 
 
 def trials(solver: Solver, solver_tasks: list[dict | None], k: int, seed: int = 0,
@@ -92,3 +238,21 @@ def trials(solver: Solver, solver_tasks: list[dict | None], k: int, seed: int = 
         for i, ans in zip(chunk, answers):
             out[i] = [judge(solver_tasks[i], a) for a in ans]
     return out
+
+
+def oracle_labels(oracles: list[Solver], tasks: list[dict | None], attempts: int = math_oracle.ATTEMPTS,
+                  seed: int = 0, batch_tasks: int = 64, names=("a", "b")) -> list:
+    """The two-oracle reference policy (rossjax.verify.math_oracle) over math solver tasks
+    (without references): each oracle answers each task `attempts` times; an OracleLabel per
+    task, None for None (an invalid problem is not asked)."""
+    todo = [i for i, t in enumerate(tasks) if t is not None]
+    texts = {i: [] for i in todo}
+    for o, solver in enumerate(oracles):
+        for b in range(0, len(todo), max(1, batch_tasks)):
+            chunk = todo[b:b + batch_tasks]
+            # each oracle draws its own seeds: two copies of one model are two samples
+            got = solver.answers([tasks[i] for i in chunk], attempts, seed + 7919 * (o + 1) + b)
+            for i, row in zip(chunk, got):
+                texts[i].append(row)
+    return [math_oracle.agree(texts[i], names) if i in texts else None for i in range(len(tasks))]
+

@@ -19,7 +19,7 @@ import random
 
 from rossjax.errors import ConfigError
 from rossjax.verify.answers import _FENCE
-from rossjax.verify.induction import _run_f, task_valid
+from rossjax.verify.induction import BANNED_CALLS, BANNED_MODULES, _run_f, task_valid
 from rossjax.verify.verdict import Verdict
 
 SPLITS = ("first", "seeded")
@@ -45,7 +45,41 @@ def protocol_from(section) -> Protocol:
     return Protocol(**{k: d[k] for k in ("n_inputs", "n_visible", "split") if k in d})
 
 
-def generator_prompt(p: Protocol = Protocol()) -> str:
+SEED_PROGRAM = "def f(a):\n    return a"  # AZR's seed: the identity function
+SEED_INPUTS = ("'Hello World'", "[1, 2, 3]", "7")
+
+
+def _shown(t: dict, n: int) -> str:
+    return ("```python\n" + t["program"].rstrip("\n") + "\n```\n```inputs\n"
+            + "\n".join(list(t["inputs"])[:n]) + "\n```\n```message\n" + t["message"] + "\n```")
+
+
+def generator_prompt(p: Protocol = Protocol(), examples: list[dict] | None = None) -> str:
+    """The generator's prompt. Without `examples`: one fixed instruction. With them (the paper's
+    context, AZR-style): the task, the code requirements with the banned imports and calls
+    (`task_valid` refuses them), the seed function and the reference tasks (pool rows, each
+    shown with at most n_inputs inputs)."""
+    if examples:
+        refs = "\n\n".join(f"Reference {i}:\n{_shown(t, p.n_inputs)}"
+                            for i, t in enumerate(examples, 1))
+        seed = _shown({"program": SEED_PROGRAM, "inputs": SEED_INPUTS,
+                       "message": "the output is the input"}, p.n_inputs)
+        return (
+            "## Task: write a new function-induction task\n"
+            "Design a Python function f, new and different from the reference tasks below, that "
+            "takes real reasoning to recover from examples. Give f in a ```python block, then "
+            f"exactly {p.n_inputs} different inputs in an ```inputs block (one argument list per "
+            "line, e.g. [1, 2], 'a'), then a short hint for the solver in a ```message block. A "
+            f"solver will see {p.n_visible} of the inputs with their outputs and the hint, and "
+            f"must write an f that also gets the other {p.n_inputs - p.n_visible} right.\n\n"
+            "### Code requirements\n"
+            "- name the entry function f; it takes at least one argument and returns a value\n"
+            "- deterministic: no randomness, dates or times, I/O, printing or outside state; it "
+            "finishes in well under a second\n"
+            "- every input gives a different output\n"
+            f"- do not import or use these modules: {', '.join(BANNED_MODULES)}\n"
+            f"- do not call: {', '.join(BANNED_CALLS)}\n\n"
+            f"### Seed function\n{seed}\n\n### Reference tasks\n{refs}")
     return (f"Write a function-induction task. Give a Python function f in a ```python block, then "
             f"exactly {p.n_inputs} different test inputs in an ```inputs block, one argument list "
             "per line, e.g. [1, 2], 'a', then a short hint for the solver in a ```message block. "
