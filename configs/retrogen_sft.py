@@ -48,7 +48,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.optim.b2 = 0.999
     if "runlocal" in variants:
         c.data.seq_len = 256
-        c.train.global_batch = 2
+        c.train.global_batch = 8  # one packed row per device of the 8-device CPU mesh
         c.train.micro_batches = 1
         c.optim.peak_lr = 1e-3  # a random tiny model: see the loss move in a few steps
         c.optim.end_lr = 1e-4

@@ -393,3 +393,32 @@ def test_runlocal_serves_its_own_tiny_model_and_accounts_for_every_artifact(tmp_
     adds_up(rep)
     assert rep["input_rows"] == 6 and rep["requests"]["requests"] >= 6
     assert rep["model"]["model"] == "local" and "next: rossjax retrogen" in r.stdout
+
+
+@pytest.mark.slow
+def test_retrogen_sft_trains_on_the_serialized_rows_with_left_truncation(tmp_path, capsys):
+    """reconstruct -> retrogen -> curate (recipe positive_sft) -> train with
+    configs/retrogen_sft.py:runlocal: rows longer than seq_len keep their last tokens and every
+    kept token is supervised (loss over the sequence)."""
+    from rossjax import cli
+
+    with serve() as srv:
+        rc_run.run(config(srv.url, tmp_path), str(tmp_path / "rc"))
+    g = rg_config.get_config()
+    g.input, g.output = str(tmp_path / "rc" / "trajectories.jsonl"), str(tmp_path / "rg")
+    assert len(retrogen.run(g).kept) == 6
+    tok = write_ascii_tokenizer(str(tmp_path / "tok"))
+    assert cli.main(["curate", f"--config.input={tmp_path / 'rg' / 'retrogen.jsonl'}",
+                     "--config.recipe=positive_sft", f"--config.tokenizer={tok}",
+                     f"--config.output={tmp_path / 'cur'}", "--config.progress=False"]) == 0
+    cur = json.load(open(tmp_path / "cur" / "report.json"))
+    assert cur["buckets"]["kept"] == 6
+    assert cur["tokens"]["kept_supervised"] == cur["tokens"]["kept_total"]
+    capsys.readouterr()
+    assert cli.main(["train", "--config=configs/retrogen_sft.py:runlocal",
+                     f"--config.data.train={tmp_path / 'cur'}", "--config.train.num_steps=2",
+                     f"--workdir={tmp_path / 'w'}"]) == 0
+    err = capsys.readouterr().err
+    assert "6 of 6 rows longer than data.seq_len=256" in err and "truncated" in err
+    rows = [json.loads(x) for x in open(tmp_path / "w" / "too_long.jsonl")]
+    assert len(rows) == 6 and {r["result"] for r in rows} == {"truncated"}
