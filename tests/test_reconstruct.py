@@ -347,6 +347,61 @@ def test_resume_asks_nothing_twice_and_lists_each_artifact_once(tmp_path):
     assert other["resumed"] == 0 and other["buckets"]["kept"] == 6
 
 
+def test_a_killed_run_resumes_from_its_journal_and_cache(tmp_path):
+    """SIGKILL of `rossjax reconstruct` in the middle of an artifact: the rerun settles the
+    journaled artifacts without asking, replays the cut-off artifact's answered requests from
+    the cache, asks only the rest, and lists every artifact once."""
+    import signal
+
+    box, first = {}, 25
+
+    def kill_at(n, body):
+        if n == first and "proc" in box and box["proc"].poll() is None:
+            os.kill(box["proc"].pid, signal.SIGKILL)  # the process this test started
+            return False
+        return True
+
+    argv = [sys.executable, "-m", "rossjax.cli", "reconstruct", f"--workdir={tmp_path / 'w'}",
+            "--config.endpoint.model=scripted", "--config.endpoint.concurrency=1",
+            "--config.endpoint.max_retries=0", "--config.progress=False"]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    with serve(on_request=kill_at) as srv:
+        box["proc"] = subprocess.Popen([*argv, f"--config.endpoint.base_url={srv.url}"],
+                                       cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+        box["proc"].communicate(timeout=120)
+        assert box["proc"].returncode == -signal.SIGKILL
+        total_first = len(srv.requests)
+    assert total_first == first and not os.path.exists(tmp_path / "w" / "report.json")
+    journal = lines(tmp_path / "w" / "journal.jsonl")
+    assert [e["id"] for e in journal[1:]] == ["sci-rw-1"]  # 13 requests an artifact
+    with serve() as srv:
+        r = subprocess.run([*argv, f"--config.endpoint.base_url={srv.url}"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        asked = len(srv.requests)
+    rep = json.load(open(tmp_path / "w" / "report.json"))
+    adds_up(rep)
+    assert rep["resumed"] == 1 and rep["buckets"]["kept"] == 6
+    assert rep["requests"]["cache_hits"] == first - 13  # the cut-off artifact's answers
+    assert asked == rep["requests"]["requests"] == 6 * 13 - first
+    assert [x["id"] for x in lines(tmp_path / "w" / "trajectories.jsonl")] == list(ARTS)
+
+
+def test_the_command_never_imports_jax():
+    code = ("import importlib.abc, sys\n"
+            "class B(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax', 'orbax'):\n"
+            "            raise ImportError(name)\n"
+            "sys.meta_path.insert(0, B())\n"
+            "import rossjax.reconstruct.run, rossjax.reconstruct.local, rossjax.cli.reconstruct\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 def test_baselines(tmp_path):
     cache = str(tmp_path / "cache")
     with serve() as srv:
