@@ -12,7 +12,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "configs", "*.py")))
-DATA = ["retrogen/sample.jsonl", "rollouts/sample.jsonl", "select/sample.jsonl"]
+DATA = ["retrogen/sample.jsonl", "rollouts/sample.jsonl", "select/sample.jsonl",
+        "swe/textkit/pyproject.toml", "swe/textkit/textkit/core.py"]
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,11 @@ class RepoError(InputError):
 def _entries(root: str, max_files: int):
     """(relative path, lstat) of every regular file below `root`, links never followed."""
     out = []
-    for d, dirs, files in os.walk(root, followlinks=False):
+    def unreadable(e: OSError):
+        raise RepoError(f"{root}: {os.path.relpath(e.filename, root)} cannot be listed "
+                        f"({e.strerror})")
+
+    for d, dirs, files in os.walk(root, onerror=unreadable, followlinks=False):
         dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS)
         for name in sorted(dirs + files):
             path = os.path.join(d, name)
@@ -59,7 +63,10 @@ def read_tree(root: str, *, max_bytes: int = MAX_BYTES, max_files: int = MAX_FIL
         total += st.st_size
         if total > max_bytes:
             raise RepoError(f"{root}: the files are over {max_bytes} bytes in total")
-        fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            raise RepoError(f"{root}: {rel} cannot be read ({e.strerror})") from None
         with os.fdopen(fd, "rb") as f:
             raw = f.read(max_bytes + 1)
         try:
@@ -77,7 +84,7 @@ def copy_tree(src: str, dst: str, *, max_files: int = MAX_FILES) -> None:
         target = os.path.join(dst, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(os.path.join(src, rel), target, follow_symlinks=False)
-        os.chmod(target, stat.S_IMODE(st.st_mode))
+        os.chmod(target, stat.S_IMODE(st.st_mode) & 0o777)  # never a setuid/setgid bit
 
 
 def write_tree(files: dict[str, str], dst: str) -> None:
