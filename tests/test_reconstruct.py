@@ -402,6 +402,30 @@ def test_the_command_never_imports_jax():
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
+def test_endpoint_refusals_and_a_dead_endpoint(tmp_path, capsys):
+    from rossjax import cli
+    from rossjax.errors import InputError
+
+    refuse = {"plan": lambda b: (400, {"error": {"message": "prompt longer than the context"}})
+              if artifact_of(b) == "fin-10k-2" else None}
+    with serve(refuse) as srv:
+        rep = rc_run.run(config(srv.url, tmp_path), str(tmp_path / "rc"))
+    adds_up(rep)
+    assert rep["reasons"]["withheld"] == {"endpoint_refused": 1}
+    assert rep["stages"]["plan"]["ended"] == {"withheld:endpoint_refused": 1}
+    w = lines(tmp_path / "rc" / "withheld.jsonl")[0]
+    assert w["id"] == "fin-10k-2" and "HTTP 400: prompt longer than the context" in w["detail"]
+    with serve(on_request=lambda n, b: False) as srv:  # every request dropped: the setup
+        with pytest.raises(InputError, match="no artifact got an answer from"):
+            rc_run.run(config(srv.url, tmp_path), str(tmp_path / "dead"))
+    with serve({"cues": lambda b: (401, {"error": {"message": "bad key"}})}) as srv:
+        assert cli.main(["reconstruct", f"--workdir={tmp_path / 'auth'}",
+                         f"--config.endpoint.base_url={srv.url}", "--config.endpoint.model=m",
+                         "--config.endpoint.max_retries=0"]) == 2
+    err = capsys.readouterr().err
+    assert "HTTP 401: bad key" in err and "Traceback" not in err
+
+
 def test_baselines(tmp_path):
     cache = str(tmp_path / "cache")
     with serve() as srv:

@@ -6,8 +6,9 @@ nothing twice), reads the answer's one JSON object (review.answers.read_answer),
 request and answer is logged into the artifact's transcript. An artifact ends early by raising
 `Settled(status, code, detail)`: invalid for a model answer no retry fixed (model_unparseable,
 model_truncated, model_oversized, model_malformed: the detail names the stage and the field),
-withheld for a judged failure (task_leak, failed_retrieval, step_cap, ...) or for an endpoint
-that did not answer (endpoint_error, which a rerun asks again).
+withheld for a judged failure (task_leak, failed_retrieval, step_cap, ...), for a request the
+endpoint refused (endpoint_refused: HTTP 400/413/422, e.g. a prompt over the model's context) or
+for an endpoint that did not answer (endpoint_error, which a rerun asks again).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from rossjax.review.prompts import retry
 
 # HTTP statuses that mean the setup is wrong (key, model name, URL): the run stops, one sentence.
 SETUP_STATUS = (401, 403, 404)
+# Refusals of this one request (a prompt over the context, a payload the server rejects): the
+# artifact is withheld endpoint_refused; any other failure (5xx, timeouts, dropped
+# connections) is endpoint_error. Neither is journaled (run.py): a rerun asks again.
+REFUSED_STATUS = (400, 413, 422)
 # review's answer codes -> this command's invalid reasons
 _CODES = {"reviewer_unparseable": "model_unparseable", "reviewer_truncated": "model_truncated",
           "reviewer_oversized": "model_oversized", "reviewer_malformed": "model_malformed",
@@ -80,8 +85,8 @@ class Asker:
             except ReviewerError as e:
                 if e.status in SETUP_STATUS:
                     raise
-                raise Settled("withheld", "endpoint_error", f"{self.where}: {stage}: {e}",
-                              stage) from None
+                code = "endpoint_refused" if e.status in REFUSED_STATUS else "endpoint_error"
+                raise Settled("withheld", code, f"{self.where}: {stage}: {e}", stage) from None
             self.answers += 1
             entry = {"stage": stage, "messages": messages, "answer": reply.text,
                      "finish_reason": reply.finish_reason, "cached": reply.cached}

@@ -14,8 +14,9 @@ bucket of curate's ledger (curate/ledger.py: report.json's buckets add up to the
   resume   WORKDIR/journal.jsonl holds each settled artifact (record or reason, transcript): a
            rerun with the same settings settles those from it and asks nothing for them; the
            answer cache (config.cache_dir, default WORKDIR/cache) covers an artifact cut off
-           halfway. An artifact the endpoint failed (endpoint_error) is not journaled: a rerun
-           asks it again. Outputs are rewritten whole, so no artifact is ever listed twice.
+           halfway. An artifact the endpoint failed or refused (endpoint_error,
+           endpoint_refused) is not journaled: a rerun asks it again. Outputs are rewritten
+           whole, so no artifact is ever listed twice.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from rossjax.review.client import REASK
 from rossjax.review.run import make_client, public_config
 
 JOURNAL = "journal.jsonl"
+_ENTRY = ("row", "id", "sha", "status", "reason", "stage", "detail", "record", "failed_checks",
+          "transcript")
 OUTPUTS = ("trajectories.jsonl", "transcripts.jsonl", "report.json")
 
 
@@ -130,14 +133,17 @@ class Journal:
         if os.path.exists(self.path):
             with open(self.path, encoding="utf-8") as f:
                 lines = f.read().splitlines()
-            head = json.loads(lines[0]) if lines else {}
-            if head.get("fingerprint") == fp:
+            try:
+                head = json.loads(lines[0]) if lines else {}
+            except ValueError:
+                head = {}
+            if isinstance(head, dict) and head.get("fingerprint") == fp:
                 for ln in lines[1:]:
                     try:
                         e = json.loads(ln)
-                    except ValueError:
+                        self.done[(e["row"], e["id"])] = {k: e[k] for k in _ENTRY}
+                    except (ValueError, KeyError, TypeError):
                         break  # a line cut off by a kill: that artifact is asked again
-                    self.done[(e["row"], e["id"])] = e
             else:
                 print(f"reconstruct: {self.path} was written with other settings; starting over",
                       file=sys.stderr)
@@ -172,6 +178,7 @@ class ReconstructRun:
         self.lists = RowLists(workdir, self.ledger)
         self.kept, self.transcripts = [], []
         self.failed_checks: dict = {}
+        self.ended_at: dict = {}  # stage -> {"withheld:CODE" | "invalid:CODE": artifacts}
         self.resumed = self.rows_read = self.asked_rows = self.answered = 0
         self.settled_by_endpoint = []
 
@@ -188,13 +195,15 @@ class ReconstructRun:
         except Settled as e:
             return item, e, asker
 
-    def settle(self, row, rid, status, code, detail, record, transcript, failed_checks):
+    def settle(self, row, rid, status, code, detail, record, transcript, failed_checks,
+               stage=None):
         self.rows_read += 1
         if status == "kept":
             self.ledger.add("kept")
             self.kept.append(record)
         else:
             self.lists.add(status, row, rid, code, detail)
+            self.ended_at.setdefault(stage or "read", Counter())[f"{status}:{code}"] += 1
         for stage, c in (failed_checks or {}).items():
             self.failed_checks.setdefault(stage, Counter()).update(c)
         self.transcripts.append({"row": row, "id": rid, "status": status, "reason": code,
@@ -205,18 +214,18 @@ class ReconstructRun:
         self.asked_rows += 1
         self.answered += asker.answers
         if isinstance(out, Settled):
-            status, code, detail, record = out.status, out.code, out.detail, None
+            status, code, detail, record, stage = out.status, out.code, out.detail, None, out.stage
         else:
-            status, code, detail, record = "kept", None, None, out
+            status, code, detail, record, stage = "kept", None, None, out, None
         entry = {"row": row, "id": art["id"], "sha": _sha(art), "status": status, "reason": code,
-                 "detail": detail, "record": record, "failed_checks": asker.failed_checks,
-                 "transcript": asker.transcript}
-        if code == "endpoint_error":
+                 "stage": stage, "detail": detail, "record": record,
+                 "failed_checks": asker.failed_checks, "transcript": asker.transcript}
+        if code in ("endpoint_error", "endpoint_refused"):  # not journaled: a rerun asks again
             self.settled_by_endpoint.append(detail)
         else:
             self.journal.add(entry)
         self.settle(row, art["id"], status, code, detail, record, asker.transcript,
-                    asker.failed_checks)
+                    asker.failed_checks, stage)
 
     def execute(self) -> dict:
         from tqdm import tqdm
@@ -234,7 +243,8 @@ class ReconstructRun:
             if prev is not None and prev.get("sha") == _sha(art):
                 self.resumed += 1
                 self.settle(row, art["id"], prev["status"], prev["reason"], prev["detail"],
-                            prev["record"], prev["transcript"], prev["failed_checks"])
+                            prev["record"], prev["transcript"], prev["failed_checks"],
+                            prev["stage"])
                 continue
             todo.append((row, art, detail))
         bar.update(len(items) - len(todo))
@@ -278,12 +288,13 @@ class ReconstructRun:
             for k, v in (r.get("diversity") or {}).items():
                 draws.setdefault(k, Counter())[str(v)] += 1
         stages = {}
-        for s in sorted(set(self.client.stats) | set(self.failed_checks)):
+        for s in sorted(set(self.client.stats) | set(self.failed_checks) | set(self.ended_at)):
             c = self.client.stats.get(s, Counter())
             stages[s] = {**{k: c.get(k, 0) for k in ("requests", "retries", "cache_hits",
                                                      "reasked", "prompt_tokens",
                                                      "completion_tokens")},
-                         "failed_checks": dict(sorted(self.failed_checks.get(s, {}).items()))}
+                         "failed_checks": dict(sorted(self.failed_checks.get(s, {}).items())),
+                         "ended": dict(sorted(self.ended_at.get(s, {}).items()))}
         steps = [r["tool_steps"] for r in self.kept]
         return {
             **acc, "method": self.cfg.method, "resumed": self.resumed,

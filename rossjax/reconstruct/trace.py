@@ -103,9 +103,10 @@ def window(trace: list[dict], chars: int) -> str:
     return "\n".join(head + kept[::-1])
 
 
-def _str_list(v, where: str, lo: int) -> list[str]:
-    if not isinstance(v, list) or len(v) < lo or not all(isinstance(x, str) and x.strip() for x in v):
-        raise bad(where, f"must be a list of at least {lo} non-empty strings, got {v!r:.80}")
+def _str_list(v, where: str, lo: int, hi: int = 50) -> list[str]:
+    if (not isinstance(v, list) or not lo <= len(v) <= hi
+            or not all(isinstance(x, str) and x.strip() for x in v)):
+        raise bad(where, f"must be a list of {lo} to {hi} non-empty strings, got {v!r:.80}")
     return [x.strip() for x in v]
 
 
@@ -127,7 +128,7 @@ def check_step(obj) -> tuple[str, str, dict]:
         args = {"id": want_text(a, "id", "step.arguments", 200),
                 "pattern": want_text(a, "pattern", "step.arguments", 200)}
     elif action == "compare":
-        args = {"ids": _str_list(a.get("ids"), "step.arguments.ids", 2),
+        args = {"ids": _str_list(a.get("ids"), "step.arguments.ids", 2, 5),
                 "aspect": want_text(a, "aspect", "step.arguments", 200)}
     elif action == "outline":
         args = {"outline": _str_list(a.get("outline"), "step.arguments.outline", 1)}
