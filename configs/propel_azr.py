@@ -19,7 +19,14 @@ with the probe (P(in the solver's learnable band)); `hard_gate` gives -0.2 to ta
 validity check W (`check_task`: 10 inputs, a message, `task_valid`; run on CPU workers). Options:
 `reward.probe.ensemble=P2,P3` (worst case over probes), `reward.probe.auxiliary=AUX` (adversarial
 auxiliary probe: min(original, auxiliary) on valid tasks; its set: `rossjax aux-set`),
-`reward.probe.gate=soft_gate`.
+`reward.probe.gate=soft_gate`, `reward.probe.calibration=auto` (raw probe scores for AZR and Math,
+temperature-calibrated for SWE, as the paper; `raw` / `temperature` force one).
+
+Cold transfer: `--config.reward.probe.reference.path=REF_DIR` reads the probe from another frozen
+model (any family or width, its own tokenizer: `reference.tokenizer`, default REF_DIR's) while
+the policy is `model.path`; the task text is re-tokenized for it. The probe's manifest names the
+model it was swept on (path, architecture and weights sha256) and another one is refused.
+Solver-in-the-loop baseline (PROPEL's Table 3): configs/propel_sil.py.
 
 Paper settings: 30 RL steps; advantages = "grpo", the group-normalised GRPO advantage
 (r - mean) / (std + eps) of the paper's GRPO; KL beta = 0.05 to the reference (Math:
@@ -38,6 +45,8 @@ completions raise `--config.grpo.micro_batches` (exact gradient accumulation: th
 every aggregation) and set `--config.model.remat_policy=full`.
 """
 
+import ml_collections
+
 from rossjax.configs import common
 
 
@@ -52,6 +61,13 @@ def get_config(arg: str | None = None):
     c.reward.probe.invalid_reward = -0.2
     c.reward.probe.validity = "validity"
     c.reward.probe.render = "task"
+    # PROPEL: RL rewards from raw probe scores for Math and AZR, calibrated ones for SWE
+    # (auto reads the probe manifest's domain; raw | temperature force one)
+    c.reward.probe.calibration = "auto"
+    # Cold transfer: the frozen model the probe reads, if not the policy's base (path or preset;
+    # its own tokenizer, default the folder's, and chat template, default config.template)
+    c.reward.probe.reference = ml_collections.ConfigDict(dict(
+        path="", preset="", tokenizer="", template="", dtype="float32", seed=0))
     c.data.induction.n_inputs, c.data.induction.n_visible = 10, 5   # the AZR protocol
     # the generator's context (rossjax/verify/generator_context.py): AZR's seed function,
     # n_examples reference tasks drawn per prompt from `examples` ("" = the shipped

@@ -23,6 +23,8 @@ Compositions (pure functions of arrays; `valid` is the validity check W, 0/1 or 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from rossjax.errors import ConfigError
@@ -128,9 +130,11 @@ def config_sha256(model_config: dict) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
+@functools.lru_cache(maxsize=8)
 def weights_sha256(spec: str) -> str | None:
     """sha256 over a model folder's weight files (relative path + content, sorted), or None for
-    a preset or a folder that is not here. An orbax folder's arrays are all its non-JSON files."""
+    a preset or a folder that is not here. An orbax folder's arrays are all its non-JSON files.
+    Cached per process: GRPO checks every probe of an ensemble against the same folder."""
     import hashlib
     import os
 
@@ -140,7 +144,8 @@ def weights_sha256(spec: str) -> str | None:
         return None
     orbax = os.path.exists(os.path.join(spec, "model_config.json"))
     h, n = hashlib.sha256(), 0
-    for root, _, files in sorted(os.walk(spec)):
+    for root, dirs, files in os.walk(spec):
+        dirs.sort()
         for f in sorted(files):
             if (orbax and not f.endswith(".json")) or f.endswith(_WEIGHT_SUFFIXES):
                 rel = os.path.relpath(os.path.join(root, f), spec)
@@ -156,26 +161,33 @@ def reference_fingerprint(spec: str, model_config: dict) -> dict:
             "config_sha256": config_sha256(model_config), "weights_sha256": weights_sha256(spec)}
 
 
-def check_reference(path: str, manifest: dict, given: dict, field: str) -> None:
-    """Refuse (one sentence) a probe whose manifest names another reference model than `given`
-    (a `reference_fingerprint`): another architecture, or the same one with other weights.
-    Manifests written before probes recorded their reference carry no `reference` and pass."""
+def _describe(r: dict) -> str:
+    return (f"{r.get('model') or '?'} ({r.get('model_type')}, d_model {r.get('d_model')}, "
+            f"{r.get('n_layers')} layers, config sha256 {str(r.get('config_sha256'))[:12]})")
+
+
+def check_reference(path: str, manifest: dict, spec: str, model_config: dict, field: str) -> None:
+    """Refuse (one sentence) a probe whose manifest names another reference model than the one
+    given (`spec`, its ModelConfig as a dict): another architecture, or the same one with other
+    weights (hashed only when the architectures agree). Manifests written before probes
+    recorded their reference carry no `reference` and pass (the width check still applies)."""
     want = manifest.get("reference")
     if not want:
         return
-    what = lambda r: (f"{r.get('model') or '?'} ({r.get('model_type')}, d_model {r.get('d_model')}, "
-                      f"{r.get('n_layers')} layers, config sha256 {str(r.get('config_sha256'))[:12]})")
+    given = {"model": spec, "model_type": model_config.get("model_type"),
+             "d_model": model_config.get("d_model"), "n_layers": model_config.get("n_layers"),
+             "config_sha256": config_sha256(model_config)}
     if want.get("config_sha256") != given["config_sha256"]:
-        raise ConfigError(f"{field}: probe {path} was trained on the activations of {what(want)}, "
-                          f"but the reference model given is {what(given)}; give the probe's "
-                          f"reference model ({field}) or a probe swept on this one.")
-    if want.get("weights_sha256") and given.get("weights_sha256") and \
-            want["weights_sha256"] != given["weights_sha256"]:
-        raise ConfigError(f"{field}: probe {path} was trained on the activations of {what(want)} "
-                          f"with weights sha256 {want['weights_sha256'][:12]}, but the reference "
-                          f"model given ({given['model']}) has the same architecture and other "
-                          f"weights (sha256 {given['weights_sha256'][:12]}); give the probe's "
-                          f"reference model or a probe swept on this one.")
+        raise ConfigError(f"{field}: probe {path} was trained on the activations of "
+                          f"{_describe(want)}, but the reference model given is {_describe(given)}; "
+                          f"give the probe's reference model or a probe swept on this one.")
+    have = weights_sha256(spec) if want.get("weights_sha256") else None
+    if have and have != want["weights_sha256"]:
+        raise ConfigError(f"{field}: probe {path} was trained on the activations of "
+                          f"{want.get('model')} (weights sha256 {want['weights_sha256'][:12]}), but "
+                          f"the reference model given ({spec}) has the same architecture and other "
+                          f"weights (sha256 {have[:12]}); give the probe's reference model or a "
+                          f"probe swept on this one.")
 
 
 class ProbeReward:

@@ -287,6 +287,7 @@ class Loop:
                  time_reward_wait_s=s["reward_wait"], time_reward_probe_s=s["reward_probe"],
                  time_update_s=s["update"], time_step_s=step_s,
                  accelerator_idle_frac=s["reward_wait"] / max(step_s, 1e-9))
+        m.update(self.run.cost_metrics())  # solver trials (SIL) and peak memory
         if done % cfg.log_every == 0 or done == g.steps:
             self.writer.write(done, m)
         if cfg.sample_every > 0 and done % cfg.sample_every == 0:

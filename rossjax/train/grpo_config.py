@@ -42,7 +42,7 @@ def check_config(cfg):
         raise ConfigError(f"config.grpo.is_low {g.is_low} and is_high {g.is_high} must bracket 1 "
                           f"(0 <= is_low < 1 < is_high).")
     rewards.check_custom(r)  # reward.fn: importable; alone, it is the run's reward
-    kinds = (*rewards.CPU_REWARDS, "probe")
+    kinds = (*rewards.CPU_REWARDS, "probe", "solver")
     unknown = [f for f in r.functions if f not in kinds]
     if unknown or not r.functions or len(r.functions) != len(r.weights):
         raise ConfigError(f"config.reward.functions {tuple(r.functions)} must name some of "
@@ -62,6 +62,9 @@ def check_config(cfg):
         for x in paths:
             if not os.path.exists(x + ".json"):
                 raise ConfigError(f"config.reward.probe: {x}.json (the probe's manifest) does not exist.")
+    from rossjax.train import propel_rewards  # PROPEL's reference model and SIL sections
+
+    propel_rewards.check_config(r)
 
 
 def _check_dapo(g):

@@ -23,7 +23,7 @@ from rossjax.tokenizers import load_tokenizer
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
 from rossjax.train import grpo_step, optim, rollout, trainable as trainable_lib
 from rossjax.train.grpo_config import check_config
-from rossjax.verify import induction_task, rewards
+from rossjax.verify import rewards
 from rossjax.verify.pool import WorkerPool
 
 
@@ -35,22 +35,6 @@ def _setup_tokenizer(cfg, workdir):
         path = write_ascii_tokenizer(folder)
         return load_tokenizer(path), path
     return load_tokenizer(cfg.tokenizer), cfg.tokenizer
-
-
-def _render_fn(cfg, tok):
-    """What the probe reads for a candidate (must match how its training rows were rendered)."""
-    if cfg.reward.probe.render == "record":
-        return lambda rec: (rec["token_ids"], None)
-    if cfg.reward.probe.render != "task":
-        raise ConfigError(f"config.reward.probe.render {cfg.reward.probe.render!r} is not task or record.")
-
-    def render(rec):
-        # A parsed induction task is read in the canonical form label-corpus stores use.
-        content = rec["messages"][-1]["content"] or " "
-        task = induction_task.parse_generated_task(content)
-        msgs = [{"role": "user", "content": induction_task.task_text(task) if task else content}]
-        return tok.encode(rollout.render_prompt(msgs, cfg.template, tok)), None
-    return render
 
 
 class StepCache:
@@ -79,6 +63,8 @@ STEP_CACHE = StepCache()  # what grpo.run uses unless it is given its own
 class Run:
     """Holds the model, step functions and reward machinery of one run. `fresh_start=False`
     (the loop will restore a checkpoint) does not keep the loaded weights for `new_state`."""
+
+    solver_reward = None  # PROPEL's solver-in-the-loop reward (train/propel_rewards.py)
 
     def __init__(self, cfg, workdir, cpu_scorer=None, *, step_cache: StepCache = STEP_CACHE,
                  fresh_start: bool = True):
@@ -165,22 +151,16 @@ class Run:
         self.cpu_kinds = tuple(f for f in cfg.reward.functions if f in rewards.CPU_REWARDS)
         if self._uses_probe() and cfg.reward.probe.gate != "probe_only":
             self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.probe.validity,)))
+        if "solver" in cfg.reward.functions:  # SIL: W decides which candidates are tried
+            self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.solver.validity,)))
         self.workers = WorkerPool(cfg.reward.workers, cpu_scorer or functools.partial(
             rewards.score_batch, custom=cfg.reward.get("fn", "")))
         self.probe_reward, self.probe_names = None, []
+        from rossjax.train import propel_rewards  # the probe (own reference or base) and SIL
+
         if self._uses_probe():
-            p = cfg.reward.probe
-            render = _render_fn(cfg, self.tok)
-            paths = [x for x in [p.path, *p.ensemble.split(",")] if x]
-            scorers = [reward_lib.bootstrap_validity_probe(self.model_cfg, self.ref, render,
-                                                           seed=cfg.train.seed)
-                       if x == "bootstrap" else reward_lib.ProbeScorer.load(x) for x in paths]
-            aux = reward_lib.ProbeScorer.load(p.auxiliary) if p.auxiliary else None
-            self.probe_reward = reward_lib.ProbeReward(self.model_cfg, self.ref, scorers, render,
-                                                       auxiliary=aux)
-            named = list(zip(paths, scorers)) + ([(p.auxiliary + " (auxiliary)", aux)] if aux else [])
-            self.probe_names = [f"{x} ({sc.probe.head}, layer {sc.layer}, {sc.pooling} pooling)"
-                                for x, sc in named]
+            self.probe_reward, self.probe_names = propel_rewards.probe_reward(self)
+        self.solver_reward = propel_rewards.solver_reward(self)
 
     def _uses_probe(self):
         return "probe" in self.cfg.reward.functions
@@ -228,6 +208,18 @@ class Run:
             per["probe_score"] = pr["probe"]
             per["probe"] = reward_lib.gate(c.probe.gate, pr["probe_reward"], valid,
                                            c.probe.invalid_reward)
+        if self.solver_reward is not None:
+            per.update(self.solver_reward(records, per.get(c.solver.validity)))
         used = {f: per[f] for f in c.functions}
         total = reward_lib.combine(used, dict(zip(c.functions, c.weights)))
         return total, per
+
+    def cost_metrics(self) -> dict:
+        """Solver trials and tasks tried since the last call (SIL) and peak memory: what the
+        step's metrics report of a reward's cost."""
+        from rossjax.train import propel_rewards
+
+        out = propel_rewards.memory_metrics()
+        if self.solver_reward is not None:
+            out.update(self.solver_reward.counts())
+        return out

@@ -1,0 +1,252 @@
+"""PROPEL's rewards as a GRPO run builds them (grpo_setup.Run calls in here): the probe reward on a
+frozen reference model, and the solver-in-the-loop (SIL) baseline that pays realized utility.
+
+Probe reward. The reference is the policy's base (with LoRA: adapters off) unless
+`reward.probe.reference` names a model of its own (a folder or a preset, any family and width):
+cold transfer. Then each candidate's task text is rendered with the reference's chat template,
+tokenized with the reference's tokenizer and run through the reference, so the probe reads the
+activations it was swept on whatever the policy's tokenizer is. Every probe's manifest names the
+reference it was trained on (probes/sweep.py) and another one is refused
+(`reward.check_reference`).
+
+SIL (`reward.functions=("solver",)`, configs/propel_sil.py): every candidate that passes the
+validity check W is posed to the solver (rossjax/train/solvers.py `Solver`, `trials`) K times under
+the AZR protocol and paid the realized U_S = 1[lo <= solved / decided <= hi] (band "open":
+0 < rate < 1), the label `rossjax label-corpus` + `probe-sweep` give a task; an invalid task,
+or one whose reference run fails, gets `invalid_reward`; a valid task with fewer than
+`min_valid` decided trials gets NaN (advantage 0). Trials and tasks tried are counted per step,
+with the process's peak memory (`memory_metrics`), for PROPEL's cost comparison (Table 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+
+import numpy as np
+
+from rossjax.errors import ConfigError
+from rossjax.probes import labels as labels_mod, reward as reward_lib
+from rossjax.verify import induction_task
+
+SOLVER_FIELD = "config.reward.solver"
+REFERENCE_FIELD = "config.reward.probe.reference"
+
+
+def render_fn(cfg, tok, template: str):
+    """What the probe reads for a candidate (must match how its training rows were rendered):
+    `task`, the canonical task text as a user turn up to the answer (label-corpus's inputs.jsonl),
+    or `record`, the policy's own token ids."""
+    if cfg.reward.probe.render == "record":
+        return lambda rec: (rec["token_ids"], None)
+    if cfg.reward.probe.render != "task":
+        raise ConfigError(f"config.reward.probe.render {cfg.reward.probe.render!r} is not task or record.")
+    from rossjax.train import rollout
+
+    def render(rec):
+        # A parsed induction task is read in the canonical form label-corpus stores use.
+        content = rec["messages"][-1]["content"] or " "
+        task = induction_task.parse_generated_task(content)
+        msgs = [{"role": "user", "content": induction_task.task_text(task) if task else content}]
+        return tok.encode(rollout.render_prompt(msgs, template, tok)), None
+    return render
+
+
+def own_reference(cfg) -> bool:
+    """True when `reward.probe.reference` names a model other than the policy's base."""
+    ref = cfg.reward.probe.get("reference")
+    return ref is not None and bool(ref.get("path") or ref.get("preset"))
+
+
+def _reference_tokenizer(ref, workdir: str):
+    from rossjax.tokenizers import load_tokenizer
+    from rossjax.tokenizers.ascii import write_ascii_tokenizer
+
+    spec = ref.get("tokenizer") or ref.get("path")
+    if not spec:
+        raise ConfigError(f"{REFERENCE_FIELD}.tokenizer is empty and the reference is a preset; "
+                          "give the tokenizer the probe's activations were extracted with.")
+    if spec == "ascii":
+        spec = write_ascii_tokenizer(os.path.join(workdir, "reference_tokenizer"))
+    try:
+        return load_tokenizer(spec)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{REFERENCE_FIELD}.tokenizer {spec!r} cannot be loaded ({e}); give "
+                          "the reference model's tokenizer (a folder or tokenizer.json).") from None
+
+
+def reference_model(run):
+    """(ModelConfig, params, render, spec) of the model the probe reads: the policy's base, or
+    the cold-transfer reference `reward.probe.reference` with its own tokenizer and template."""
+    cfg = run.cfg
+    if not own_reference(cfg):
+        spec = cfg.model.path or f"preset:{cfg.model.preset}"
+        return run.model_cfg, run.ref, render_fn(cfg, run.tok, cfg.template), spec
+    from rossjax.models import loading
+
+    ref = cfg.reward.probe.reference
+    if cfg.reward.probe.render == "record":
+        raise ConfigError(f"config.reward.probe.render is 'record' (the policy's token ids), which "
+                          f"a reference with its own tokenizer ({REFERENCE_FIELD}) cannot read; "
+                          "use render=task.")
+    tok = _reference_tokenizer(ref, run.workdir)
+    section = {"path": ref.get("path", ""), "preset": ref.get("preset", ""),
+               "dtype": ref.get("dtype", "float32"), "param_dtype": ref.get("dtype", "float32")}
+    if not section["path"] and ref.get("preset"):
+        section["vocab_size"] = tok.vocab_size
+    model_cfg, params = loading.load_model(section, seed=int(ref.get("seed", 0)),
+                                           field=REFERENCE_FIELD)
+    if tok.vocab_size > model_cfg.vocab_size:
+        raise ConfigError(f"{REFERENCE_FIELD}.tokenizer has {tok.vocab_size} tokens but the "
+                          f"reference model only {model_cfg.vocab_size}; give the reference's own "
+                          "tokenizer.")
+    spec = section["path"] or f"preset:{section['preset']}"
+    return model_cfg, params, render_fn(cfg, tok, ref.get("template") or cfg.template), spec
+
+
+def probe_reward(run):
+    """(ProbeReward, banner lines) for the run's `reward.probe` section."""
+    p, cfg = run.cfg.reward.probe, run.cfg
+    model_cfg, params, render, spec = reference_model(run)
+    field = REFERENCE_FIELD if own_reference(cfg) else "config.reward.probe (reference: config.model)"
+    as_dict = dataclasses.asdict(model_cfg)
+    calibration = p.get("calibration", "auto")
+
+    def load(path):
+        scorer = reward_lib.ProbeScorer.load(path, calibration)
+        reward_lib.check_reference(path, scorer.manifest, spec, as_dict, field)
+        return scorer
+
+    paths = [x for x in [p.path, *p.ensemble.split(",")] if x]
+    scorers = [reward_lib.bootstrap_validity_probe(model_cfg, params, render, seed=cfg.train.seed)
+               if x == "bootstrap" else load(x) for x in paths]
+    for sc in scorers:  # the bootstrap probe has no manifest calibration of its own
+        sc.calibrated = reward_lib.calibrated_for(sc.manifest.get("domain"), calibration)
+    aux = load(p.auxiliary) if p.auxiliary else None
+    pr = reward_lib.ProbeReward(model_cfg, params, scorers, render, auxiliary=aux)
+    named = list(zip(paths, scorers)) + ([(p.auxiliary + " (auxiliary)", aux)] if aux else [])
+    names = [f"{x} ({sc.probe.head}, layer {sc.layer}, {sc.pooling} pooling, "
+             f"{'calibrated' if sc.calibrated else 'raw'} scores)" for x, sc in named]
+    if own_reference(cfg):
+        names.append(f"read from the reference {spec} ({model_cfg.model_type}, d_model "
+                     f"{model_cfg.d_model}), not the policy")
+    return pr, names
+
+
+def check_config(r) -> None:
+    """One sentence for a bad probe calibration, cold-transfer reference or SIL section
+    (grpo_config.check_config calls this before a model loads)."""
+    if "probe" in r.functions:
+        p = r.probe
+        reward_lib.calibrated_for(None, p.get("calibration", "auto"))
+        ref = p.get("reference")
+        if ref is not None and ref.get("path") and not os.path.isdir(ref.path):
+            raise ConfigError(f"{REFERENCE_FIELD}.path {ref.path!r} is not a model folder.")
+        if ref is not None and ref.get("path") and ref.get("preset"):
+            raise ConfigError(f"{REFERENCE_FIELD}: give path or preset, not both.")
+    if "solver" in r.functions:
+        check_solver_config(r)
+
+
+# ----------------------------------------------------------------------------- SIL
+
+
+def check_solver_config(r) -> None:
+    """One sentence for a bad `reward.solver` section, before a model loads."""
+    from rossjax.train import solvers
+
+    s = r.get("solver")
+    if s is None:
+        raise ConfigError(f"config.reward.functions lists 'solver' but the config has no "
+                          f"{SOLVER_FIELD} section; start from configs/propel_sil.py.")
+    if s.kind not in solvers.KINDS:
+        raise ConfigError(f"{SOLVER_FIELD}.kind {s.kind!r} is not one of {', '.join(solvers.KINDS)}.")
+    if s.kind == "model" and not (s.get("path") or s.get("preset")):
+        raise ConfigError(f"{SOLVER_FIELD}.kind is 'model' but {SOLVER_FIELD}.path is empty; give "
+                          "the solver checkpoint the probe's labels came from (or kind=oracle, "
+                          "identity or lookup for a check).")
+    if s.k < 1:
+        raise ConfigError(f"{SOLVER_FIELD}.k is {s.k}; it must be at least 1.")
+    if s.validity != "validity":
+        raise ConfigError(f"{SOLVER_FIELD}.validity {s.validity!r}: the solver-in-the-loop reward "
+                          "poses induction tasks (validity 'validity'); other domains have no "
+                          "solver task here yet.")
+    labels_mod.utility_labels([], lo=s.lo, hi=s.hi, band=s.band, where=SOLVER_FIELD)
+
+
+class SolverReward:
+    """K live solver trials per valid candidate, paid the realized U_S (see the module doc).
+
+    `solver`: anything with `answers(tasks, k, seed)` (a `solvers.Solver`); `counts()` returns
+    and resets the trials and tasks since the last call."""
+
+    def __init__(self, section, solver, *, seed: int = 0):
+        self.s, self.solver, self.seed = section, solver, int(seed)
+        self.calls, self.last_trials = 0, []
+        self._trials = self._tasks = 0
+
+    def __call__(self, records, valid) -> dict:
+        from rossjax.train import solvers
+
+        s, n = self.s, len(records)
+        valid = np.ones(n) if valid is None else np.asarray(valid)
+        tasks: list = [None] * n
+        for i, rec in enumerate(records):
+            if valid[i] > 0.5:
+                task = induction_task.parse_generated_task(rec["messages"][-1].get("content") or "")
+                protocol = induction_task.protocol_from((rec.get("task") or {}).get("protocol"))
+                # None when f fails on its own inputs: label-corpus calls that invalid too
+                tasks[i] = induction_task.solver_task(task, protocol, rec["id"])
+        self.calls += 1
+        trials = solvers.trials(self.solver, tasks, s.k, self.seed * 1_000_003 + self.calls,
+                                s.get("batch_tasks", 64))
+        reward = np.full(n, float(s.invalid_reward))
+        for i, tr in enumerate(trials):
+            if tasks[i] is not None:
+                lab = labels_mod.utility_labels([tr], lo=s.lo, hi=s.hi, band=s.band,
+                                                min_valid=s.min_valid, where=SOLVER_FIELD)
+                reward[i] = float(lab.y[0]) if len(lab.y) else np.nan  # too few decided trials
+        self.last_trials = trials
+        self._trials += sum(len(t) for t in trials)
+        self._tasks += sum(t is not None for t in tasks)
+        return {"solver": reward}
+
+    def counts(self) -> dict:
+        out = {"solver_trials": self._trials, "solver_tasks": self._tasks}
+        self._trials = self._tasks = 0
+        return out
+
+
+def solver_reward(run):
+    """The run's SolverReward, or None unless `reward.functions` lists "solver"."""
+    cfg = run.cfg
+    if "solver" not in cfg.reward.functions:
+        return None
+    from rossjax.train import solvers
+
+    s = cfg.reward.solver
+    check_solver_config(cfg.reward)
+    # the solver reads the policy's tokenizer and template (a model solver samples through it)
+    solver = solvers.Solver(s, run.tok, s, cfg.train.seed, field=SOLVER_FIELD)
+    return SolverReward(s, solver, seed=cfg.train.seed)
+
+
+def memory_metrics() -> dict:
+    """Peak resident memory of this process and of its largest child (sandboxed runs), MiB,
+    and the accelerators' peak bytes in use where the backend reports it (not on CPU)."""
+    import jax
+
+    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "peak_rss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+    peaks = []
+    for d in jax.local_devices():
+        try:
+            stats = d.memory_stats()
+        except Exception:  # noqa: BLE001 (a backend without the call)
+            stats = None
+        if stats and "peak_bytes_in_use" in stats:
+            peaks.append(stats["peak_bytes_in_use"])
+    if peaks:
+        out["peak_device_mb"] = max(peaks) / 2**20
+    return out
