@@ -12,6 +12,7 @@ from rossjax.agents import swe as aswe
 from rossjax.errors import InputError
 from rossjax.probes.labels import read_label_file, utility_labels
 from rossjax.verify import repo as rrepo, swe
+from rossjax.verify.base import verify_one
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "swe")
 REPOS = ("intervals", "romans", "textkit")
@@ -170,6 +171,10 @@ def test_generator_episode_writes_a_verified_bug(base):
     assert row["verifier"]["passed"] is True, row["verifier"]
     assert row["patch"] == patch and patch == bug_patch(base)
     assert row["task"]["repo"] == "textkit" and "passed" in row["messages"][3]["content"]
+    assert verify_one(row) == swe.verify_bug(base, patch)  # the row alone re-verifies
+    assert verify_one({**row, "patch": "junk\n"}).passed is False
+    assert verify_one({**row, "task": {"repo": "../etc"}}).passed is None
+    assert "neither a directory" in verify_one({**row, "task": {"repo": "nope"}}).evidence
     row, patch = aswe.write_bug(base, Script("sed -i 's/== \"hello-world\"/== \"x\"/' "
                                              "tests/test_core.py"), rid="g1")
     assert row["verifier"]["passed"] is False

@@ -70,6 +70,7 @@ def write_bug(base: Baseline, policy, rid: str, *, suite_timeout_s: float = 30.0
             env.close()
     row["patch"] = grader.patch
     row["task"]["repo"] = base.name
+    row["verifier"]["name"] = "swe"  # re-verifiable from the row: verify.get("swe")(row)
     return row, grader.patch
 
 
@@ -98,6 +99,7 @@ def solver_trials(base: Baseline, patch: str, policy, *, k: int = 3, rid: str = 
                 continue
             finally:
                 env.close()
+            row["task"]["repo"] = base.name
             trials.append(row["verifier"]["passed"])
             rows.append(row)
     return trials, rows

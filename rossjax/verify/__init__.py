@@ -2,7 +2,8 @@
 
 `get(name)(record) -> Verdict(passed, evidence)`. Names: "math" (math-verify), "code" (sandboxed
 unit tests or stdin/stdout cases), "induction" (Absolute-Zero-style function induction, plus
-`task_valid`), "gym:<dataset>" (reasoning-gym's score_answer); `register(name)` adds more. Where
+`task_valid`), "gym:<dataset>" (reasoning-gym's score_answer), "swe" (a bug patch against a
+repository's pytest suite, swe.py); `register(name)` adds more. Where
 each one finds the answer in a record is documented in answers.py. `verify_many(records,
 workers)` runs them over CPU worker processes (pool.WorkerPool, also used for GRPO's rewards in
 rewards.py). Never imports jax; verifier modules are imported on first use, so importing this

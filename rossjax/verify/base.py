@@ -26,6 +26,7 @@ _REGISTRY: dict[str, str | Verifier] = {
     "math": "rossjax.verify.math_verifier:verify",
     "code": "rossjax.verify.code_verifier:verify",
     "induction": "rossjax.verify.induction:verify",
+    "swe": "rossjax.verify.swe:verify",
 }
 _GYM_PREFIX = "gym:"
 

@@ -21,6 +21,7 @@ the kernel sandbox bounds what it can reach, not what it prints (as for any in-p
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import os
 import re
 import shutil
@@ -233,3 +234,30 @@ def check_fix(base: Baseline, buggy: dict, workdir: str, *, timeout_s: float = 3
         return Verdict(False, f"tests_fail: {len(fails)} of {len(base.tests)} still fail "
                               f"(first {fails[0]})")
     return Verdict(True, f"all {len(base.tests)} tests pass")
+
+
+def repo_dir(repo: str) -> str:
+    """A repository directory, or the name of one shipped in data/swe/ (e.g. "textkit")."""
+    if os.path.isdir(repo):
+        return repo
+    if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", repo or ""):
+        shipped = importlib.resources.files("rossjax") / "data" / "swe" / repo
+        if shipped.is_dir():
+            return os.path.realpath(str(shipped))
+    raise InputError(f"SWE repository {repo!r} is neither a directory nor one shipped in "
+                     "data/swe/")
+
+
+def verify(record: dict) -> Verdict:
+    """Registry entry "swe": the row's `patch` against the clean repository `task.repo` (a
+    directory or a shipped name), as verify_bug judges it; a row without either is undecided."""
+    repo = (record.get("task") or {}).get("repo")
+    if not isinstance(repo, str):
+        return Verdict(None, "swe: the record has no task.repo")
+    if "patch" not in record:
+        return Verdict(None, "swe: the record has no patch")
+    try:
+        base = baseline(repo_dir(repo))
+    except InputError as e:
+        return Verdict(None, f"swe: {e}")
+    return verify_bug(base, record["patch"])
