@@ -66,6 +66,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.leak = ml_collections.ConfigDict(dict(ngram=8, max_task_chars=600, max_task_ratio=0.5))
     c.retrieval_depth = 3  # BM25 documents per cue query
     c.max_evidence = 8  # documents in Ê
+    c.retrieval_min_ratio = 0.3  # a document's best score >= this x the best document's
     c.search_k = 3  # hits a search step returns
     # trace
     c.max_tool_steps = 30

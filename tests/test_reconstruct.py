@@ -241,6 +241,30 @@ def test_window_keeps_whole_newest_entries():
     assert len(w) <= 1000 + 80
 
 
+def test_rule_cues_and_artifact_conditioned_retrieval_on_the_sample():
+    from rossjax.reconstruct.anchor import retrieve
+
+    cues = {c["text"]: c["kind"] for c in rule_cues(ARTS["legal-judg-2"]["text"])}
+    assert cues == {"Article 14": "statute", "Rule 41(b)": "statute",
+                    "Pruett v. City of Lanark": "case"}
+    fin = {c["text"]: c["kind"] for c in rule_cues(ARTS["fin-10k-1"]["text"])}
+    assert fin["Norrland Freight Inc."] == "organization" and fin["$412.6 million"] == "figure"
+    assert fin["fiscal 2023"] == "period" and fin["9.3%"] == "figure"
+    sci = [c["text"] for c in rule_cues(ARTS["sci-rw-1"]["text"])]
+    assert "Okafor and Brandt (2019)" in sci and "Lindqvist et al. (2021)" in sci
+    index = CorpusEnv(path=CORPUS).index
+    own = {"sci-rw-1": {"okafor2019", "lindqvist2021", "marchetti2022", "haddad2023"},
+           "sci-rw-2": {"adeyemi2020", "sato2022", "brennan2023", "probes-survey"},
+           "fin-10k-1": {"norrland-mdna-2023", "norrland-costs-2023", "norrland-risk-2023",
+                         "shipping-rates"},
+           "fin-10k-2": {"calder-cash-2023", "calder-loan-2023", "calder-runway-2023"},
+           "legal-judg-1": {"osha-11c", "dunmore-alder", "preemption-note"},
+           "legal-judg-2": {"article-14", "rule-41b-amendment", "pruett-lanark"}}
+    for rid, art in ARTS.items():
+        got = {e["id"] for e in retrieve(index, art, rule_cues(art["text"]), 3, 8)}
+        assert got <= own[rid] and len(got) >= 2, (rid, got)  # no stray document of another
+
+
 def test_leak_rules_fire_and_are_retried(tmp_path):
     art = ARTS["sci-rw-1"]
     cues = rule_cues(art["text"])

@@ -85,27 +85,31 @@ def induce(asker: Asker, art: dict, cue_list: list[dict], rules: dict):
 
 
 def retrieve(index, art: dict, cue_list: list[dict], depth: int, max_evidence: int,
-             per_cue_words: int = 40) -> list[dict]:
-    """Ê: for each cue, BM25 over the corpus with the artifact's sentence around it (the cue in
-    its context) as the query, and once with its title and opening sentence; the top `depth`
-    documents of each query; ranked by how many cues found a
-    document, then by its best score; at most `max_evidence`."""
+             min_ratio: float = 0.3, per_cue_words: int = 40) -> list[dict]:
+    """Ê: for each cue, BM25 over the corpus with the cue and the artifact's sentence around it
+    as the query, and once with its title and opening sentence; the top `depth` documents of
+    each query. A document is kept when its best score is at least `min_ratio` of the best
+    score of any (a low-score hit of one query is a stray shared word, not evidence); ranked by
+    its summed score over the queries; at most `max_evidence`."""
     hits: dict[str, dict] = {}
     opening = " ".join(art["text"].split(". ", 1)[0].split()[:per_cue_words])
     queries = [(c["text"], f"{c['text']} {cue_rules.sentence_of(art['text'], c['text'], per_cue_words)}")
                for c in cue_list] + [("(opening sentence)", f"{art.get('title', '')} {opening}")]
     for name, query in queries:  # the opening sentence too: an artifact may hold no cue
         for doc_id, score in index.search(query, depth):
-            h = hits.setdefault(doc_id, {"id": doc_id, "cues": [], "score": 0.0, "first": len(hits)})
+            h = hits.setdefault(doc_id, {"id": doc_id, "cues": [], "best": 0.0, "total": 0.0,
+                                         "first": len(hits)})
             if name not in h["cues"]:
                 h["cues"].append(name)
-            h["score"] = max(h["score"], float(score))
-    ranked = sorted(hits.values(), key=lambda h: (-len(h["cues"]), -h["score"], h["first"]))
+            h["best"], h["total"] = max(h["best"], float(score)), h["total"] + float(score)
+    top = max((h["best"] for h in hits.values()), default=0.0)
+    ranked = sorted((h for h in hits.values() if h["best"] >= min_ratio * top),
+                    key=lambda h: (-h["total"], h["first"]))
     out = []
     for h in ranked[:max_evidence]:
         doc = index.by_id[h["id"]]
         out.append({"id": h["id"], "title": doc.get("title") or doc["text"][:80],
-                    "text": doc["text"], "cues": h["cues"], "score": round(h["score"], 4)})
+                    "text": doc["text"], "cues": h["cues"], "score": round(h["total"], 4)})
     return out
 
 
@@ -117,7 +121,8 @@ def initialize(asker: Asker, art: dict, index, cfg) -> Anchor:
              "max_ratio": cfg.leak.max_task_ratio, "leak_kinds": cue_rules.LEAK_KINDS,
              "rubric_min": cfg.rubric_min, "rubric_max": cfg.rubric_max}
     task, rubric, leak_retries = induce(asker, art, cue_list, rules)
-    evidence = retrieve(index, art, cue_list, cfg.retrieval_depth, cfg.max_evidence)
+    evidence = retrieve(index, art, cue_list, cfg.retrieval_depth, cfg.max_evidence,
+                        cfg.retrieval_min_ratio)
     if not evidence:
         raise Settled("withheld", "no_evidence",
                       f"{asker.where}: no corpus document matches any of the artifact's "

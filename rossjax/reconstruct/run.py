@@ -59,6 +59,9 @@ def check_config(cfg):
     if cfg.rubric_max < cfg.rubric_min:
         raise ConfigError(f"config.rubric_max ({cfg.rubric_max}) < config.rubric_min "
                           f"({cfg.rubric_min})")
+    if not 0 <= cfg.retrieval_min_ratio <= 1:
+        raise ConfigError(f"config.retrieval_min_ratio must be in [0, 1], got "
+                          f"{cfg.retrieval_min_ratio}")
     if not 0 < cfg.lam <= 1:
         raise ConfigError(f"config.lam must be in (0, 1], got {cfg.lam}")
     if cfg.leak.ngram < 2 or not 0 < cfg.leak.max_task_ratio <= 1:
