@@ -36,7 +36,8 @@ Needs: a generator checkpoint and the probe `rossjax probe-sweep` selected for i
 have been trained on the same rendering: user-turn task text, `reward.probe.render=task`).
 `:runlocal` has no such probe for its random tiny model: it trains a linear *validity* probe on
 templated induction tasks at start-up (`reward.probe.path=bootstrap`; real task_valid labels, not
-utility labels), so it exercises the mechanics only. Time: `:runlocal` ~20 s on this 2-core
+utility labels), so it exercises the mechanics only, prompted with the one fixed instruction
+(`data.induction.context=instruction`: short prompts). Time: `:runlocal` ~20 s on this 2-core
 CPU; the full config is a TPU job (estimated, not measured: ~15-30 s per step for a 1.5B
 generator on a v5e-8).
 
@@ -87,6 +88,9 @@ def get_config(arg: str | None = None):
     if "runlocal" in variants:
         common.runlocal_grpo(c, steps=10, max_new_tokens=48, save_every=5)
         c.reward.probe.path = "bootstrap"  # a linear validity probe trained at start-up
+        # a random tiny model reads ASCII tokens: the paper's context (~2k characters) would make
+        # every row 5x longer for mechanics it does not need (propel_math:runlocal keeps its own)
+        c.data.induction.context = "instruction"
         c.lora.rank = 4
         c.lora.alpha = 8.0
     return c
