@@ -6,13 +6,16 @@ the global batch, and the loss and the updated params must equal the single-proc
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
+from test_sft_loop import CONFIG, ROOT, write_curated
 
 ROWS, SEQ, STEPS = 8, 32, 2
 
@@ -101,3 +104,68 @@ def test_two_hosts_equal_one_host(tmp_path):
     assert sorted(a.files) == sorted(b.files)
     for k in a.files:
         np.testing.assert_allclose(a[k], b[k], atol=1e-6, err_msg=k)
+
+
+# ----------------------------------------------------------------------------- the whole command
+
+def _spawn_train(data, workdir, nproc, pid, port, devices):
+    """`rossjax train` (configs/ross_sft.py:runlocal) as one process of `nproc`."""
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               JAX_PLATFORMS="cpu")
+    dist = ([] if nproc == 1 else
+            ["--config.distributed.enabled=True", f"--config.distributed.coordinator=127.0.0.1:{port}",
+             f"--config.distributed.num_processes={nproc}", f"--config.distributed.process_id={pid}",
+             "--config.distributed.cpu_collectives=gloo"])
+    # No shuffle: each host shuffles only its own shard, so with shuffling a 2-process run reads
+    # the same rows per epoch in another order. Unshuffled, host h reads rows h, h+2, ... and a
+    # step's global batch is the same 8 rollouts as one process's. Adam's eps is raised so that a
+    # gradient entry that is pure reduction-order noise stays a noise-sized step (see
+    # test_grpo_multihost.py).
+    cmd = [sys.executable, "-m", "rossjax.cli", "train", f"--config={CONFIG}:runlocal",
+           f"--config.data.train={data}", f"--workdir={workdir}", "--config.data.shuffle=False",
+           "--config.train.num_steps=3", "--config.train.epochs=1", "--config.train.eval_every=0",
+           "--config.checkpoint.save_every=3", "--config.optim.eps=1e-3", *dist]
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_train_command_two_hosts_equal_one_host(tmp_path):
+    """The whole `rossjax train` (plan_data, each host's loader over its shard, packing, the
+    loop, metrics and checkpoint) as 2 processes x 4 devices == 1 process x 8 devices: the
+    same per-step losses and token counts, the same trained params."""
+    from rossjax.monitor import read_metrics
+    from rossjax.train import export as export_lib
+
+    data = write_curated(tmp_path / "data", n=40)
+    multi, single = tmp_path / "multi", tmp_path / "single"
+    port = _free_port()
+    procs = [_spawn_train(data, multi, 2, pid, port, 4) for pid in range(2)]
+    procs.append(_spawn_train(data, single, 1, 0, 0, 8))
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, out[-3000:]
+        outs.append(out)
+    # one run over 8 devices (a lone 4-device process would print 'data': 4), led by process 0
+    mesh = re.search(r"mesh (\{[^}]*\})", outs[2]).group(1)
+    assert "'data': 8" in mesh and f"mesh {mesh}" in outs[0], (outs[0][-2000:], mesh)
+    assert "rossjax train:" not in outs[1]
+    rm, rs = read_metrics(str(multi)), read_metrics(str(single))
+    assert [r["step"] for r in rm] == [r["step"] for r in rs] == [1, 2, 3]
+    for a, b in zip(rm, rs):
+        assert a["sequences"] == b["sequences"] == 8  # global_batch rollouts a step, both ways
+        assert a["supervised_tokens"] == b["supervised_tokens"] > 0
+        assert a["tokens"] == b["tokens"]
+        np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-6)
+    step_m, pm = export_lib.restore_params(str(multi / "checkpoints"))
+    step_s, ps = export_lib.restore_params(str(single / "checkpoints"))
+    assert step_m == step_s == 3
+    flat_m = jax.tree_util.tree_flatten_with_path(pm)[0]
+    flat_s = jax.tree.leaves(ps)
+    assert len(flat_m) == len(flat_s)
+    for (path, a), b in zip(flat_m, flat_s):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6,
+                                   err_msg=jax.tree_util.keystr(path))
+    # and every step moved them (else equal params would prove little)
+    assert all(r["grad_norm"] > 0 and r["lr"] > 0 for r in rs)
