@@ -180,6 +180,7 @@ def test_whole_path_to_serialized_sft_rows(tmp_path):
                                "grounding": 0.5, "consistency": 1.0}
         assert r["score"] == pytest.approx(0.25 * (2.5 / 3 + 0.75 + 0.5 + 1.0), abs=1e-6)
         assert r["cues_dropped"] == ["a phrase the artifact never says"]
+        assert r["model"] == "scripted" and r["prompt_version"] == "reconstruct-v1"
         assert any(c["source"] == "model" for c in r["cues"])
         assert set(r["diversity"]) == {"query_style", "plan_realization", "outline",
                                        "reflect_every", "format"}
@@ -369,6 +370,12 @@ def test_resume_asks_nothing_twice_and_lists_each_artifact_once(tmp_path):
     with serve() as srv:  # other settings: the journal is not reused
         other = rc_run.run(config(srv.url, tmp_path, seed=1), str(tmp_path / "rc"))
     assert other["resumed"] == 0 and other["buckets"]["kept"] == 6
+    corpus = tmp_path / "corpus.jsonl"  # another corpus: the tools answer otherwise
+    corpus.write_text(open(CORPUS).read() + json.dumps({"id": "new", "text": "more"}) + "\n")
+    with serve() as srv:
+        moved = rc_run.run(config(srv.url, tmp_path, seed=1, corpus=str(corpus)),
+                           str(tmp_path / "rc"))
+    assert moved["resumed"] == 0 and moved["buckets"]["kept"] == 6
 
 
 def test_a_killed_run_resumes_from_its_journal_and_cache(tmp_path):

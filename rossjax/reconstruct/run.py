@@ -116,8 +116,11 @@ def fingerprint(cfg) -> str:
     """What an artifact's outcome depends on: settings, prompts, model (not the URL: `:runlocal`
     serves on a fresh port each run; not concurrency, progress or where outputs go)."""
     d = cfg.to_dict()
-    for k in ("output", "progress", "cache_dir", "serve"):
+    for k in ("output", "progress", "cache_dir"):
         d.pop(k, None)
+    d["serve"] = {k: d.get("serve", {}).get(k) for k in ("model", "model_id", "max_len")}
+    with open(cfg.corpus, "rb") as f:  # the corpus's content: its tools' answers depend on it
+        d["corpus_sha256"] = hashlib.sha256(f.read()).hexdigest()
     e = d.get("endpoint", {})
     for k in ("base_url", "api_key", "concurrency", "timeout_s", "max_retries", "backoff_s"):
         e.pop(k, None)
@@ -173,6 +176,9 @@ class ReconstructRun:
         check_config(cfg)
         self.cfg, self.workdir = cfg, workdir
         os.makedirs(workdir, exist_ok=True)
+        for name in OUTPUTS:  # a killed run leaves no report of an earlier run behind
+            if os.path.isfile(os.path.join(workdir, name)):
+                os.remove(os.path.join(workdir, name))
         env = CorpusEnv(path=cfg.corpus, k=cfg.search_k)
         self.index, self.tools = env.index, Tools(env)
         self.client = make_client(cfg, cfg.cache_dir or os.path.join(workdir, "cache"))
@@ -220,6 +226,7 @@ class ReconstructRun:
             status, code, detail, record, stage = out.status, out.code, out.detail, None, out.stage
         else:
             status, code, detail, record, stage = "kept", None, None, out, None
+            record["model"] = self.client.model
         entry = {"row": row, "id": art["id"], "sha": _sha(art), "status": status, "reason": code,
                  "stage": stage, "detail": detail, "record": record,
                  "failed_checks": asker.failed_checks, "transcript": asker.transcript}
