@@ -12,8 +12,7 @@ import pytest
 from review_server import Reviewer
 
 from rossjax.errors import ConfigError, InputError
-from rossjax.train import eval_generator as ev
-from rossjax.train import rollout, solvers
+from rossjax.train import eval_generator as ev, rollout, solvers
 from rossjax.verify import generator_context, induction_task, math_oracle, math_task
 
 SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -167,6 +166,14 @@ def test_endpoint_solver_k_trials_seeds_and_counts():
         seeds = sorted(b["seed"] for b in srv.bodies() if "2 - 2" in b["messages"][1]["content"])
         assert seeds == [10, 11, 12, 13]                    # K trials: K distinct requests
         assert all(b["messages"][0] == {"role": "system", "content": SYSTEM} for b in srv.bodies())
+        # an oracle whose requests fail: the problem is invalid, and says which attempt failed
+        s_b = solvers.Solver(_section(e_base_url=srv.url, e_model="b", system=SYSTEM), None, _cfg())
+        fail = math_task.solver_task("FAIL", "t3")
+        labs = solvers.oracle_labels([s_b, s_b], [None, fail, task], seed=0)
+        assert labs[0] is None and labs[2].status == "disagreement"      # seeds differ: 0 vs 1
+        assert labs[1].status == "failure" and labs[1].reason.startswith(
+            "oracle failure: oracle a attempt 1 gave no answer (its request failed)")
+        assert s_b.report()["trials"] == 2 * 2 * 2 and s_b.report()["no_answer"] == 4
     rep = s.report()
     assert rep["tasks"] == 2 and rep["trials"] == 8 and rep["no_answer"] == 4
     assert rep["endpoint"]["requests"] == 8 and "HTTP 400" in rep["errors"][0]
