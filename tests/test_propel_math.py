@@ -346,3 +346,19 @@ def test_eval_generator_math_with_programmatic_solvers(tmp_path, monkeypatch):
     assert out["solver"]["trials"] == 2 * 3 and out["oracles"]["a"]["trials"] == 3 * 2
     assert out["top_topic_rate"] == 1.0 and 0 <= out["self_bleu3"] <= 1
     assert json.load(open(tmp_path / "eval_generator.json"))["solver"]["trials"] == 6
+
+
+def test_eval_generator_math_bad_config_sentences():
+    from rossjax.cli import parse_config
+
+    base = ["--config=configs/eval_generator.py:runlocal", "--config.domain=math"]
+    for over, says in [([], "config.oracles.a.path"),
+                       (["--config.oracles.a.kind=fn"], "config.oracles.a.fn is empty"),
+                       (["--config.oracles.a.kind=oracle", "--config.oracles.b.kind=endpoint"],
+                        "config.oracles.b.endpoint.model is empty"),
+                       (["--config.oracles.a.kind=oracle", "--config.oracles.b.kind=oracle",
+                         "--config.oracles.attempts=0"], "config.oracles.attempts is 0"),
+                       (["--config.domain=physics"], "config.domain 'physics'")]:
+        c = parse_config(base + over)[0]
+        with pytest.raises(ConfigError, match=says):
+            ev.check_config(c)

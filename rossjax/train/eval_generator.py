@@ -208,6 +208,9 @@ def check_config(c):
     if c.get("domain") == "math":
         for name in ("a", "b"):
             solvers.check_section(c.oracles[name], f"config.oracles.{name}")
+        if c.oracles.attempts < 1:
+            raise ConfigError(f"config.oracles.attempts is {c.oracles.attempts}; it must be at "
+                              f"least 1.")
 
 
 def generator_texts(c, tok, protocol) -> list[str]:
