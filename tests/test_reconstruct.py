@@ -503,6 +503,11 @@ def test_runlocal_serves_its_own_tiny_model_and_accounts_for_every_artifact(tmp_
     adds_up(rep)
     assert rep["input_rows"] == 6 and rep["requests"]["requests"] >= 6
     assert rep["model"]["model"] == "local" and "next: rossjax retrogen" in r.stdout
+    again = subprocess.run(r.args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rep2 = json.load(open(tmp_path / "w" / "report.json"))  # all journaled: nothing served
+    assert rep2["resumed"] == 6 and rep2["requests"]["requests"] == 0
+    assert rep2["buckets"] == rep["buckets"] and rep2["reasons"] == rep["reasons"]
 
 
 @pytest.mark.slow

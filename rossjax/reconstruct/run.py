@@ -330,6 +330,11 @@ def run(cfg, workdir: str) -> dict:
     if cfg.serve.model == "tiny":
         raise ConfigError("config.serve.model='tiny' is built by `rossjax reconstruct` "
                           "(rossjax/cli/reconstruct.py tiny_model); give run() a model folder")
+    if cfg.serve.model and not _pending(cfg, workdir):
+        # every artifact is journaled: nothing will be asked, so nothing is served
+        with cfg.unlocked():
+            cfg.endpoint.base_url, cfg.endpoint.model = "http://127.0.0.1:9/v1", cfg.serve.model_id
+        return _run(cfg, workdir)
     if cfg.serve.model:
         from rossjax.reconstruct.local import LocalServer
 
@@ -341,6 +346,29 @@ def run(cfg, workdir: str) -> dict:
                 cfg.endpoint.base_url, cfg.endpoint.model = srv.url, srv.model_id
             return _run(cfg, workdir)
     return _run(cfg, workdir)
+
+
+def _pending(cfg, workdir: str) -> bool:
+    """Whether a run would ask anything: an artifact of the input that the journal (written with
+    these settings) does not settle."""
+    check_config(cfg)
+    with cfg.unlocked():
+        cfg.endpoint.model = cfg.serve.model_id  # as the served run fingerprints it
+    path, fp, done = os.path.join(workdir, JOURNAL), fingerprint(cfg), set()
+    if not os.path.exists(path):
+        return True
+    with open(path, encoding="utf-8") as f:
+        for k, ln in enumerate(f):
+            try:
+                e = json.loads(ln)
+            except ValueError:
+                return True
+            if k == 0 and (not isinstance(e, dict) or e.get("fingerprint") != fp):
+                return True
+            if k and isinstance(e, dict):
+                done.add((e.get("row"), e.get("id"), e.get("sha")))
+    return any(art is not None and (row, art["id"], _sha(art)) not in done
+               for row, art, *_ in read_artifacts(cfg.input, cfg.min_artifact_chars))
 
 
 def _run(cfg, workdir):
