@@ -54,6 +54,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.endpoint.temperature = 0.7  # the steps sample; the seed of the draws varies the prompts
     c.endpoint.max_tokens = 2048
     c.endpoint.extra_body = ""  # JSON object of extra request fields (seed, top_p, ...)
+    c.endpoint.response_format = "none"  # none | json_object (vLLM, SGLang, OpenAI: JSON only)
     c.reask = "failed"  # failed | none | all (review's cache policy)
     c.cache_dir = ""  # default WORKDIR/cache; share it across methods to reuse the anchor
     c.answer_retries = 1  # re-asks of a stage whose answer fails its check

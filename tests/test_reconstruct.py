@@ -484,6 +484,21 @@ def test_baselines(tmp_path):
     assert retrogen.gate({**recs[0], "artifact_only": False})[0] == "no_tool_calls"
 
 
+def test_json_object_response_format_reaches_every_request(tmp_path):
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(ARTS["legal-judg-1"]) + "\n")
+    with serve() as srv:
+        rep = rc_run.run(config(srv.url, tmp_path, input=str(one),
+                                **{"endpoint.response_format": "json_object"}), str(tmp_path / "w"))
+        bodies = srv.bodies()
+    assert rep["buckets"]["kept"] == 1 and len(bodies) == 13
+    assert all(b["response_format"] == {"type": "json_object"} for b in bodies)
+    from rossjax.errors import ConfigError
+    with pytest.raises(ConfigError, match="response_format 'json_schema' must be none or"):
+        rc_run.run(config("http://127.0.0.1:9/v1", tmp_path,
+                          **{"endpoint.response_format": "json_schema"}), str(tmp_path / "x"))
+
+
 def test_cli_needs_a_model_or_a_checkpoint(tmp_path, capsys):
     from rossjax import cli
 

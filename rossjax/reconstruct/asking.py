@@ -72,6 +72,7 @@ class Asker:
     where: str  # "FILE row N (artifact ID)": how every detail names the artifact
     retries: int = 1
     max_chars: int = 50_000
+    response_format: dict | None = None  # {"type": "json_object"}: constrained JSON decoding
     transcript: list = field(default_factory=list)
     answers: int = 0
     failed_checks: dict = field(default_factory=dict)  # stage -> {code: n}
@@ -81,7 +82,8 @@ class Asker:
         last = None
         for attempt in range(self.retries + 1):
             try:
-                reply = self.client.ask(messages, stage=stage)
+                reply = self.client.ask(messages, stage=stage,
+                                        response_format=self.response_format)
             except ReviewerError as e:
                 if e.status in SETUP_STATUS:
                     raise

@@ -59,6 +59,9 @@ def check_config(cfg):
     if cfg.rubric_max < cfg.rubric_min:
         raise ConfigError(f"config.rubric_max ({cfg.rubric_max}) < config.rubric_min "
                           f"({cfg.rubric_min})")
+    if cfg.endpoint.response_format not in ("none", "json_object"):
+        raise ConfigError(f"config.endpoint.response_format {cfg.endpoint.response_format!r} must "
+                          f"be none or json_object (every stage answers one JSON object)")
     if not 0 <= cfg.retrieval_min_ratio <= 1:
         raise ConfigError(f"config.retrieval_min_ratio must be in [0, 1], got "
                           f"{cfg.retrieval_min_ratio}")
@@ -185,6 +188,8 @@ class ReconstructRun:
         self.ledger = Report(public_config(cfg))
         self.journal = Journal(workdir, fingerprint(cfg))
         self.lists = RowLists(workdir, self.ledger)
+        self.response_format = ({"type": "json_object"}
+                                if cfg.endpoint.response_format == "json_object" else None)
         self.kept, self.transcripts = [], []
         self.failed_checks: dict = {}
         self.ended_at: dict = {}  # stage -> {"withheld:CODE" | "invalid:CODE": artifacts}
@@ -198,7 +203,7 @@ class ReconstructRun:
     def one(self, item):
         row, art, where = item
         asker = Asker(self.client, art["id"], where, self.cfg.answer_retries,
-                      self.cfg.max_answer_chars)
+                      self.cfg.max_answer_chars, self.response_format)
         try:
             return item, run_artifact(asker, art, self.index, self.tools, self.cfg), asker
         except Settled as e:
