@@ -69,6 +69,39 @@ def test_solver_reward_pays_realized_utility_in_the_band():
     np.testing.assert_array_equal(out["solver"], [1.0, 1.0, 0.0, -0.2])
 
 
+class Texts:
+    """A Solver whose answers to a task are given per task id (cycled to k)."""
+
+    def __init__(self, by_id):
+        self.by_id, self.asked = by_id, []
+
+    def answers(self, tasks, k, seed):
+        self.asked += [t["id"] for t in tasks]
+        return [[self.by_id[t["id"]][j % len(self.by_id[t["id"]])] for j in range(k)] for t in tasks]
+
+
+def test_math_sil_takes_the_reference_from_two_agreeing_oracles():
+    section = propel_sil.solver_section(math=True)
+    recs = [{**_record(i, f"```problem\nWhat is {q}?\n```"), "task": {"domain": "math_gen"}}
+            for i, q in (("agree", "2 + 3"), ("disagree", "2 + 4"), ("invalid", "1 + 1"))]
+    valid = np.asarray([1.0, 1.0, 0.0])
+    oracle_a = Texts({"agree": ["\\boxed{5}"], "disagree": ["\\boxed{6}"]})
+    oracle_b = Texts({"agree": ["\\boxed{5}"], "disagree": ["\\boxed{7}"]})
+    solver = Texts({"agree": ["\\boxed{5}", "\\boxed{5}"] + ["\\boxed{4}"] * 6})
+    sil = propel_rewards.SolverReward(section, solver, oracles=[oracle_a, oracle_b])
+    out = sil(recs, valid)
+    assert oracle_a.asked == oracle_b.asked == ["agree", "disagree"]   # W first
+    assert solver.asked == ["agree"]          # the oracles disagree on the other: invalid
+    assert [sum(bool(x) for x in t) for t in sil.last_trials] == [2, 0, 0]
+    assert len(sil.last_trials[0]) == 8 and sil.last_trials[1:] == [[], []]
+    np.testing.assert_array_equal(out["solver"], [1.0, -0.2, -0.2])   # 2 / 8 is in the band
+    assert sil.counts() == {"solver_trials": 8, "solver_tasks": 1, "oracle_trials": 8}
+    cfg = parse_config(["--config=configs/propel_sil.py:runlocal,math"])[0]
+    check_config(cfg)   # the runlocal fn oracles import; the math config is PROPEL Math's
+    assert cfg.data.tasks == "gen:math_task" and cfg.reward.solver.validity == "math_validity"
+    assert cfg.grpo.beta == 0.1
+
+
 def test_run_wires_the_real_solver_and_validity(tmp_path):
     """Run.rewards through the worker-scored W and the library's oracle solver: a band that
     holds rate 1 pays 1 to every valid task, the AZR band pays 0 (the oracle always solves)."""
@@ -99,14 +132,23 @@ def test_sil_is_one_config_away_from_propel():
     assert solver["kind"] == "model" and solver["k"] == 8 and solver["invalid_reward"] == -0.2
     assert sil.pop("run_name") != azr.pop("run_name")
     assert sil == azr   # task, gate, GRPO, KL, LoRA: everything else is PROPEL's
+    sil = parse_config(["--config=configs/propel_sil.py:math"])[0].to_dict()
+    pm = parse_config(["--config=configs/propel_math.py"])[0].to_dict()
+    assert sil["reward"].pop("solver")["oracles"]["attempts"] == 2
+    for d in (sil, pm):
+        d["reward"].pop("functions"), d.pop("run_name")
+    assert sil == pm
 
 
 @pytest.mark.parametrize("flags, says", [
     (["--config.reward.solver.kind=psychic"], "config.reward.solver.kind 'psychic' is not one of"),
-    ([], "config.reward.solver.path is empty"),   # the full config's model solver
+    ([], "config.reward.solver.path and config.reward.solver.preset are both empty"),  # model
     (["--config.reward.solver.kind=oracle", "--config.reward.solver.k=0"], "solver.k is 0"),
+    (["--config.reward.solver.kind=oracle", "--config.reward.solver.validity=verifier"],
+     "validity 'verifier' is not one of validity, math_validity"),
     (["--config.reward.solver.kind=oracle", "--config.reward.solver.validity=math_validity"],
-     "poses induction tasks"),
+     "has no oracles section"),
+    (["--config.reward.solver.kind=endpoint"], "solver.endpoint.model is empty"),
     (["--config.reward.solver.kind=oracle", "--config.reward.solver.band=ajar"], "band 'ajar'"),
 ])
 def test_bad_solver_sections_are_one_sentence(flags, says):

@@ -182,6 +182,25 @@ def test_preset_reference_needs_a_tokenizer(tmp_path):
         propel_rewards.reference_model(_Run())
 
 
+def test_candidates_render_as_label_corpus_stores_them(setup):
+    """The probe reads a candidate exactly as label-corpus wrote its training rows: induction
+    and math tasks in canonical form (a user turn up to the answer), raw text otherwise."""
+    import ml_collections
+
+    from rossjax.verify import math_task
+
+    cfg = ml_collections.ConfigDict({"reward": {"probe": {"render": "task"}}})
+    tok = setup["tok"]
+    render = propel_rewards.render_fn(cfg, tok, "chatml")
+    ind = _task_text(_program(1)).replace("```python", "Here it is.\n```python")
+    math = "Sure.\n```problem\nWhat is 2 + 3?\n```\nAnswer: \\boxed{5}"
+    want_ind = probe_input(induction_task.parse_generated_task(ind), ind, tok, "chatml")[0]
+    want_math = probe_input(math_task.parse_generated_problem(math), math, tok, "chatml", "math")[0]
+    assert render(_record("i", ind))[0] == want_ind
+    assert render({**_record("m", math), "task": {"domain": "math_gen"}})[0] == want_math
+    assert render(_record("x", "no task"))[0] == probe_input(None, "no task", tok, "chatml")[0]
+
+
 def test_calibration_follows_the_domain():
     assert not reward.calibrated_for("azr") and not reward.calibrated_for("math")
     assert reward.calibrated_for("swe") and reward.calibrated_for(None, "temperature")

@@ -10,8 +10,9 @@ reference it was trained on (probes/sweep.py) and another one is refused
 (`reward.check_reference`).
 
 SIL (`reward.functions=("solver",)`, configs/propel_sil.py): every candidate that passes the
-validity check W is posed to the solver (rossjax/train/solvers.py `Solver`, `trials`) K times under
-the AZR protocol and paid the realized U_S = 1[lo <= solved / decided <= hi] (band "open":
+validity check W is posed to the solver (rossjax/train/solvers.py `Solver`, `trials`) K times (an
+induction task under the AZR protocol; a math problem once the two reference oracles agree on its
+answer, as label-corpus labels it) and paid the realized U_S = 1[lo <= solved / decided <= hi] (band "open":
 0 < rate < 1), the label `rossjax label-corpus` + `probe-sweep` give a task; an invalid task,
 or one whose reference run fails, gets `invalid_reward`; a valid task with fewer than
 `min_valid` decided trials gets NaN (advantage 0). Trials and tasks tried are counted per step,
@@ -28,7 +29,7 @@ import numpy as np
 
 from rossjax.errors import ConfigError
 from rossjax.probes import labels as labels_mod, reward as reward_lib
-from rossjax.verify import induction_task
+from rossjax.verify import induction_task, math_task
 
 SOLVER_FIELD = "config.reward.solver"
 REFERENCE_FIELD = "config.reward.probe.reference"
@@ -45,12 +46,24 @@ def render_fn(cfg, tok, template: str):
     from rossjax.train import rollout
 
     def render(rec):
-        # A parsed induction task is read in the canonical form label-corpus stores use.
-        content = rec["messages"][-1]["content"] or " "
-        task = induction_task.parse_generated_task(content)
-        msgs = [{"role": "user", "content": induction_task.task_text(task) if task else content}]
+        msgs = [{"role": "user", "content": canonical_text(rec)}]
         return tok.encode(rollout.render_prompt(msgs, template, tok)), None
     return render
+
+
+def is_math(rec) -> bool:
+    return str((rec.get("task") or {}).get("domain", "")).startswith("math")
+
+
+def canonical_text(rec) -> str:
+    """A candidate's task in the canonical form label-corpus stores for the probe (induction: the
+    ```python / ```inputs / ```message blocks; math: the ```problem block), else its raw text."""
+    content = rec["messages"][-1].get("content") or " "
+    if is_math(rec):
+        problem = math_task.parse_generated_problem(content)
+        return math_task.task_text(problem) if problem else content
+    task = induction_task.parse_generated_task(content)
+    return induction_task.task_text(task) if task else content
 
 
 def own_reference(cfg) -> bool:
@@ -152,6 +165,9 @@ def check_config(r) -> None:
 # ----------------------------------------------------------------------------- SIL
 
 
+VALIDITY = {"validity": "induction", "math_validity": "math"}  # W -> the task the solver gets
+
+
 def check_solver_config(r) -> None:
     """One sentence for a bad `reward.solver` section, before a model loads."""
     from rossjax.train import solvers
@@ -160,47 +176,77 @@ def check_solver_config(r) -> None:
     if s is None:
         raise ConfigError(f"config.reward.functions lists 'solver' but the config has no "
                           f"{SOLVER_FIELD} section; start from configs/propel_sil.py.")
-    if s.kind not in solvers.KINDS:
-        raise ConfigError(f"{SOLVER_FIELD}.kind {s.kind!r} is not one of {', '.join(solvers.KINDS)}.")
-    if s.kind == "model" and not (s.get("path") or s.get("preset")):
-        raise ConfigError(f"{SOLVER_FIELD}.kind is 'model' but {SOLVER_FIELD}.path is empty; give "
-                          "the solver checkpoint the probe's labels came from (or kind=oracle, "
-                          "identity or lookup for a check).")
+    solvers.check_section(s, SOLVER_FIELD)
     if s.k < 1:
         raise ConfigError(f"{SOLVER_FIELD}.k is {s.k}; it must be at least 1.")
-    if s.validity != "validity":
-        raise ConfigError(f"{SOLVER_FIELD}.validity {s.validity!r}: the solver-in-the-loop reward "
-                          "poses induction tasks (validity 'validity'); other domains have no "
-                          "solver task here yet.")
+    if s.validity not in VALIDITY:
+        raise ConfigError(f"{SOLVER_FIELD}.validity {s.validity!r} is not one of "
+                          f"{', '.join(VALIDITY)}: the solver-in-the-loop reward poses induction "
+                          "tasks or math problems.")
+    if VALIDITY[s.validity] == "math":
+        if s.get("oracles") is None:
+            raise ConfigError(f"{SOLVER_FIELD}.validity is math_validity but {SOLVER_FIELD} has no "
+                              "oracles section (the two reference oracles); start from "
+                              "configs/propel_sil.py:math.")
+        for name in ("a", "b"):
+            solvers.check_section(s.oracles[name], f"{SOLVER_FIELD}.oracles.{name}")
+        if s.oracles.attempts < 1:
+            raise ConfigError(f"{SOLVER_FIELD}.oracles.attempts is {s.oracles.attempts}; it must "
+                              "be at least 1.")
     labels_mod.utility_labels([], lo=s.lo, hi=s.hi, band=s.band, where=SOLVER_FIELD)
 
 
 class SolverReward:
     """K live solver trials per valid candidate, paid the realized U_S (see the module doc).
 
-    `solver`: anything with `answers(tasks, k, seed)` (a `solvers.Solver`); `counts()` returns
-    and resets the trials and tasks since the last call."""
+    `solver` (and, for math, the two `oracles`): anything with `answers(tasks, k, seed)` (a
+    `solvers.Solver`). Math problems get their reference from the strict two-oracle policy
+    first (label-corpus's: all answers agree under math-verify, else invalid). `counts()`
+    returns and resets the trials and tasks since the last call."""
 
-    def __init__(self, section, solver, *, seed: int = 0):
-        self.s, self.solver, self.seed = section, solver, int(seed)
+    def __init__(self, section, solver, *, oracles=None, seed: int = 0):
+        self.s, self.solver, self.oracles, self.seed = section, solver, oracles, int(seed)
+        self.math = VALIDITY.get(section.validity) == "math"
+        if self.math and not oracles:
+            raise ConfigError(f"{SOLVER_FIELD}: math problems need the two reference oracles.")
         self.calls, self.last_trials = 0, []
-        self._trials = self._tasks = 0
+        self._counts = dict.fromkeys(("solver_trials", "solver_tasks", "oracle_trials"), 0)
 
-    def __call__(self, records, valid) -> dict:
-        from rossjax.train import solvers
-
-        s, n = self.s, len(records)
-        valid = np.ones(n) if valid is None else np.asarray(valid)
-        tasks: list = [None] * n
+    def _induction_tasks(self, records, valid):
+        tasks = [None] * len(records)
         for i, rec in enumerate(records):
             if valid[i] > 0.5:
                 task = induction_task.parse_generated_task(rec["messages"][-1].get("content") or "")
                 protocol = induction_task.protocol_from((rec.get("task") or {}).get("protocol"))
                 # None when f fails on its own inputs: label-corpus calls that invalid too
                 tasks[i] = induction_task.solver_task(task, protocol, rec["id"])
+        return tasks
+
+    def _math_tasks(self, records, valid, seed):
+        from rossjax.train import solvers
+
+        problems = [math_task.parse_generated_problem(r["messages"][-1].get("content") or "")
+                    if v > 0.5 else None for r, v in zip(records, valid)]
+        asked = [math_task.solver_task(p["problem"], r["id"]) if p else None
+                 for r, p in zip(records, problems)]
+        attempts = self.s.oracles.attempts
+        labels = solvers.oracle_labels(self.oracles, asked, attempts, seed,
+                                       self.s.get("batch_tasks", 64))
+        self._counts["oracle_trials"] += attempts * len(self.oracles) * sum(a is not None for a in asked)
+        return [math_task.solver_task(p["problem"], r["id"], lab.reference)
+                if lab is not None and lab.status == "agreed" else None
+                for r, p, lab in zip(records, problems, labels)]
+
+    def __call__(self, records, valid) -> dict:
+        from rossjax.train import solvers
+
+        s, n = self.s, len(records)
+        valid = np.ones(n) if valid is None else np.asarray(valid)
         self.calls += 1
-        trials = solvers.trials(self.solver, tasks, s.k, self.seed * 1_000_003 + self.calls,
-                                s.get("batch_tasks", 64))
+        seed = self.seed * 1_000_003 + self.calls
+        tasks = (self._math_tasks(records, valid, seed) if self.math
+                 else self._induction_tasks(records, valid))
+        trials = solvers.trials(self.solver, tasks, s.k, seed, s.get("batch_tasks", 64))
         reward = np.full(n, float(s.invalid_reward))
         for i, tr in enumerate(trials):
             if tasks[i] is not None:
@@ -208,13 +254,15 @@ class SolverReward:
                                                 min_valid=s.min_valid, where=SOLVER_FIELD)
                 reward[i] = float(lab.y[0]) if len(lab.y) else np.nan  # too few decided trials
         self.last_trials = trials
-        self._trials += sum(len(t) for t in trials)
-        self._tasks += sum(t is not None for t in tasks)
+        self._counts["solver_trials"] += sum(len(t) for t in trials)
+        self._counts["solver_tasks"] += sum(t is not None for t in tasks)
         return {"solver": reward}
 
     def counts(self) -> dict:
-        out = {"solver_trials": self._trials, "solver_tasks": self._tasks}
-        self._trials = self._tasks = 0
+        out = dict(self._counts)
+        if not self.math:
+            out.pop("oracle_trials")
+        self._counts = dict.fromkeys(self._counts, 0)
         return out
 
 
@@ -229,7 +277,11 @@ def solver_reward(run):
     check_solver_config(cfg.reward)
     # the solver reads the policy's tokenizer and template (a model solver samples through it)
     solver = solvers.Solver(s, run.tok, s, cfg.train.seed, field=SOLVER_FIELD)
-    return SolverReward(s, solver, seed=cfg.train.seed)
+    oracles = None
+    if VALIDITY[s.validity] == "math":
+        oracles = [solvers.Solver(s.oracles[n], run.tok, s, cfg.train.seed,
+                                  f"{SOLVER_FIELD}.oracles.{n}") for n in "ab"]
+    return SolverReward(s, solver, oracles=oracles, seed=cfg.train.seed)
 
 
 def memory_metrics() -> dict:
