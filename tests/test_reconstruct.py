@@ -235,6 +235,20 @@ def test_a_trace_past_the_step_cap_is_withheld(tmp_path):
     assert "earlier entries are outside the 8000-character window" in user(steps[-1])
 
 
+def test_outlining_without_end_is_withheld_no_draft(tmp_path):
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(ARTS["sci-rw-2"]) + "\n")
+    loop = {"step": lambda b: json.dumps({"note": "", "action": "outline",
+                                          "arguments": {"outline": ["again"]}})}
+    with serve(loop) as srv:
+        rep = rc_run.run(config(srv.url, tmp_path, input=str(one), max_writing_steps=2),
+                         str(tmp_path / "w"))
+        assert len(srv.bodies(stage="step")) == 3
+    assert rep["reasons"]["withheld"] == {"no_draft": 1}
+    assert "outline step 3 is over config.max_writing_steps=2" in \
+        lines(tmp_path / "w" / "withheld.jsonl")[0]["detail"]
+
+
 def test_window_keeps_whole_newest_entries():
     trace = [{"type": "note", "content": f"n{i} " + "y" * 50} for i in range(200)]
     w = window(trace, 1000)

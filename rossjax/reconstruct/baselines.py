@@ -30,7 +30,7 @@ def run_artifact(asker: Asker, art: dict, index, tools, cfg) -> dict:
     """The record of one artifact (curate/retrogen.py's schema plus provenance), or Settled."""
     a = initialize(asker, art, index, cfg)
     if cfg.method == "artifact_only":
-        draft = asker.ask("direct", prompts.direct(art, a.task, a.evidence),
+        draft = asker.ask("direct", prompts.direct(art, a.task),
                           lambda o: want_text(o, "text", "direct"))
         rec = {"plan": [], "trace": [], "draft": draft, "draws": {}, "tool_steps": 0}
     else:

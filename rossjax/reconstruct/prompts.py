@@ -117,7 +117,7 @@ Actions:
 Answer: {{"note": "what you do and why", "action": "...", "arguments": {{...}}}}""")
 
 
-def direct(art: dict, task_text: str, evidence: list[dict]) -> list[dict]:
+def direct(art: dict, task_text: str) -> list[dict]:
     """Artifact-Only: x̂ -> ỹ in one answer, no intermediate interactions."""
     return _msgs(f"""{_head("direct", art)}
 

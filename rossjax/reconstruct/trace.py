@@ -159,12 +159,8 @@ def reconstruct(asker: Asker, art: dict, task: str, evidence: list[dict], tools:
                                                 cfg.max_tool_steps),
                            lambda o: check_plan(o, cfg.max_tool_steps + 10))
     trace: list[dict] = []
-    used, turns = 0, 0
+    used = writing = 0
     while True:
-        turns += 1
-        if turns > cfg.max_tool_steps + cfg.max_writing_steps + 1:
-            raise Settled("withheld", "no_draft", f"{asker.where}: {turns - 1} steps "
-                          f"({used} tool steps) without a draft", "step")
         anchored = method == "retrogen" or (method == "next_n" and used < cfg.next_n)
         reflect = bool(d["reflect_every"]) and used > 0 and used % d["reflect_every"] == 0
         msgs = prompts.step(art, task, anchored, evidence, plan_steps,
@@ -180,6 +176,11 @@ def reconstruct(asker: Asker, art: dict, task: str, evidence: list[dict], tools:
             return {"plan": plan_steps, "trace": trace, "draft": args["text"], "draws": d,
                     "tool_steps": used}
         if action == "outline":
+            writing += 1
+            if writing > cfg.max_writing_steps:
+                raise Settled("withheld", "no_draft", f"{asker.where}: outline step {writing} "
+                              f"is over config.max_writing_steps={cfg.max_writing_steps} "
+                              f"({used} tool steps, no draft)", "step")
             trace.append({"type": "note", "content": "Outline:\n" + "\n".join(
                 f"- {x}" for x in args["outline"])})
             continue
