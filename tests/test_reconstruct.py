@@ -425,6 +425,8 @@ def test_a_killed_run_resumes_from_its_journal_and_cache(tmp_path):
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
         asked = len(srv.requests)
+    assert "kept 6, withheld 0, invalid 0 (none) -> " in r.stdout
+    assert f"next: rossjax retrogen --config.input={tmp_path / 'w' / 'trajectories.jsonl'}" in r.stdout
     rep = json.load(open(tmp_path / "w" / "report.json"))
     adds_up(rep)
     assert rep["resumed"] == 1 and rep["buckets"]["kept"] == 6
