@@ -60,6 +60,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.answer_retries = 1  # re-asks of a stage whose answer fails its check
     c.max_answer_chars = 50_000
     c.min_artifact_chars = 200
+    c.max_artifact_chars = 20_000  # every anchored prompt carries the artifact whole
     # anchor
     c.max_cues = 24
     c.rubric_min = 3

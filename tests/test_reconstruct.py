@@ -350,7 +350,7 @@ def test_malformed_answers_and_artifacts_are_invalid_naming_artifact_and_field(t
         inv[(2, "model_unparseable")]
     assert "verify_rubric.verdicts must hold 3 to 3 items" in inv[(3, "model_malformed")]
     assert inv[(6, "invalid_artifact")].startswith("arts.jsonl row 6")
-    assert "text must be a string of at least 200 characters" in inv[(7, "invalid_artifact")]
+    assert "text must be a string of 200 to 20000 characters" in inv[(7, "invalid_artifact")]
     assert "id 'sci-rw-1' repeats an earlier row" in inv[(8, "duplicate_id")]
     wh = {r["row"]: r for r in lines(tmp_path / "rc" / "withheld.jsonl")}
     assert wh[4]["reason"] == "malformed_tool_call" and "no document with id 'nope'" in wh[4]["detail"]

@@ -77,7 +77,7 @@ def check_config(cfg):
             raise FileNotFoundError(f"{cfg[key]}: no such file (config.{key})")
 
 
-def read_artifacts(path: str, min_chars: int):
+def read_artifacts(path: str, min_chars: int, max_chars: int = 20_000):
     """(row, artifact or None, reason code, detail) per line of `path`."""
     from rossjax.curate.files import iter_json_lines
 
@@ -95,11 +95,12 @@ def read_artifacts(path: str, min_chars: int):
             why = f"{where}: id must be a non-empty string, got {rid!r:.40}"
         elif not isinstance(rec.get("domain"), str) or not rec["domain"].strip():
             why = f"{where} (artifact {rid}): domain must be a non-empty string"
-        elif not isinstance(rec.get("text"), str) or len(rec["text"].strip()) < min_chars:
+        elif (not isinstance(rec.get("text"), str)
+              or not min_chars <= len(rec["text"].strip()) <= max_chars):
             got = rec.get("text")
             size = f"{len(got.strip())} characters" if isinstance(got, str) else type(got).__name__
-            why = (f"{where} (artifact {rid}): text must be a string of at least {min_chars} "
-                   f"characters (config.min_artifact_chars), got {size}")
+            why = (f"{where} (artifact {rid}): text must be a string of {min_chars} to {max_chars} "
+                   f"characters (config.min_artifact_chars, max_artifact_chars), got {size}")
         else:
             for key in ("kind", "title"):
                 if rec.get(key) is not None and not isinstance(rec[key], str):
@@ -246,7 +247,8 @@ class ReconstructRun:
         from tqdm import tqdm
 
         t0 = time.perf_counter()
-        items = list(read_artifacts(self.cfg.input, self.cfg.min_artifact_chars))
+        items = list(read_artifacts(self.cfg.input, self.cfg.min_artifact_chars,
+                                    self.cfg.max_artifact_chars))
         bar = tqdm(total=len(items), unit="artifact", desc="reconstruct", file=sys.stderr,
                    disable=not self.cfg.progress)
         todo = []
@@ -373,7 +375,8 @@ def _pending(cfg, workdir: str) -> bool:
             if k and isinstance(e, dict):
                 done.add((e.get("row"), e.get("id"), e.get("sha")))
     return any(art is not None and (row, art["id"], _sha(art)) not in done
-               for row, art, *_ in read_artifacts(cfg.input, cfg.min_artifact_chars))
+               for row, art, *_ in read_artifacts(cfg.input, cfg.min_artifact_chars,
+                                                cfg.max_artifact_chars))
 
 
 def _run(cfg, workdir):
