@@ -189,7 +189,8 @@ def test_default_configs_ship_with_the_package():
 CONFIG_VARIANTS = {
     "aux_set": (), "curate": (), "extract": (), "label_corpus": (), "probe_sweep": (),
     "review": (), "eval_generator": ("runlocal", "mixed_outcome"), "grpo_verifier": ("runlocal",),
-    "propel_azr": ("runlocal",), "propel_math": ("runlocal",), "mixture": ("by_recipe",),
+    "propel_azr": ("runlocal",), "propel_math": ("runlocal",), "propel_sil": ("runlocal", "math"),
+    "mixture": ("by_recipe",),
     "retrogen": ("runlocal", "artifact_only"), "select_routes": ("runlocal",),
     "reconstruct": ("runlocal",), "retrogen_sft": ("runlocal",),
     "ross_sft": ("ross_no_mask", "positive_sft", "agentic", "token_budget", "runlocal"),
