@@ -242,7 +242,25 @@ def claims(res: dict) -> list[dict]:
     return [{"claim": "the probe reward raises the utility (learnable-band) rate over the base "
                       "generator", "holds": u["probe"] > u["base"], "evidence": ev},
             {"claim": "the probe reward beats the verifier-free heuristic on utility",
-             "holds": u["probe"] > u["heuristic"], "evidence": ev}]
+             "holds": u["probe"] > u["heuristic"], "evidence": ev},
+            _kept(res["summary"])]
+
+
+def _kept(s: dict) -> dict:
+    """Validity and diversity kept: the probe run's validity and Distinct-3 not below the base
+    generator's, nor its Self-BLEU-3 above, by more than the two arms' mean std (one seed: at all)."""
+    slack = lambda k: (s["probe"][k]["std"] + s["base"][k]["std"]) / 2  # noqa: E731
+    p, b = ({k: s[a][k]["mean"] for k in ("validity", "distinct3", "self_bleu3")}
+            for a in ("probe", "base"))
+    holds = (p["validity"] >= b["validity"] - slack("validity")
+             and p["distinct3"] >= b["distinct3"] - slack("distinct3")
+             and p["self_bleu3"] <= b["self_bleu3"] + slack("self_bleu3"))
+    return {"claim": "the probe reward keeps the base generator's validity and diversity "
+                     "(validity, Distinct-3 not lower, Self-BLEU-3 not higher, beyond the arms' "
+                     "mean std)", "holds": holds,
+            "evidence": "; ".join(f"{NAMES[a]} validity {s[a]['validity']['mean']:.3f}, Distinct-3 "
+                                  f"{s[a]['distinct3']['mean']:.3f}, Self-BLEU-3 "
+                                  f"{s[a]['self_bleu3']['mean']:.3f}" for a in ("base", "probe"))}
 
 
 def plot(res: dict, folder: str) -> list[str]:

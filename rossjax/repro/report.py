@@ -43,6 +43,7 @@ def write(folder: str, results: dict, module, command: str) -> str:
     size = "quick" if results.get("quick") else "full"
     md = [f"# rossjax repro {results['experiment']} ({size} run, {results['seeds']} seed(s))", "",
           module.__doc__.strip().split("\n\n")[0], "", f"Regenerate: `{command}`", "",
+          *([provenance_line(results["provenance"]), ""] if results.get("provenance") else []),
           markdown_table(headers, rows), "", "## Claims", ""]
     for c in claims:
         md.append(f"- **{'shown' if c['holds'] else 'NOT shown'}**: {c['claim']} — {c['evidence']}")
@@ -58,6 +59,19 @@ def write(folder: str, results: dict, module, command: str) -> str:
                 for c in claims]
     summary.append(f"  report: {os.path.join(folder, 'report.md')}")
     return "\n".join(summary)
+
+
+def provenance_line(p: dict) -> str:
+    """One sentence: the code, jax and CPU threads a run's numbers came from (a rerun with the
+    same ones and the same seeds gives the same numbers)."""
+    code = f"rossjax {p.get('commit') or '(no git checkout)'}" + (
+        " with local changes" if p.get("local_changes") else "")
+    line = (f"Produced by {code}, jax {p.get('jax')} (jaxlib {p.get('jaxlib')}), "
+            f"{p.get('devices')} device(s), {p.get('cpu_threads')} CPU thread(s)"
+            + (f", XLA_FLAGS={p['xla_flags']}" if p.get("xla_flags") else "") + ".")
+    if p.get("resumed_with"):
+        line += " Resumed with: " + provenance_line(p["resumed_with"])[len("Produced by "):]
+    return line
 
 
 def bars(ax, names, summaries, title: str, ylabel: str = ""):
