@@ -163,7 +163,6 @@ def test_solver_reward_needs_its_section():
         check_config(cfg)
 
 
-@pytest.mark.slow  # one GRPO step through the CLI (compiles sampler and update)
 def test_propel_sil_runlocal_cli(tmp_path):
     from rossjax import cli
 

@@ -209,7 +209,6 @@ def test_calibration_follows_the_domain():
         assert parse_config([f"--config=configs/{name}.py"])[0].reward.probe.calibration == "auto"
 
 
-@pytest.mark.slow  # one GRPO step through the CLI (compiles sampler and update)
 def test_cold_transfer_grpo_step_cli(setup, tmp_path, capsys):
     from rossjax import cli
 

@@ -12,8 +12,8 @@ reference it was trained on (probes/sweep.py) and another one is refused
 SIL (`reward.functions=("solver",)`, configs/propel_sil.py): every candidate that passes the
 validity check W is posed to the solver (rossjax/train/solvers.py `Solver`, `trials`) K times (an
 induction task under the AZR protocol; a math problem once the two reference oracles agree on its
-answer, as label-corpus labels it) and paid the realized U_S = 1[lo <= solved / decided <= hi] (band "open":
-0 < rate < 1), the label `rossjax label-corpus` + `probe-sweep` give a task; an invalid task,
+answer, as label-corpus labels it) and paid the realized U_S = 1[lo <= solved / decided <= hi]
+(band "open": 0 < rate < 1), the label `rossjax label-corpus` + `probe-sweep` give a task; an invalid task,
 or one whose reference run fails, gets `invalid_reward`; a valid task with fewer than
 `min_valid` decided trials gets NaN (advantage 0). Trials and tasks tried are counted per step,
 with the process's peak memory (`memory_metrics`), for PROPEL's cost comparison (Table 3).
@@ -106,8 +106,7 @@ def reference_model(run):
     tok = _reference_tokenizer(ref, run.workdir)
     section = {"path": ref.get("path", ""), "preset": ref.get("preset", ""),
                "dtype": ref.get("dtype", "float32"), "param_dtype": ref.get("dtype", "float32")}
-    if not section["path"] and ref.get("preset"):
-        section["vocab_size"] = tok.vocab_size
+    # a preset keeps its own vocabulary, as `rossjax extract --config.model=preset:NAME` built it
     model_cfg, params = loading.load_model(section, seed=int(ref.get("seed", 0)),
                                            field=REFERENCE_FIELD)
     if tok.vocab_size > model_cfg.vocab_size:
