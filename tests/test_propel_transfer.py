@@ -164,6 +164,11 @@ def test_another_reference_is_refused_in_one_sentence(setup, tmp_path):
     # a reference with its own tokenizer cannot read the policy's token ids
     with pytest.raises(ValueError, match="render is 'record'.*cannot read"):
         Run(_cfg(setup, "--config.reward.probe.render=record"), str(tmp_path / "c"))
+    # the policy's folder holds no tokenizer: the reference's own must be named
+    with pytest.raises(ValueError, match="reference.tokenizer .*policy.* cannot be loaded .*no "
+                                         "tokenizer.json"):
+        Run(_cfg(setup, f"--config.reward.probe.reference.path={setup['policy']}"),
+            str(tmp_path / "d"))
     with pytest.raises(ValueError, match="reference.path '/nope' is not a model folder"):
         check_config(_cfg(setup, "--config.reward.probe.reference.path=/nope"))
     with pytest.raises(ValueError, match="calibration 'lukewarm' is not one of"):
