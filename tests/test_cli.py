@@ -189,6 +189,7 @@ def test_default_configs_ship_with_the_package():
 CONFIG_VARIANTS = {
     "aux_set": (), "curate": (), "extract": (), "label_corpus": (), "probe_sweep": (),
     "review": (), "eval_generator": ("runlocal", "mixed_outcome"), "grpo_verifier": ("runlocal",),
+    "grpo_agentic": ("runlocal",),
     "propel_azr": ("runlocal",), "propel_math": ("runlocal",), "propel_sil": ("runlocal", "math"),
     "mixture": ("by_recipe",),
     "retrogen": ("runlocal", "artifact_only"), "select_routes": ("runlocal",),

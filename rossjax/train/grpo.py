@@ -271,7 +271,8 @@ class Loop:
             rec["reward"] = float(scored.reward[k])
             rec["rewards"] = {n: float(v[k]) for n, v in scored.rewards.items()}
             scores = scored.cpu_scores[k]
-            verdicts = [scores[n][1] for n in ("verifier", "contains", "validity") if n in scores]
+            verdicts = [scores[n][1] for n in ("verifier", "contains", "validity", "env")
+                        if n in scores]
             rec["verifier"] = history.reward_verdict(rec["reward"], verdicts, cfg.reward.functions,
                                                      cfg.reward.success_threshold)
         self.hist.append(scored.sampled["records"])

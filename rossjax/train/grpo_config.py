@@ -9,7 +9,7 @@ import os
 from rossjax import defaults
 from rossjax.errors import ConfigError
 from rossjax.probes import reward as reward_lib
-from rossjax.train import advantages, grpo_losses, kl as kl_lib, policy_losses
+from rossjax.train import advantages, agentic_grpo, grpo_losses, kl as kl_lib, policy_losses
 from rossjax.verify import rewards
 
 # Every field, as plain data (no jax, so config files read it without loading the trainer).
@@ -41,6 +41,9 @@ def check_config(cfg):
     if g.is_mode != "none" and not 0 <= g.is_low < 1 < g.is_high:
         raise ConfigError(f"config.grpo.is_low {g.is_low} and is_high {g.is_high} must bracket 1 "
                           f"(0 <= is_low < 1 < is_high).")
+    if agentic_grpo.enabled(cfg):  # the reward is the environment's verdict
+        agentic_grpo.check_config(cfg)
+        return
     rewards.check_custom(r)  # reward.fn: importable; alone, it is the run's reward
     kinds = (*rewards.CPU_REWARDS, "probe", "solver")
     unknown = [f for f in r.functions if f not in kinds]

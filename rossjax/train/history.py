@@ -45,7 +45,9 @@ def reward_verdict(reward: float, verdicts: list, functions, threshold: float) -
     the CPU rewards returned for it (verifier, contains, validity), maybe none."""
     functions = tuple(functions)
     verdicts = [v for v in verdicts if v]
-    name = verdicts[0]["name"] if functions == ("verifier",) and verdicts else "grpo_reward"
+    # the only reward is a verifier's (or an agent env's, "env"): its verdict keeps its name
+    name = verdicts[0]["name"] if functions in (("verifier",), ("env",)) and verdicts \
+        else "grpo_reward"
     if reward is None or not math.isfinite(reward):
         passed, why = None, "the reward could not be computed (NaN)"
     else:

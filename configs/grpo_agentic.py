@@ -1,0 +1,69 @@
+"""Multi-turn GRPO with a tool environment: the trajectory reward is the environment's verdict.
+
+Run:
+  rossjax grpo --config=configs/grpo_agentic.py --config.model.path=HF_QWEN_DIR --workdir=runs/agent
+  rossjax grpo --config=configs/grpo_agentic.py:runlocal --workdir=/tmp/agent-local
+
+Each task's `group_size` candidates are live sequences on the rollout engine: a policy turn is
+sampled until the end-of-turn token (at most `grpo.max_new_tokens`), its tool calls are parsed
+(`agent.style`: hermes <tool_call> JSON, react, or module:function), the environment steps
+(`agent.step_timeout_s`, `agent.episode_timeout_s`), and the observations, rendered as tool
+messages by the chat template, are appended to the live sequence (no prefill of the history)
+until the policy answers without a call, the env says done, `agent.max_turns`, or the context
+budget `agent.max_tokens` (tokens of the whole trajectory). The loss runs on the sampled tokens
+only (observations and template tokens are context); advantages, aggregation, KL, IS
+corrections and dynamic sampling are those of single-turn GRPO. Every episode is appended to
+WORKDIR/history.jsonl with its exact token ids; `rossjax curate` relearns it (docs/agents.md).
+
+Environments (`agent.env`): calculator (the shipped demo, data/agents/calculator.jsonl),
+python (code in the sandbox), corpus (`--config.agent.env_kwargs='{"path": "docs.jsonl"}'`),
+or a user's `module:Class` (a rossjax.agents.Environment subclass).
+
+`:runlocal` (tiny random Qwen2, ASCII tokenizer, 4 tasks x 4 episodes of up to 3 turns, 4
+steps) runs the whole path on CPU in about a minute. Measured: its reward stays 0. A random
+0.1M-parameter model never writes a `<tool_call>` nor the exact product of two numbers, so
+the calculator's verdict never passes and every group's advantages are 0; learning on the demo
+needs a policy that already calls the tool (an instruct model via `--config.model.path`; not
+measured here). `:runlocal` shows the mechanics (engine rollouts, history, resume), not
+learning.
+"""
+
+import ml_collections as mlc
+
+from rossjax.configs import common
+
+
+def agent_section() -> mlc.ConfigDict:
+    return mlc.ConfigDict(dict(
+        env="calculator",
+        env_kwargs="{}",          # JSON object: keyword arguments of the env class
+        style="hermes",           # hermes | react | module:function (text, n0) -> (calls, errors)
+        max_turns=6,
+        max_tokens=4096,          # context budget of a trajectory (tokens); the update row length
+        tools_in_prompt=True,     # the env's tools rendered into the prompt (and the row's `tools`)
+        step_timeout_s=10.0,
+        episode_timeout_s=120.0))
+
+
+def get_config(arg: str | None = None):
+    variants = common.variants(arg, ("runlocal",), "grpo_agentic.py")
+    c = common.grpo_config()
+    c.run_name = "grpo-agentic"
+    c.data.tasks = common.data_file("agents", "calculator.jsonl")
+    c.agent = agent_section()
+    c.reward.functions, c.reward.weights = ("env",), (1.0,)
+    c.reward.workers = 0              # the env judges during the rollout; no reward processes
+    c.grpo.steps = 200
+    c.grpo.contexts = 16
+    c.grpo.group_size = 8
+    c.grpo.max_new_tokens = 512       # one policy turn
+    c.grpo.advantages = "mean"        # Dr. GRPO, as grpo_verifier.py
+    c.grpo.agg = "seq_mean_token_sum_norm"  # Dr. GRPO's constant normalizer: agent.max_tokens
+    c.optim.peak_lr = c.optim.end_lr = 1e-6
+    if "runlocal" in variants:
+        common.runlocal_grpo(c, steps=4, max_new_tokens=24, save_every=2)
+        c.reward.workers = 0
+        c.agent.max_turns, c.agent.max_tokens = 3, 1024
+        c.grpo.agg = "token_mean"
+        c.optim.peak_lr = c.optim.end_lr = 3e-3
+    return c
