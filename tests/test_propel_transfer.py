@@ -148,6 +148,16 @@ def test_probe_reads_the_reference_through_its_own_tokenizer(setup, tmp_path):
         run.workers.close()
 
 
+def test_full_finetuning_keeps_no_policy_copy_for_a_reference_of_its_own(setup, tmp_path):
+    from rossjax.train.grpo_setup import Run
+
+    run = Run(_cfg(setup, "--config.lora.enabled=False", "--config.grpo.beta=0.0"), str(tmp_path))
+    try:  # beta 0 and the probe on its own reference: no frozen copy of the policy is held
+        assert run.ref is None and run.probe_reward.model_cfg.model_type == "llama"
+    finally:
+        run.workers.close()
+
+
 def test_another_reference_is_refused_in_one_sentence(setup, tmp_path):
     from rossjax.train.grpo_setup import Run
 
