@@ -21,7 +21,7 @@ from rossjax.errors import ConfigError
 from rossjax.probes import reward as reward_lib
 from rossjax.tokenizers import load_tokenizer
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
-from rossjax.train import grpo_step, optim, rollout, trainable as trainable_lib
+from rossjax.train import agentic_grpo, grpo_step, optim, rollout, trainable as trainable_lib
 from rossjax.train.grpo_config import check_config
 from rossjax.verify import rewards
 from rossjax.verify.pool import WorkerPool
@@ -136,13 +136,14 @@ class Run:
         # The settings the compiled steps depend on (stop_after only ends the loop).
         g_key = json.dumps({k: v for k, v in g.to_dict().items() if k != "stop_after"},
                            sort_keys=True, default=str)
+        loss_len = agentic_grpo.loss_len(cfg)  # an agentic row's loss region: the trajectory
         key = (self.model_cfg, cfg.optim.to_json(), g_key, cfg.lora.to_json(), self.lora_alpha,
-               g.steps, self.part)
+               g.steps, self.part, loss_len)
         self.fns = step_cache.get(key, lambda: grpo_step.StepFns(
             self.model_cfg, self.optimizer, schedule, partitioner=self.part,
             param_shardings=t.param_shardings, state_shardings=self.state_shardings,
             base_shardings=t.base_shardings or {}, lora_alpha=self.lora_alpha, loss_cfg=g,
-            chunk=g.loss_chunk, max_new=g.max_new_tokens))
+            chunk=g.loss_chunk, max_new=loss_len))
 
     def abstract_state(self):
         """The train state's ShapeDtypeStructs with shardings: a checkpoint restore target."""
@@ -151,6 +152,11 @@ class Run:
     def _setup_rewards(self, cpu_scorer):
         """CPU reward kinds on the worker pool, and the probe reward (a second forward)."""
         cfg = self.cfg
+        self.probe_reward, self.probe_names = None, []
+        if agentic_grpo.enabled(cfg):  # the env's verdicts, judged during the rollout
+            self.cpu_kinds = (agentic_grpo.ENV_REWARD,)
+            self.workers = WorkerPool(0, agentic_grpo.env_scores)
+            return
         self.cpu_kinds = tuple(f for f in cfg.reward.functions if f in rewards.CPU_REWARDS)
         if self._uses_probe() and cfg.reward.probe.gate != "probe_only":
             self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.probe.validity,)))
@@ -174,6 +180,8 @@ class Run:
         return self.fns.merge(state["params"], self.base)
 
     def sample(self, params, tasks, step, refill: int = 0):  # refill: DAPO's extra rounds
+        if agentic_grpo.enabled(self.cfg):  # multi-turn episodes on the engine
+            return agentic_grpo.sample(self, params, tasks, step, refill)
         g, tok = self.cfg.grpo, self.tok
         msgs = [rollout.prompt_messages(t, self.cfg.system) for t in tasks]
         prompts = [tok.encode(rollout.render_prompt(m, self.cfg.template, tok)) for m in msgs]
