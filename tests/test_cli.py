@@ -247,6 +247,9 @@ def test_configs_import_each_other_as_rossjax_configs():
     assert azr["grpo"].pop("beta") == 0.05 and math["grpo"].pop("beta") == 0.1
     for c in (azr, math):
         c.pop("run_name"), c["data"].pop("tasks"), c["reward"]["probe"].pop("validity")
+    # math's generator context (its two in-context problems) is a section of its own
+    assert math["data"].pop("math") == {"context": "paper", "examples": "", "n_examples": 2}
+    assert "math" not in azr["data"]
     assert azr == math
 
 
