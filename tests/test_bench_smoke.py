@@ -29,3 +29,17 @@ def test_bench_sft_smoke(capsys):
     ours, theirs = map(float, re.search(r"rossjax ([\d.]+), torch ([\d.]+)", out).groups())
     assert ours == pytest.approx(theirs, rel=1e-4)
     assert "ratio rossjax / torch:" in out
+
+
+def test_bench_grpo_update_smoke(capsys):
+    from rossjax.bench import grpo as bench_grpo
+
+    assert bench_grpo.main(["--part", "update", "--preset", "tiny_qwen2", "--contexts", "2",
+                            "--group", "2", "--new_tokens", "8", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    # Same weights, same rows: the two updates start from the same loss and gradient norm.
+    m = re.search(r"rossjax loss (\S+) grad-norm (\S+) .*\| torch loss (\S+) grad-norm (\S+)", out)
+    ours_loss, ours_norm, torch_loss, torch_norm = map(float, m.groups())
+    assert ours_loss == pytest.approx(torch_loss, abs=1e-5)
+    assert ours_norm == pytest.approx(torch_norm, rel=1e-4)
+    assert re.search(r"ratio [\d.]+x wall, [\d.]+x CPU time", out)

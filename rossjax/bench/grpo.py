@@ -104,11 +104,23 @@ def main(argv=None) -> int:
     ap.add_argument("--peer", choices=("trl",), default=None,
                     help="trl: TRL's GRPOTrainer on the same model, prompts, sizes and reward")
     ap.add_argument("--lr", type=float, default=1e-5, help="(--peer) learning rate of both")
+    ap.add_argument("--part", choices=("step", "update"), default="step",
+                    help="update: the policy update alone, rossjax vs torch on the same batch "
+                         "(rossjax/bench/grpo_update.py)")
+    ap.add_argument("--repeats", type=int, default=5, help="(--part update) timed pairs")
     args = ap.parse_args(argv)
+    given = set(a.split("=")[0] for a in (argv or []))
+    if args.part == "update":
+        from rossjax.bench import grpo_update
+
+        # the TRL comparison's sizes unless given: 8 prompts x 8 candidates x 64 new tokens
+        for flag, v in (("--contexts", 8), ("--new_tokens", 64)):
+            if flag not in given:
+                setattr(args, flag[2:], v)
+        return grpo_update.run(args)
     if args.peer == "trl":
         from rossjax.bench import grpo_trl
 
-        given = set(a.split("=")[0] for a in (argv or []))
         # the sizes unless given: 8 prompts x 8 candidates x 64 new tokens, 24M-class model
         for flag, v in (("--contexts", 8), ("--new_tokens", 64), ("--steps", 4)):
             if flag not in given:

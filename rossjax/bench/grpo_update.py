@@ -1,0 +1,154 @@
+"""`rossjax bench grpo --part update`: the GRPO policy update alone, rossjax vs torch, same batch.
+
+One run builds the model once (the preset at random init with the ASCII tokenizer's 131-token
+vocabulary, written as a Hugging Face folder both sides load), samples one real GRPO batch with
+`rossjax grpo`'s own sampler (`--contexts` prompts x `--group` candidates x `--new_tokens`,
+T = 1; advantages from a seeded random reward), then times, alternating, the compiled rossjax
+update (`grpo_step.StepFns.update` as `rossjax grpo` builds it: on-policy, beta 0, token-mean
+ppo-clip, entropy metric, global-norm clip 1, AdamW; host->device copy of the rows included) and
+the torch step on the very same rows: transformers forward (sdpa, padding masked), log-softmax
+gather, the same clipped surrogate with the old log-probs detached (TRL's on-policy path), the
+entropy TRL logs, backward, clip_grad_norm_ 1, torch AdamW. Both start from the same weights,
+so their first loss and gradient norm are printed side by side: they must agree.
+
+Prints the median seconds of each over `--repeats` alternating pairs (after a warm-up of each)
+and the ratio torch / rossjax: on a machine others load too, medians of interleaved pairs are
+the figure to quote, not one timing.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+
+def _config(args, folder: str):
+    from rossjax.train import grpo
+
+    c = grpo.default_config()
+    c.tokenizer = folder
+    c.model.path, c.model.dtype, c.model.remat_policy = folder, "float32", "none"
+    c.data.tasks = "gen:arith"
+    c.grpo.steps, c.grpo.contexts, c.grpo.group_size = 2, args.contexts, args.group
+    c.grpo.max_new_tokens, c.grpo.beta, c.grpo.temperature = args.new_tokens, 0.0, 1.0
+    c.grpo.micro_batches, c.grpo.num_iterations = 1, 1
+    c.optim.peak_lr = c.optim.end_lr = args.lr
+    c.reward.functions, c.reward.workers = ("contains",), 0
+    c.mesh.num_devices = 1
+    return c
+
+
+def _rows(run, args) -> dict:
+    """One batch as `rossjax grpo` builds it (real sampled completions, stop tokens included)."""
+    from rossjax.train import grpo_step, rollout
+
+    tasks = rollout.TaskSource("gen:arith", 0).next(args.contexts)
+    state = run.new_state()
+    sampled = run.sample(run.policy(state), tasks, 0)
+    b = sampled["batch"]
+    zeros = np.zeros(b["mask"].shape, np.float32)
+    reward = np.random.default_rng(0).random(len(b["mask"]))
+    from rossjax.train import grpo_losses
+
+    adv = np.asarray(grpo_losses.group_advantages(reward, args.group, "mean"), np.float32)
+    rows = {**{k: b[k] for k in grpo_step.BATCH_KEYS}, "old_logp": zeros, "ref_logp": zeros,
+            "is_weights": zeros, "sampler_logp": b["sampler_logp"], "adv": adv}
+    return state, rows
+
+
+class _Torch:
+    """The torch update on the same rows (see module doc)."""
+
+    def __init__(self, folder: str, rows: dict, lr: float, ocfg):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                          attn_implementation="sdpa")
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(ocfg.b1, ocfg.b2),
+                                     eps=ocfg.eps, weight_decay=ocfg.weight_decay)
+        self.clip = float(ocfg.clip_norm)
+        t = lambda k, dt=torch.long: torch.tensor(np.asarray(rows[k]), dtype=dt)
+        self.ids, self.pos, self.tgt = t("tokens"), t("positions"), t("targets")
+        self.attn = t("segment_ids") > 0
+        self.mask = t("mask", torch.float32)
+        self.adv = torch.tensor(rows["adv"], dtype=torch.float32)[:, None]
+
+    def step(self):
+        torch = self.torch
+        logits = self.model(input_ids=self.ids, attention_mask=self.attn.long(),
+                            position_ids=self.pos).logits.float()
+        lsm = torch.log_softmax(logits, dim=-1)
+        logp = lsm.gather(-1, self.tgt[..., None])[..., 0]
+        with torch.no_grad():
+            entropy = -(lsm.exp() * lsm).sum(-1)
+            ent = float((entropy * self.mask).sum() / self.mask.sum().clamp(min=1))
+        ratio = torch.exp(logp - logp.detach())
+        pg = -torch.minimum(ratio * self.adv, torch.clamp(ratio, 0.8, 1.2) * self.adv)
+        loss = (pg * self.mask).sum() / self.mask.sum().clamp(min=1)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return float(loss.detach()), float(gnorm), ent
+
+
+def run(args) -> int:
+    import jax
+
+    from rossjax.bench.grpo_trl import _model_folder
+    from rossjax.train import grpo_setup
+
+    if args.repeats < 1:
+        from rossjax.errors import UsageError
+
+        raise UsageError("rossjax bench grpo --part update: --repeats must be at least 1.")
+    with tempfile.TemporaryDirectory() as d:
+        folder = _model_folder(args, os.path.join(d, "model"))
+        c = _config(args, folder)
+        r = grpo_setup.Run(c, os.path.join(d, "run"), step_cache=grpo_setup.StepCache())
+        state, rows = _rows(r, args)
+        peer = _Torch(folder, rows, args.lr, c.optim)
+        fns = r.fns
+
+        def ours():
+            nonlocal state
+            state, m = fns.update(state, r.base, fns.put_rows(rows))
+            return jax.device_get(m)
+
+        t0 = time.perf_counter()
+        m0 = ours()   # compiles
+        compile_s = time.perf_counter() - t0
+        p0 = peer.step()
+        ta, tb, ca, cb = [], [], [], []
+        for _ in range(args.repeats):
+            for fn, wall, cpu in ((ours, ta, ca), (peer.step, tb, cb)):
+                t0, c0 = time.perf_counter(), time.process_time()
+                fn()
+                wall.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
+        r.workers.close()
+    a, b = statistics.median(ta), statistics.median(tb)
+    med = statistics.median
+    mask = rows["mask"]
+    print(f"bench grpo --part update: {args.preset} (vocab 131), {len(mask)} rows x "
+          f"{mask.shape[1]} positions ({int(mask.sum())} completion tokens), on-policy, beta 0, "
+          f"AdamW + clip 1")
+    print(f"  first update   rossjax loss {float(m0['loss']):.6f} grad-norm "
+          f"{float(m0['grad_norm']):.6f} entropy {float(m0['entropy']):.4f} | torch loss "
+          f"{p0[0]:.6f} grad-norm {p0[1]:.6f} entropy {p0[2]:.4f}")
+    print(f"  rossjax update {a:7.3f} s, {med(ca):7.3f} CPU s (median of {len(ta)}; compile + "
+          f"first {compile_s:.1f} s; all: {', '.join(f'{x:.2f}' for x in ta)})")
+    print(f"  torch update   {b:7.3f} s, {med(cb):7.3f} CPU s (median of {len(tb)}; all: "
+          f"{', '.join(f'{x:.2f}' for x in tb)})")
+    # Per pair, then the median: a pair's two halves ran under about the same load.
+    pairs = med([y / x for x, y in zip(ta, tb)])
+    print(f"  ratio {pairs:.2f}x wall, {med(cb) / med(ca):.2f}x CPU time (torch / rossjax, "
+          f"median over pairs; target >= 1)")
+    return 0
