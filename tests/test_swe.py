@@ -1,7 +1,7 @@
 """PROPEL's SWE domain, CPU half: the shipped repositories (data/swe/), the bug-writing verifier
-(rossjax/verify/swe.py, one reason per failure), tree helpers (rossjax/verify/repo.py), and the
-agent layer's generator episode, K = 3 solver trials, label rows and repo-disjoint splits
-(rossjax/agents/swe.py), with scripted policies."""
+(rossjax/verify/swe.py, one reason per failure; forgeries in tests/test_swe_forgery.py), tree
+helpers (rossjax/verify/repo.py), and the agent layer's generator episode, K = 3 solver trials,
+label rows and repo-disjoint splits (rossjax/agents/swe.py), with scripted policies."""
 
 import json
 import os
@@ -77,7 +77,8 @@ CASES = {
                                                                   "import re  # re\n")),
                      "no_failing_test: all 10 tests still pass"),
     "import_crash": (lambda b: rrepo.unified_diff(b.files, edited(
-        b, CORE, "import re\n", "import re\nraise SystemExit(3)\n")), "suite_broken: pytest exited"),
+        b, CORE, "import re\n", "import re\nraise SystemExit(3)\n")),
+        "suite_broken: the package's process failed the checker's calls: the program exited"),
     "collection_error": (lambda b: rrepo.unified_diff(b.files, edited(
         b, "textkit/__init__.py", "slugify, title_case", "slugify, nope, title_case")),
         "suite_broken: pytest exited 2"),
@@ -99,7 +100,9 @@ def test_a_hang_is_suite_broken(base):
 
 
 def test_a_dropped_test_is_suite_broken(base):
-    """A bug that makes pytest skip a test at import is not a failing test: the test is gone."""
+    """A bug that tries to make pytest skip a test at import is not a failing test. pytest is
+    not even importable in the package's process (it runs in the checker), so the import fails
+    and the module's tests are not collected: `suite_broken`, never `FAILED`."""
     files = edited(base, CORE, "import re\n", "import re\nimport pytest\n"
                    "pytest.skip('gone', allow_module_level=True)\n")
     v = swe.verify_bug(base, rrepo.unified_diff(base.files, files))

@@ -7,7 +7,9 @@ general form both use: a trusted `checker` source runs against proxies of the pr
 functions. Each run is a fresh `python -I -S` (stdlib only) started by the host, which enforces
 wall time and an output cap and kills the process tree when either runs out. `run_shell(command,
 workdir)` runs `bash -c command` instead, over a writable scratch copy of a repository (the
-agents' `bash` environment, the SWE verifier's pytest runs): kernel walls only, no audit hook.
+agents' `bash` environment, the SWE verifier's `patch`): kernel walls only, no audit hook.
+`run_pytest(program, tests, modules)` runs trusted test files under pytest in the checker
+against proxy modules of the program's package (the SWE suite; sandbox_pytest.py).
 
 Verdicts a program cannot forge (checked runs). The bootstrap (sandbox_boot.py, trusted, before
 any untrusted code) forks a *program* process, which runs the model's code and then serves calls
@@ -168,6 +170,38 @@ def run_shell(command: str, workdir: str, timeout_s: float = 10.0, *,
     return _run(command, stdin, timeout_s, limits or Limits(), None, "", None, shell)[0]
 
 
+def run_pytest(program: str, tests: dict, modules, timeout_s: float = 30.0, *,
+               limits: Limits | None = None, site=(), args=("-q",)) -> tuple[RunResult, list[str]]:
+    """A suite run: `program` (Python source; it imports the package and defines
+    `__rj_import__`, see sandbox_pytest.py) runs in the program process, and pytest, imported
+    from the `site` dirs, runs the trusted `tests` ({relative path: text}: test files and
+    pytest config, written by the host where only the host can write) in the checker process,
+    where every module below the top-level names `modules` is a proxy of the program's. Returns
+    the run and the checker's report lines (sandbox_pytest.py), ok iff pytest returned."""
+    site = [os.path.realpath(d) for d in site]
+    missing = [d for d in site if not os.path.isdir(d)]
+    if missing:
+        raise InputError(f"run_pytest site dir {missing[0]!r} is not a directory")
+    spec = {"modules": sorted(modules), "site": site,
+            "args": ["-p", "no:cacheprovider", "--capture=sys", "--color=no", *args]}
+    suite = {"tests": dict(tests), "site": site, "spec": spec}
+    return _run(program, "", timeout_s, limits or Limits(), "", "", None, suite=suite)
+
+
+def _write_tests(tests: dict, root: str):
+    """The trusted test files into `root`, readable by the sandbox's uids, writable by none."""
+    os.mkdir(root, 0o755)
+    for rel, text in tests.items():
+        norm = os.path.normpath(rel)
+        if os.path.isabs(norm) or norm.split(os.sep)[0] == "..":
+            raise InputError(f"run_pytest test path {rel!r} leaves the test dir")
+        path = os.path.join(root, norm)
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(path, 0o644)
+
+
 def _own_tree(root: str, uid: int):
     """lchown every entry below `root` (links are changed, never followed)."""
     os.lchown(root, uid, uid)
@@ -176,7 +210,7 @@ def _own_tree(root: str, uid: int):
             os.lchown(os.path.join(d, name), uid, uid)
 
 
-def _run(program, stdin, timeout_s, lim, checker, entry, prefix, shell=None):
+def _run(program, stdin, timeout_s, lim, checker, entry, prefix, shell=None, suite=None):
     timeout_s = _check_timeout(timeout_s, lim)
     host = get_host()
     uid = host.acquire_uid()
@@ -195,7 +229,11 @@ def _run(program, stdin, timeout_s, lim, checker, entry, prefix, shell=None):
             f.write(program)
         if checker is not None:
             with open(os.path.join(tmp, "checker.bin"), "wb") as f:
-                f.write(wire_enc((checker, prefix or "")))
+                f.write(wire_enc(suite["spec"] if suite else (checker, prefix or "")))
+        if suite:
+            os.chmod(tmp, 0o711)  # the checker's uid reaches its test dir (modes keep the rest)
+            _write_tests(suite["tests"], os.path.join(tmp, "checker"))
+            ro_dirs = _outermost(set(ro_dirs) | set(suite["site"]))
         with open(os.path.join(tmp, "stdin.txt"), "w", encoding="utf-8",
                   errors="surrogateescape") as f:
             f.write(stdin)
@@ -213,6 +251,8 @@ def _run(program, stdin, timeout_s, lim, checker, entry, prefix, shell=None):
             "status_fd": status_w, "report_fd": report_w, "checked": checker is not None,
             "entry": entry, "cap": _REPLY_CAP, "shell": bool(shell),
             "repo": shell and shell["repo"], "shell_env": None,
+            "suite": suite and {"dir": os.path.join(tmp, "checker"),
+                                "reads": suite["site"] + [os.path.join(tmp, "checker")]},
             "limits": {"cpu_s": int(lim.cpu_s or math.ceil(timeout_s)),
                        "memory_bytes": lim.memory_mb << 20, "file_bytes": lim.file_mb << 20,
                        "disk_bytes": lim.disk_mb << 20, "files": lim.files,

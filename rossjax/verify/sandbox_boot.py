@@ -1,5 +1,6 @@
 """Bootstrap of a sandbox: `python -I -S BOOT.pyc <params dict literal>`, where BOOT.pyc is the
-texts of sandbox_wire, sandbox_harness, sandbox_hook and this file, compiled once by the host.
+texts of sandbox_wire, sandbox_harness, sandbox_pytest, sandbox_hook, sandbox_kernel and this
+file, compiled once by the host (sandbox_host.BOOT_PARTS).
 
 Trusted code only, before any untrusted code runs; stdlib only, no rossjax import (startup
 matters). Processes (see sandbox.py for what each mode guarantees):
@@ -12,7 +13,8 @@ matters). Processes (see sandbox.py for what each mode guarantees):
       the active layers on the status descriptor, forks the children below, reaps everything,
       and reports each child's exit status. Non-dumpable; never runs untrusted code.
   checker (checked runs only) runs the trusted tests against proxies of the program's functions
-      and alone holds the report descriptor (sandbox_harness.py). Its own uid as root, its own
+      (sandbox_harness.py; pytest over trusted test files, sandbox_pytest.py) and alone holds
+      the report descriptor. Its own uid as root, its own
       Landlock domain otherwise; non-dumpable, so no other process can ptrace it or open its
       descriptors through /proc.
   program runs the model's code under the program uid / Landlock domain, rlimits and the audit
@@ -24,7 +26,6 @@ A refusal by the audit hook is reported on stderr and then ends the process at o
 status REFUSED: a program cannot swallow it, and closing stderr only hides the message.
 """
 
-import ctypes  # the kernel interfaces below have no os wrapper in Python 3.11
 import os
 import resource
 import sys
@@ -33,270 +34,36 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # in the sandbox these come from the texts run before this one
     from rossjax.verify.sandbox_harness import harness_check, harness_serve
     from rossjax.verify.sandbox_hook import _make_hook
+    from rossjax.verify.sandbox_kernel import (
+        _ARCH,
+        _SECCOMP_ARCH,
+        PR_SET_DUMPABLE,
+        PR_SET_NO_NEW_PRIVS,
+        PR_SET_PDEATHSIG,
+        _build_root,
+        _drop_caps,
+        _keep_fds,
+        _landlock,
+        _limit,
+        _prctl,
+        _put_program,
+        _scratch_tmpfs,
+        _seccomp,
+        _unshare,
+        landlock_abi,
+    )
+    from rossjax.verify.sandbox_pytest import harness_pytest
 
 P = eval(sys.argv[1], {"__builtins__": {}})  # a dict literal written by the host
 REFUSED = 113  # exit status of a process the audit hook ended (sandbox_hook.py)
 SETUP_FAILED = 114  # a child could not build its walls (sandbox.py: sandbox_error)
-_libc = ctypes.CDLL(None, use_errno=True)
-_ARCH = os.uname().machine
-_SYS = {"x86_64": {"pivot_root": 155, "capset": 126},
-        "aarch64": {"pivot_root": 41, "capset": 91}}.get(_ARCH, {})
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 
 
-def _call(fn, *args):
-    args = [a.encode() if isinstance(a, str) else a for a in args]
-    if fn(*args) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{getattr(fn, '__name__', 'syscall')}: {os.strerror(err)}")
-
-
-def _prctl(option, value):
-    _call(_libc.prctl, option, ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0),
-          ctypes.c_ulong(0))
-
-
-def _mount(src, dst, fstype, flags, data=None):
-    _call(_libc.mount, src, dst, fstype, ctypes.c_ulong(flags), data)
-
-
-def _write(path, text):
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
-def _unshare(root):
-    """'root' or 'user' (which namespaces were made) or '' when the kernel refuses them."""
-    base = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
-    try:
-        if root:
-            _call(_libc.unshare, base)
-            return "root"
-        uid, gid = os.geteuid(), os.getegid()
-        _call(_libc.unshare, base | CLONE_NEWUSER)
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
-        return "user"
-    except OSError:
-        return ""
-
-
-def _bind_ro(src, dst, is_dir=True):
-    if is_dir:
-        os.makedirs(dst, exist_ok=True)
-    else:
-        os.close(os.open(dst, os.O_CREAT | os.O_WRONLY, 0o644))
-    _mount(src, dst, None, MS_BIND | MS_REC)
-    _mount(None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID
-           | (0 if not is_dir else MS_NODEV))
-
-
-def _build_root(p, program, uid):
-    """As root: a read-only tmpfs root holding read-only binds of the interpreter, its shared
-    libraries and /usr/share/zoneinfo, four device nodes, a /proc of the new pid namespace and a
-    size-limited tmpfs /sandbox (the only writable place); pivot_root into it and detach the
-    host's tree, so nothing else exists (no path check involved)."""
-    new = p["stage"]
-    lim = p["limits"]
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("rossjax-root", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
-    for d in p["ro_dirs"]:
-        _bind_ro(d, new + d)
-    for link, target in p["links"].items():
-        os.makedirs(os.path.dirname(new + link), exist_ok=True)
-        os.symlink(target, new + link)
-    os.makedirs(new + "/dev")
-    for dev in ("null", "zero", "urandom", "random"):
-        # Read-only binds; writes to /dev/null still work (the node, not the mount, takes them).
-        _bind_ro("/dev/" + dev, new + "/dev/" + dev, is_dir=False)
-    os.makedirs(new + "/proc")
-    _mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
-    os.makedirs(new + "/sandbox")
-    owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    _mount("rossjax-scratch", new + "/sandbox", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-           f"size={lim['disk_bytes']},nr_inodes={lim['files']},mode=700{owner}")
-    os.symlink("/sandbox", new + "/tmp")
-    _put_program(new + "/sandbox/main.py", program, uid)
-    if p.get("shell"):  # run_shell: the caller's scratch copy of a repository, writable at /repo
-        os.makedirs(new + "/repo")
-        _mount(p["repo"], new + "/repo", None, MS_BIND | MS_REC)
-        _mount(None, new + "/repo", None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV)
-    os.makedirs(new + "/.old")
-    if _libc.syscall(_SYS["pivot_root"], new.encode(), (new + "/.old").encode()) != 0:
-        raise OSError(ctypes.get_errno(), "pivot_root failed")
-    os.chdir("/")
-    _call(_libc.umount2, "/.old", 2)  # MNT_DETACH: the host's mounts are gone from this tree
-    os.rmdir("/.old")
-    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
-    return "/sandbox"
-
-
-def _scratch_tmpfs(p, program, layers):
-    """In a user namespace: the scratch dir becomes a size-limited tmpfs (total disk cap)."""
-    lim = p["limits"]
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("rossjax-scratch", p["work"], "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-           f"size={lim['disk_bytes']},nr_inodes={lim['files']},mode=700")
-    _put_program(p["work"] + "/main.py", program, None)
-    try:  # a /proc of the new pid namespace: no host process is visible
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-        layers.append("proc")
-    except OSError:
-        pass  # e.g. a container whose /proc is partly masked: Landlock still denies it
-    return p["work"]
-
-
-def _put_program(path, program, uid):
-    with open(path, "wb") as f:
-        f.write(program)
-    if uid is not None:
-        os.chown(path, uid, uid)
-
-
-# Landlock (kernel >= 5.13): a ruleset handling every right this ABI knows, with rules granting
-# reads of `read` dirs, everything below `write`, and read/write of the device nodes.
-_LL_FS_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1,
-              5: (1 << 16) - 1}
-_LL_READ = (1 << 2) | (1 << 3)  # READ_FILE | READ_DIR
-_LL_FILE = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)  # rights valid on a file
-
-
-def landlock_abi():
-    abi = _libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
-    return abi if abi > 0 else 0
-
-
-def _landlock(abi, read, write, devices, execute=False):
-    fs = _LL_FS_ABI.get(abi, (1 << 16) - 1)
-    net = 3 if abi >= 4 else 0  # BIND_TCP | CONNECT_TCP, no rule: no TCP at all
-    scoped = 3 if abi >= 6 else 0  # ABSTRACT_UNIX_SOCKET | SIGNAL: nothing outside the domain
-    attr = (ctypes.c_uint64 * 3)(fs, net, scoped)
-    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
-    rfd = _libc.syscall(444, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if rfd < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
-
-    class Beneath(ctypes.Structure):
-        _pack_ = 1
-        _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-    def allow(path, rights):
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            rule = Beneath(rights, fd)
-            if _libc.syscall(445, rfd, 1, ctypes.byref(rule), 0) != 0:
-                raise OSError(ctypes.get_errno(), f"landlock_add_rule {path} failed")
-        finally:
-            os.close(fd)
-
-    for d in read:  # a shell execs binaries (and their ELF interpreter) from the read roots
-        allow(d, (_LL_READ | (1 if execute else 0)) & fs)
-    for w in [write] if isinstance(write, str) else write or ():
-        allow(w, fs)
-    for d in devices:
-        allow(d, (_LL_FILE & fs) & ~1)
-    _prctl(PR_SET_NO_NEW_PRIVS, 1)
-    if _libc.syscall(446, rfd, 0) != 0:
-        raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
-    os.close(rfd)
-
-
-def _drop_caps():
-    """In a user namespace: drop every capability (the program must not mount or ptrace)."""
-    head = (ctypes.c_uint32 * 2)(0x20080522, 0)
-    data = (ctypes.c_uint32 * 6)()
-    if _libc.syscall(_SYS["capset"], ctypes.byref(head), ctypes.byref(data)) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
-
-
-# audit arch, then the numbers of socket, unshare, clone, clone3
-_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 272, 56, 435),
-                 "aarch64": (0xC00000B7, 198, 97, 220, 435)}
-
-
-def _seccomp():
-    """A seccomp filter: socket(AF_UNIX) fails with EPERM (namespaces and Landlock leave the host
-    user's pathname unix sockets reachable; socketpair still works); so do unshare() and clone()
-    with CLONE_NEWUSER (a nested user namespace gives a program capabilities over new namespaces:
-    kernel attack surface it never needs); clone3 answers ENOSYS (its flags sit in memory a
-    filter cannot read; libc falls back to clone). False when this architecture has no entry."""
-    if _ARCH not in _SECCOMP_ARCH:
-        return False
-    arch, nr_socket, nr_unshare, nr_clone, nr_clone3 = _SECCOMP_ARCH[_ARCH]
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    allow, kill = 0x7FFF0000, 0x80000000  # SECCOMP_RET_ALLOW, SECCOMP_RET_KILL_PROCESS
-    eperm, enosys = 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
-    # (code, jump-if-true label, jump-if-false label, k); labels resolve to relative offsets.
-    prog = [("", ld, None, None, 4), ("", jeq, "nr", "kill", arch),
-            ("kill", ret, None, None, kill), ("nr", ld, None, None, 0)]
-    if _ARCH == "x86_64":  # x32 numbers (bit 30) reach the same kernel code: refuse them
-        prog.append(("", jge, "deny", None, 0x40000000))
-    prog += [("", jeq, "sock", None, nr_socket), ("", jeq, "deny", None, nr_unshare),
-             ("", jeq, "clone", None, nr_clone), ("", jeq, "enosys", None, nr_clone3),
-             ("", ret, None, None, allow),
-             ("sock", ld, None, None, 16), ("", jeq, "deny", None, 1),  # args[0] == AF_UNIX
-             ("", ret, None, None, allow),
-             ("clone", ld, None, None, 16), ("", jset, "deny", None, 0x10000000),
-             ("", ret, None, None, allow),  # (classic BPF jumps only forward)
-             ("deny", ret, None, None, eperm), ("enosys", ret, None, None, enosys)]
-    where = {label: i for i, (label, *_) in enumerate(prog) if label}
-
-    def off(i, label):
-        return 0 if label is None else where[label] - i - 1
-
-    class Insn(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
-                    ("k", ctypes.c_uint32)]
-
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Insn))]
-
-    insns = (Insn * len(prog))(*[Insn(code, off(i, t), off(i, f), k)
-                                 for i, (_, code, t, f, k) in enumerate(prog)])
-    fprog = Prog(len(prog), insns)
-    _call(_libc.prctl, 22, ctypes.c_ulong(2), ctypes.byref(fprog), ctypes.c_ulong(0),
-          ctypes.c_ulong(0))  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-    return True
-
-
-def _limit(lim, uid):
-    resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu_s"], lim["cpu_s"] + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (lim["memory_bytes"], lim["memory_bytes"]))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (lim["file_bytes"], lim["file_bytes"]))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if uid is not None:
-        # RLIMIT_NPROC counts a real uid's processes system-wide: only with a private uid.
-        resource.setrlimit(resource.RLIMIT_NPROC, (lim["procs"], lim["procs"]))
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-
-
-def _keep_fds(keep):
-    prev = 3
-    for fd in sorted(keep):
-        if fd >= prev:
-            os.closerange(prev, fd)
-            prev = fd + 1
-    os.closerange(prev, 1 << 16)
-
-
-def _confine(uid, keep, write, ns, ll_abi):
+def _confine(uid, keep, write, ns, ll_abi, reads=None):
     """A child's own walls, in an order where each step still has the rights it needs."""
     _keep_fds(keep)
     if ll_abi:  # before the uid change: the rules' paths are opened with the current rights
-        _landlock(ll_abi, P["read_roots"], write,
+        _landlock(ll_abi, P["read_roots"] if reads is None else reads, write,
                   ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"), P.get("shell"))
     else:
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
@@ -373,19 +140,7 @@ def _p1(ns):
         rep_r, rep_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            try:
-                os.close(0)
-                _confine(cuid, {spec_fd, req_w, rep_r, report_fd}, None, ns, ll_abi)
-                _prctl(PR_SET_DUMPABLE, 0)  # after the uid change, which resets it
-            except BaseException as e:
-                os.write(2, f"sandbox setup failed: {e}\n".encode())
-                os._exit(SETUP_FAILED)
-            try:
-                if P["audit"]:
-                    sys.addaudithook(_make_hook(scratch, P["hook_reads"], False, P["mark"], None))
-                harness_check(spec_fd, req_w, rep_r, report_fd, P["entry"], P["cap"])
-            finally:
-                os._exit(0)
+            _checker(spec_fd, req_w, rep_r, report_fd, cuid, ns, ll_abi, scratch)
         kids[pid] = "checker"
         for fd in (spec_fd, req_w, rep_r, report_fd):
             os.close(fd)
@@ -402,6 +157,33 @@ def _p1(ns):
         if fd >= 0:
             os.close(fd)
     _supervise(kids, status_fd)
+
+
+def _checker(spec_fd, req_w, rep_r, report_fd, cuid, ns, ll_abi, scratch):
+    """The checker process: its walls, then the trusted tests (a source with `check`, or
+    pytest over the trusted test files of a suite run) against the program's proxies."""
+    suite = P.get("suite")  # {"dir": the test files' host dir, "reads": what pytest reads}
+    tests_dir = suite and ("/checker" if ns == "root" else suite["dir"])  # bound there as root
+    extra = suite["reads"] + [tests_dir] if suite else []
+    reads = list(P["read_roots"]) + extra
+    try:
+        os.close(0)
+        _confine(cuid, {spec_fd, req_w, rep_r, report_fd}, None, ns, ll_abi, reads)
+        _prctl(PR_SET_DUMPABLE, 0)  # after the uid change, which resets it
+    except BaseException as e:
+        os.write(2, f"sandbox setup failed: {e}\n".encode())
+        os._exit(SETUP_FAILED)
+    try:
+        if P["audit"] and not suite:
+            # pytest imports socket and friends: a suite's checker (trusted code over plain
+            # values only) keeps the kernel's walls and seccomp, not the hook
+            sys.addaudithook(_make_hook(scratch, P["hook_reads"], False, P["mark"], None))
+        if suite:
+            harness_pytest(spec_fd, req_w, rep_r, report_fd, P["cap"], tests_dir)
+        else:
+            harness_check(spec_fd, req_w, rep_r, report_fd, P["entry"], P["cap"])
+    finally:
+        os._exit(0)
 
 
 def _supervise(kids, status_fd):

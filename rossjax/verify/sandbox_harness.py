@@ -55,18 +55,13 @@ def harness_serve(main_dict, req_fd, rep_fd, cap):
         wire_send(rep_fd, payload)
 
 
-def harness_check(spec_fd, req_fd, rep_fd, report_fd, entry, cap):
+def harness_channel(req_fd, rep_fd, cap):
+    """The checker's side of the pipes: (call, receive, flags, ProgramFailed). `call(name, args,
+    kwargs)` returns the program's plain value or raises a builtin exception rebuilt from its
+    name; anything else (a refusal, a malformed reply, the program gone) appends to `flags`
+    and raises ProgramFailed, and every later call raises it at once."""
     import builtins
-    import posix
 
-    def report(line):
-        line = line if line.startswith("r ") else line[:2000]
-        data = (line.replace("\n", " ") + "\n").encode("utf-8", "replace")
-        while data:
-            data = data[posix.write(report_fd, data):]
-
-    with open(spec_fd, "rb", closefd=True) as f:
-        tests, prefix = wire_dec(f.read())
     flags = []  # the first thing that makes the run fail, whatever the tests do about it
 
     class ProgramFailed(BaseException):  # not an Exception: `except Exception` in tests misses it
@@ -119,6 +114,30 @@ def harness_check(spec_fd, req_fd, rep_fd, report_fd, entry, cap):
         if type(reply) is tuple and len(reply) == 2 and reply[0] == "refused":
             failed(f"refused: {str(reply[1])[:300]}")
         failed(f"malformed reply to {name}()")
+
+    return call, receive, flags, ProgramFailed
+
+
+def harness_report(report_fd):
+    """A writer of report lines on the checker's own descriptor."""
+    import posix
+
+    def report(line):
+        line = line if line.startswith("r ") else line[:2000]
+        data = (line.replace("\n", " ") + "\n").encode("utf-8", "replace")
+        while data:
+            data = data[posix.write(report_fd, data):]
+
+    return report
+
+
+def harness_check(spec_fd, req_fd, rep_fd, report_fd, entry, cap):
+    import builtins
+
+    report = harness_report(report_fd)
+    with open(spec_fd, "rb", closefd=True) as f:
+        tests, prefix = wire_dec(f.read())
+    call, receive, flags, ProgramFailed = harness_channel(req_fd, rep_fd, cap)
 
     def proxy(name):
         def candidate(*args, **kwargs):

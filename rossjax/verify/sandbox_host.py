@@ -21,6 +21,9 @@ import time
 _UID_BASE, _UID_SLOTS = 2_100_000_000, 4096  # throw-away uids (two per slot), far from accounts
 _KILL = shutil.which("kill", path="/bin:/usr/bin") or "/bin/kill"
 _HERE = os.path.dirname(os.path.abspath(__file__))
+# Texts run inside the sandbox before sandbox_boot.py, in this order (each defines names only).
+BOOT_PARTS = ("sandbox_wire.py", "sandbox_harness.py", "sandbox_pytest.py", "sandbox_hook.py",
+              "sandbox_kernel.py")
 
 
 class _Host:
@@ -56,7 +59,7 @@ class _Host:
         with open(os.path.join(_HERE, "sandbox_boot.py"), encoding="utf-8") as f:
             boot = f.read()
         parts = []
-        for name in ("sandbox_wire.py", "sandbox_harness.py", "sandbox_hook.py"):
+        for name in BOOT_PARTS:
             with open(os.path.join(_HERE, name), encoding="utf-8") as f:
                 parts.append(f.read())
         self.boot = self._compiled("\n".join(parts + [boot]))

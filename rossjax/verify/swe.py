@@ -8,14 +8,30 @@ the same). `verify_bug(base, patch)` passes iff, in order:
   2. it changes only existing non-test Python files: no test file (under tests/ or test/,
      test_*.py, *_test.py, conftest.py), no pytest or packaging config, no file added or
      deleted, no link (an added conftest.py, pytest.py or sitecustomize.py could steer the run);
-  3. the suite still runs: pytest exits 0 or 1 within the time limit and reports exactly one
-     outcome for every test the clean suite collected (a collection error, a crash, a hang, a
-     missing or a repeated test id is `suite_broken`);
+  3. the suite still runs: pytest returns 0 or 1 within the time limit with an outcome for
+     every test the clean suite collected (a collection error, a hang, a missing or skipped
+     test is `suite_broken`), and the package's process answered every call (below);
   4. at least one test that passes on the clean repository now fails (FAILED or ERROR).
-Each failure is one reason, "<code>: <detail>". The suite always runs on a tree written afresh
-from the repository's text files (no bytecode or cache of an agent's making is carried in).
-Code under test runs inside pytest's process, so it could in principle forge pytest's report;
-the kernel sandbox bounds what it can reach, not what it prints (as for any in-process runner).
+Each failure is one reason, "<code>: <detail>". `check_fix` passes iff a solver's copy changes
+only such files against the buggy tree and every clean test passes.
+
+How a suite runs (`run_suite`, sandbox.run_pytest): the repository's non-test files are the
+program, imported only in the sandbox's program process, which serves its functions; pytest
+runs the CLEAN repository's test files (never the patched or solver copy's) in the checker
+process, where `import <package>` is a proxy module whose functions forward each call over a
+pipe. Arguments and results cross as exact builtin values (a value of the package's own class
+or a builtin subclass is refused); an exception crosses as its nearest builtin class with the
+message, so `pytest.raises(ValueError)` works. Outcomes come from the checker's own pytest
+hooks over a descriptor only it holds, so nothing the package does — `os._exit(0)` or
+`sys.exit` at import or in a call, patching `_pytest` (pytest is not even importable there),
+fake result lines on any descriptor, killing its parent, an always-equal return value — turns
+into a pass. What it does instead is named: a package whose process exits, is refused by the
+sandbox, garbles its reply pipe or returns what cannot cross fails every call from then on,
+which is `suite_broken` for a bug (a bug that kills the process on import or returns objects
+is not a failing test) and a failed fix. Consequences for repositories: the package runs on
+the stdlib alone (`python -I -S`); tests reach it through functions and plain values (no
+classes or instances across the boundary, no in-place mutation of arguments seen by the test,
+no `tmp_path`: the checker writes nothing); data/swe/ holds such repositories.
 """
 
 from __future__ import annotations
@@ -35,17 +51,15 @@ from rossjax.verify.repo import (
     changed,
     default_read_roots,
     read_tree,
-    shell_env,
     write_tree,
 )
 from rossjax.verify.verdict import Verdict
 
-PYTEST = "python -m pytest -q -rA --color=no -p no:cacheprovider"
 APPLY = "patch -p1 --batch --forward --no-backup-if-mismatch --reject-file=- --silent"
 CONFIG = frozenset({"pyproject.toml", "setup.cfg", "setup.py", "pytest.ini", "tox.ini"})
 MAX_PATCH = 1 << 20
-_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S.*?)(?: - .*)?$")
 _FAILS = ("FAILED", "ERROR")
+_RAN = ("PASSED", "FAILED", "ERROR", "XFAIL", "XPASS")  # SKIPPED: the test no longer runs
 
 
 def is_test_path(rel: str) -> bool:
@@ -60,49 +74,143 @@ def may_change(rel: str) -> bool:
     return rel.endswith(".py") and not is_test_path(rel) and rel not in CONFIG
 
 
+def trusted_files(files: dict) -> dict:
+    """What the checker runs: the test files and pytest/packaging config."""
+    return {p: t for p, t in files.items() if is_test_path(p) or p in CONFIG}
+
+
+def package_modules(files: dict) -> list[str]:
+    """The top-level module names the repository's own code defines (what a test imports)."""
+    tops = set()
+    for rel in files:
+        parts = rel.replace(os.sep, "/").split("/")
+        if not rel.endswith(".py") or is_test_path(rel) or rel in CONFIG:
+            continue
+        name = parts[0][:-3] if len(parts) == 1 else parts[0]
+        if name.isidentifier():
+            tops.add(name)
+    return sorted(tops)
+
+
 @dataclass(frozen=True)
 class Suite:
     outcomes: dict  # test id -> PASSED / FAILED / ERROR / SKIPPED / XFAIL / XPASS
     exit_code: int | None
     reason: str | None  # why the suite did not run as a suite (None when it did)
-    tail: str = ""  # the last lines of pytest's output, for a reason's detail
+    tail: str = ""  # the first failure's detail, from the checker's report
 
 
-def _parse(stdout: str) -> tuple[dict, str | None]:
-    out, twice = {}, None
-    for line in stdout.splitlines():
-        m = _LINE.match(line)
-        if not m or "::" not in m.group(2) and m.group(1) in ("PASSED", "FAILED"):
+# The program process's side of a suite run: the package's files written into the scratch
+# dir and imported on the checker's request, each function served by name (sandbox_pytest.py).
+# It runs with the package, so it is no more trusted than the package: the checker takes
+# nothing from it but plain values.
+_DRIVER = """\
+import builtins as _builtins
+import importlib as _importlib
+import os as _os
+import sys as _sys
+
+_sys.dont_write_bytecode = True
+for _rel, _text in {files!r}.items():
+    _path = _os.path.join("pkg", _rel)
+    _os.makedirs(_os.path.dirname(_path), exist_ok=True)
+    with open(_path, "w", encoding="utf-8") as _f:
+        _f.write(_text)
+_sys.path.insert(0, _os.path.abspath("pkg"))
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _plain(v, d=0):
+    t = type(v)
+    if t in _PLAIN:
+        return True
+    if d > 50 or t not in (list, tuple, set, frozenset, dict):
+        return False
+    items = [x for kv in v.items() for x in kv] if t is dict else list(v)
+    return all(_plain(x, d + 1) for x in items)
+
+
+def _serve(module, attr):
+    def call(*args, **kwargs):
+        try:
+            return getattr(module, attr)(*args, **kwargs)
+        except Exception as e:  # the nearest builtin class crosses (its name is all that does)
+            base = next(k for k in type(e).__mro__ if getattr(_builtins, k.__name__, 0) is k)
+            if base is type(e):
+                raise
+            raise base(f"{{type(e).__name__}}: {{e}}") from None
+    return call
+
+
+def __rj_import__(name):
+    module = _importlib.import_module(name)
+    table = {{}}
+    for attr, value in list(vars(module).items()):
+        if attr.startswith("__") and attr != "__all__":
             continue
-        if m.group(2) in out:
-            twice = m.group(2)
-        out[m.group(2)] = m.group(1)
-    return out, twice
+        if isinstance(value, type(_sys)):
+            table[attr] = ("m", getattr(value, "__name__", ""))
+        elif callable(value):
+            table[attr] = ("f", None)
+            globals()[name + "." + attr] = _serve(module, attr)
+        elif _plain(value):
+            table[attr] = ("v", value)
+    return table
+"""
 
 
-def run_suite(files: dict[str, str], *, timeout_s: float = 30.0,
+def suite_program(files: dict) -> str:
+    """The program of a suite run over `files` (the repository's non-test files)."""
+    return _DRIVER.format(files={p: t for p, t in sorted(files.items()) if not is_test_path(p)})
+
+
+def run_suite(files: dict[str, str], *, tests: dict | None = None, timeout_s: float = 30.0,
               limits: sandbox.Limits | None = None, read_roots=None) -> Suite:
-    """pytest over a fresh tree written from `files`, in the sandbox."""
+    """The suite of `tests` (default: the test files of `files`; pass the clean repository's)
+    against the package of `files`, in the sandbox: the package in the program process, pytest
+    in the checker (sandbox.run_pytest). A program that exits, hangs up or sends what cannot
+    cross is `reason` "the package's process ...": its calls failed, nothing was judged."""
     roots = default_read_roots() if read_roots is None else tuple(read_roots)
-    tmp = tempfile.mkdtemp(prefix="rossjax-swe-")
-    try:
-        os.chmod(tmp, 0o711)
-        work = os.path.join(tmp, "repo")
-        write_tree(files, work)
-        r = sandbox.run_shell(PYTEST, work, timeout_s, limits=limits or _LIMITS,
-                              read_roots=roots, env=shell_env(roots))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    tail = " | ".join(ln for ln in r.stdout.strip().splitlines()[-3:])[-300:]
-    outcomes, twice = _parse(r.stdout)
-    if r.reason and not r.reason.startswith("exit_code"):
-        return Suite(outcomes, r.returncode, r.reason, tail)
-    if r.returncode not in (0, 1):
-        said = tail or r.stderr[-200:]
-        return Suite(outcomes, r.returncode, f"pytest exited {r.returncode} ({said})", tail)
-    if twice:
-        return Suite(outcomes, r.returncode, f"test {twice} is reported twice", tail)
-    return Suite(outcomes, r.returncode, None, tail)
+    tests = trusted_files(files) if tests is None else trusted_files(tests)
+    res, lines = sandbox.run_pytest(suite_program(files), tests, package_modules(files),
+                                    timeout_s, limits=limits or _LIMITS, site=_site(roots))
+    outcomes, broken, code, first = {}, None, None, ""
+    for line in lines:
+        kind, _, rest = line.partition(" ")
+        if kind == "t":
+            outcome, _, rest = rest.partition(" ")
+            nodeid, _, detail = rest.partition("\t")
+            outcomes[nodeid] = outcome
+            if outcome in _FAILS and not first:
+                first = f"{nodeid}: {detail}" if detail else nodeid
+        elif kind == "broken" and broken is None:
+            broken = rest
+        elif kind == "exit" and rest.lstrip("-").isdigit():
+            code = int(rest)
+    tail = first[-300:]
+    if not res.ok:
+        return Suite(outcomes, code, res.reason, tail)
+    if broken is not None:
+        if broken.startswith("checker_error"):  # the tests pass what cannot cross
+            return Suite(outcomes, code, broken[:300], tail)
+        status = "" if res.returncode is None else f"; its exit status {res.returncode}"
+        return Suite(outcomes, code, f"the package's process failed the checker's calls: "
+                                     f"{broken[:300]}{status}", tail)
+    if code not in (0, 1):
+        return Suite(outcomes, code, f"pytest exited {code} ({tail or 'no test ran'})", tail)
+    return Suite(outcomes, code, None, tail)
+
+
+def _site(roots) -> list[str]:
+    """The site-packages dirs below `roots` (where pytest is installed)."""
+    import glob
+    out = []
+    for r in roots:
+        out += sorted(glob.glob(os.path.join(r, "lib", "python*", "site-packages")))
+    if not out:
+        import pytest  # noqa: F401 (its location is the site dir)
+        out = [os.path.dirname(os.path.dirname(os.path.abspath(pytest.__file__)))]
+    return out
 
 
 _LIMITS = sandbox.Limits(procs=64, memory_mb=2048, output_bytes=4 << 20)
@@ -185,7 +293,7 @@ def _failing(base: Baseline, suite: Suite) -> tuple[list, str | None]:
     """The baseline tests that fail now, or why the suite did not run."""
     if suite.reason:
         return [], f"suite_broken: {suite.reason}"
-    missing = [t for t in base.tests if t not in suite.outcomes]
+    missing = [t for t in base.tests if suite.outcomes.get(t) not in _RAN]
     if missing:
         return [], (f"suite_broken: {len(missing)} of {len(base.tests)} tests no longer run "
                     f"(first {missing[0]}; {suite.tail})")
@@ -201,8 +309,8 @@ def verify_bug(base: Baseline, patch: str, *, timeout_s: float = 30.0) -> Verdic
     why = change_fault(base.files, after)
     if why:
         return Verdict(False, why)
-    suite = run_suite(after, timeout_s=timeout_s)
-    if suite.reason and suite.reason.startswith("sandbox_error"):
+    suite = run_suite(after, tests=base.files, timeout_s=timeout_s)
+    if suite.reason and suite.reason.startswith(("sandbox_error", "checker_error")):
         return Verdict(None, suite.reason)
     fails, why = _failing(base, suite)
     if why:
@@ -224,8 +332,8 @@ def check_fix(base: Baseline, buggy: dict, workdir: str, *, timeout_s: float = 3
     why = change_fault(buggy, after)
     if why and not why.startswith("no_change"):
         return Verdict(False, why)
-    suite = run_suite(after, timeout_s=timeout_s)
-    if suite.reason and suite.reason.startswith("sandbox_error"):
+    suite = run_suite(after, tests=base.files, timeout_s=timeout_s)
+    if suite.reason and suite.reason.startswith(("sandbox_error", "checker_error")):
         return Verdict(None, suite.reason)
     fails, why = _failing(base, suite)
     if why:
