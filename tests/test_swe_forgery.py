@@ -206,3 +206,22 @@ def test_forgeries_fail_unprivileged(tmp_path):
     assert res.pop("real_bug")[0] is True
     for name, (fix, bug) in res.items():
         assert fix[0] is False and bug[0] is False, (name, fix, bug)
+
+
+def test_stop_iteration_cannot_end_the_tests_loops(base):
+    """A function that raises StopIteration would end `map` early, so `all(map(...))` of a
+    forged package would be True; it crosses as RuntimeError instead (HumanEval checks too)."""
+    tests = {"tests/test_map.py": "from textkit import slugify\n\n\ndef test_all():\n"
+                                  "    assert all(map(lambda s: slugify(s) == s, ['a', 'b']))\n"}
+    s = swe.run_suite(base.files, tests=tests)
+    assert s.reason is None and s.outcomes == {"tests/test_map.py::test_all": "PASSED"}, s
+    stop = dict(base.files)
+    stop[CORE] = stop[CORE].replace('    ascii_text = unicodedata', '    raise StopIteration\n'
+                                    '    ascii_text = unicodedata', 1)
+    s = swe.run_suite(stop, tests=tests)
+    assert s.reason is None and s.outcomes == {"tests/test_map.py::test_all": "FAILED"}, s
+    assert "RuntimeError" in s.tail, s.tail
+    from rossjax.verify import sandbox
+    v = sandbox.run_tests("def f(x):\n    raise StopIteration\n",
+                          "def check(c):\n    assert all(map(c, [1, 2]))\n", "f")
+    assert v.passed is False and "StopIteration" in v.evidence, v

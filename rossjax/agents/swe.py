@@ -9,7 +9,10 @@ over the buggy repository, utility label rows, and repo-disjoint splits.
 Every episode is the `bash` environment over a scratch copy (the clean repository for the
 generator, the clean one with the bug applied for a solver). The generator's patch is the
 unified diff from the clean tree to its final scratch copy; a solver trial passes when its final
-copy passes the clean suite without touching a test (verify.swe.check_fix). Label rows are read
+copy passes the clean suite without touching a test (verify.swe.check_fix). Both verdicts run
+the clean tests under pytest in the sandbox's checker process with the episode's package behind
+proxies (verify.swe.run_suite), so nothing an episode writes into the package can forge them;
+the agent's own `python -m pytest` inside its shell is for its information only. Label rows are read
 by rossjax.probes.labels.read_label_file; U_S for K = 3 is the open band (0 < solved < 3),
 `utility_labels(..., band="open")`. Trials that could not be judged (the sandbox failed, the
 policy endpoint failed) are null and count neither way.

@@ -97,6 +97,8 @@ def _proxy_finder(tops, call):
                 if type(attr) is not str or type(entry) is not tuple or len(entry) != 2:
                     continue
                 kind, value = entry
+                if attr.startswith("__") and attr not in ("__all__", "__version__", "__doc__"):
+                    continue  # never the module's own machinery (__path__, __spec__, ...)
                 if kind == "f":
                     setattr(module, attr, proxy(name, attr))
                 elif kind == "v":
