@@ -6,7 +6,7 @@ over the report descriptor only it holds. Each forgery is tried two ways:
   - as a solver's "fix" of a real bug (the bug left in place): check_fix must not say it passes;
   - as a generator's "bug" over the clean tree: verify_bug must not say tests now fail because
     of the forgery; a process that dies or refuses to answer is `suite_broken`, never a bug.
-Run in the host's own mode (root here) and, below, as uid 65534 (Landlock).
+Run in the host's own mode (root here), with layers switched off, and as uid 65534 (Landlock).
 """
 
 import json
@@ -18,7 +18,7 @@ import tempfile
 
 import pytest
 
-from rossjax.verify import repo as rrepo, swe
+from rossjax.verify import repo as rrepo, sandbox, swe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "data", "swe")
@@ -221,7 +221,22 @@ def test_stop_iteration_cannot_end_the_tests_loops(base):
     s = swe.run_suite(stop, tests=tests)
     assert s.reason is None and s.outcomes == {"tests/test_map.py::test_all": "FAILED"}, s
     assert "RuntimeError" in s.tail, s.tail
-    from rossjax.verify import sandbox
     v = sandbox.run_tests("def f(x):\n    raise StopIteration\n",
                           "def check(c):\n    assert all(map(c, [1, 2]))\n", "f")
     assert v.passed is False and "StopIteration" in v.evidence, v
+
+
+@pytest.mark.parametrize("walls", [{"namespaces": False}, {"landlock": False},
+                                   {"namespaces": False, "landlock": False}],
+                         ids=["no_namespaces", "no_landlock", "rlimits_uid_only"])
+def test_forged_fixes_fail_with_fewer_walls(base, walls):
+    """With a layer switched off the suite still runs, and no forgery makes the bug's test pass
+    or leaves the suite whole."""
+    lim = sandbox.Limits(procs=64, memory_mb=2048, **walls)
+    clean = swe.run_suite(base.files, limits=lim)
+    assert clean.reason is None and set(clean.outcomes.values()) == {"PASSED"}, clean
+    for name in ("os_exit_0", "fake_lines_every_fd", "always_equal", "kill_parent",
+                 "kill_everyone", "os_exit_in_call"):
+        s = swe.run_suite(forged(buggy(base.files), name), tests=base.files, limits=lim)
+        bug_test = s.outcomes.get("tests/test_core.py::test_truncate_exact_width")
+        assert s.reason is not None or bug_test != "PASSED", (walls, name, s)
