@@ -248,3 +248,15 @@ def test_generator_row_compiles_with_one_span_per_agent_turn(base):
     ex = compile_rollout(row, load_tokenizer("qwen"), template="chatml")
     assert ex.status == "kept", ex.detail
     assert len(ex.turn_spans) == 3  # two tool-calling turns and the final answer
+
+
+def test_a_repository_whose_tests_need_objects_is_refused(tmp_path):
+    """Only functions and plain values cross to the checker: a clean suite that needs an
+    instance of the package's class cannot run, and the sentence says why."""
+    rrepo.write_tree({"pt/__init__.py": "class P:\n    x = 1\n\n\ndef make():\n    return P()\n",
+                      "tests/test_pt.py": "from pt import make\n\n\ndef test_make():\n"
+                                          "    assert make().x == 1\n"}, str(tmp_path / "r"))
+    with pytest.raises(InputError, match=r"clean suite does not run: the package's process "
+                                         r"failed the checker's calls: refused: pt.make\(\) "
+                                         r"returned a value of type pt.P"):
+        swe.baseline(str(tmp_path / "r"))
