@@ -6,13 +6,19 @@
 Each task's `group` candidates are live engine sequences (one shared prefill, `hold=True`).
 When a candidate's turn ends (the end-of-turn token, or the turn's token budget), its sampled
 text is parsed for tool calls (rossjax.agents.parse; `style` hermes | react | module:function),
-the environment steps (rossjax.agents.timed_step: per-step and per-episode limits), and the
+the environment steps (in its own CPU worker process: RemoteEnv below), and the
 observations, rendered as tool messages by the chat template, are tokenized and APPENDED to the
 live sequence (Engine.extend: the history is never prefilled again) up to where the next
 assistant turn starts. An episode ends when the policy answers without a call (`env.finish`
 judges it), the env says done, `max_turns`, or the context budget (`max_tokens` tokens of the
 trajectory, and the slot's cache columns). A malformed call is an observation naming the fault.
-Environment steps of candidates whose turns end together run in parallel threads.
+
+Each episode's environment lives in a CPU worker process (rossjax.verify.pool.Worker: spawned,
+jax-free), built there by make_env from the spec, reset, stepped, judged and closed there; only
+picklable values (messages, ToolCalls, Observations, Verdicts) cross. A step past its limit
+(min(step_timeout_s, what is left of episode_timeout_s)) kills that worker: the episode ends
+failed and the handle is replaced; a worker that dies fails its episode with the reason. Steps
+of candidates whose turns end together run at once (one waiting thread per worker).
 
 What is kept is never re-tokenized: `ids` are the prompt's tokens, the sampled tokens and the
 tokens of each rendered observation, in order; `logprobs` the sampler's per-token log-probs
@@ -41,6 +47,7 @@ from rossjax.errors import ConfigError, InputError
 from rossjax.templates import render_chat
 from rossjax.tokenizers import byte_to_char_offsets
 from rossjax.verify.base import load_fn
+from rossjax.verify.pool import Worker, WorkerDied, WorkerError, WorkerTimeout
 from rossjax.verify.verdict import Verdict
 
 
@@ -85,11 +92,89 @@ class AgentSpec:
         return 2 * self.max_tokens + 16 * (self.max_turns + 1)
 
 
+class RemoteEnv:
+    """An environment of `spec` in its own worker process (module doc). Its methods mirror
+    Environment's; `step` takes the episode's deadline and never raises or hangs."""
+
+    def __init__(self, spec: AgentSpec):
+        self.spec, self.name, self.tools = spec, spec.env, []
+        self.step_timeout_s, self.episode_timeout_s = spec.step_timeout_s, spec.episode_timeout_s
+        self._w = None
+
+    @property
+    def lost(self) -> str:
+        """Why the worker is spent ("" while usable): a replaced handle is never reused."""
+        return self._w.dead if self._w is not None and self._w.dead != "closed" else ""
+
+    @property
+    def pid(self) -> int | None:
+        return self._w.pid if self._w is not None else None
+
+    def start(self):
+        if self._w is None:
+            self._w = Worker(make_env, (self.spec.env,), dict(
+                step_timeout_s=self.spec.step_timeout_s,
+                episode_timeout_s=self.spec.episode_timeout_s, **self.spec.kwargs()),
+                attrs=("name", "tools"))
+        return self
+
+    def reset(self, task: dict) -> list:
+        try:
+            info = self.start()._w.info(60.0)
+            self.name, self.tools = info["name"], list(info["tools"] or [])
+            return self._w.call("reset", task, timeout=self.episode_timeout_s)
+        except (WorkerDied, WorkerError) as e:
+            raise InputError(f"environment {self.spec.env!r}: reset of task {task.get('id')!r} in "
+                             f"its worker process failed: {e}") from None
+
+    def step(self, calls, deadline: float):
+        left = min(float(self.step_timeout_s), deadline - time.monotonic())
+        cid = calls[0].id if calls else ""
+        if left <= 0:
+            return ([Observation("error: episode time limit reached", cid)], True,
+                    Verdict(False, f"episode over its {self.episode_timeout_s:g} s limit"))
+        try:
+            return tuple(self._w.call("step", calls, timeout=left))
+        except WorkerTimeout:
+            return ([Observation(f"error: tool step took longer than {left:.3g} s", cid)], True,
+                    Verdict(False, f"{self.name} step over its {left:.3g} s limit; its worker "
+                                   "was killed"))
+        except WorkerDied as e:
+            return ([Observation("error: the environment's process died", cid)], True,
+                    Verdict(False, f"{self.name}: {e}"[:300]))
+        except WorkerError as e:  # a broken tool is the policy's observation, the episode ends
+            return ([Observation(f"error: {e}"[:500], cid)], True,
+                    Verdict(None, f"{self.name} step raised {e}"[:300]))
+
+    def finish(self, text: str, deadline: float):
+        left = min(float(self.step_timeout_s), deadline - time.monotonic())
+        try:
+            return self._w.call("finish", text, timeout=max(left, 0.0))
+        except WorkerError as e:
+            return Verdict(None, f"{self.name} finish raised {e}"[:300])
+        except WorkerDied as e:
+            return Verdict(False, f"{self.name} finish: {e}"[:300])
+
+    def close(self):
+        """env.close() in the worker, if the class has one (the worker stays, for reuse)."""
+        if self._w is not None and not self._w.dead:
+            try:
+                self._w.call("close", timeout=float(self.step_timeout_s))
+            except WorkerError:
+                pass  # no close(), or it raised: the next reset starts over
+            except WorkerDied:
+                pass  # killed: nothing is left to release
+
+    def shutdown(self):
+        if self._w is not None:
+            self._w.close()
+
+
 @dataclasses.dataclass
 class Trajectory:
     task: dict
     sample: int
-    env: Environment
+    env: object                 # RemoteEnv (rollouts), or an in-process Environment
     messages: list
     tools: list
     ids: list = dataclasses.field(default_factory=list)
@@ -106,6 +191,7 @@ class Trajectory:
     note: str = ""              # why the stored ids do not spell the rendering, if they do not
     deadline: float = 0.0
     n_prompt: int = 0
+    closed: bool = False        # env.close() was called (the episode ended)
 
     @property
     def policy_tokens(self) -> int:
@@ -189,15 +275,16 @@ class _Turns:
             traj.calls[str(len(traj.messages))] = [c.to_message() for c in calls]
         traj.messages.append(msg)
         if not calls and not errors:
-            traj.verdict, traj.stop = traj.env.finish(text), "answered"
+            traj.verdict, traj.stop = _finish(traj, text), "answered"
             return None
         obs = [Observation("error: malformed tool call: " + e) for e in errors]
         done = False
         if calls:
             t0 = time.monotonic()
             limit = min(float(traj.env.step_timeout_s), traj.deadline - t0)
-            got, done, traj.verdict = timed_step(traj.env, calls, traj.deadline)
-            # an overrun step's thread may still run: that env is not reused
+            got, done, traj.verdict = (traj.env.step(calls, traj.deadline)
+                                       if isinstance(traj.env, RemoteEnv)
+                                       else timed_step(traj.env, calls, traj.deadline))
             traj.timed_out = time.monotonic() - t0 >= limit
             obs = list(got) + obs
         traj.messages += [o.to_message() for o in obs]
@@ -238,6 +325,12 @@ class _Turns:
         traj.spans = message_spans(traj, full, tok, self.template)
 
 
+def _finish(traj: Trajectory, text: str):
+    if isinstance(traj.env, RemoteEnv):
+        return traj.env.finish(text, traj.deadline)
+    return traj.env.finish(text)
+
+
 def message_spans(traj: Trajectory, full: str, tok, template) -> list:
     """[message, first token, end token) of each message's rendered parts (header tokens are
     context between them); empty when the ids do not spell the rendering."""
@@ -261,22 +354,28 @@ def message_spans(traj: Trajectory, full: str, tok, template) -> list:
 
 def rollouts(model_cfg, params, tok, tasks, spec: AgentSpec, *, group: int, temperature: float,
              top_p: float = 1.0, top_k: int = 0, seed: int = 0, template: str = "chatml",
-             partitioner=None, threads: int = 4, envs: list | None = None) -> list[Trajectory]:
+             partitioner=None, threads: int | None = None,
+             envs: list | None = None) -> list[Trajectory]:
     """`group` agent episodes of each task (rows i*group + j, as single-turn GRPO orders them).
-    `threads`: env steps at once; timed_step's own pool has 4 threads, and a step queued there
-    would have its wait counted against its time limit. `envs`: env instances to reuse (reset
-    per episode; a corpus env indexes once), extended in place to one per episode."""
+    `threads`: env steps waited on at once (default: one per episode; a step's limit is counted
+    from when it is sent). `envs`: RemoteEnv handles to reuse (their workers keep the env
+    between episodes, reset per episode: a corpus env indexes once), extended in place to one
+    per episode; a handle of another spec, or whose worker was lost, is replaced."""
     if tok.eos_id is None:
         raise ConfigError("the tokenizer has no end-of-turn token (eos) to end a policy turn.")
     turns = _Turns(spec, tok, template, tok.eos_id)
     part = sharding.as_partitioner(partitioner)
     mult = 1 if part is None else part.batch_size_multiple()
     n = len(tasks) * group
+    envs = [] if envs is None else envs
+    envs += [RemoteEnv(spec) for _ in range(n - len(envs))]
+    for k, e in enumerate(envs[:n]):
+        if not isinstance(e, RemoteEnv) or e.spec != spec or e.lost:
+            envs[k] = RemoteEnv(spec)
+        envs[k].start()  # the workers boot while the engine builds
     eng = Engine(model_cfg, params, slots=-(-n // mult) * mult, max_len=spec.cache_len(),
                  partitioner=part, n_stop=1, chunk=min(spec.max_new_tokens, 16))
     trajs, by_seq = [], {}
-    envs = [] if envs is None else envs
-    envs += [spec.make_env() for _ in range(n - len(envs))]
     for i, task in enumerate(tasks):
         group_envs = envs[i * group:(i + 1) * group]
         opening = [e.reset(task) for e in group_envs]
@@ -307,17 +406,24 @@ def rollouts(model_cfg, params, tok, tasks, spec: AgentSpec, *, group: int, temp
             turns.finish(t)
     finally:  # an env holding resources (bash's scratch copy) lets them go
         for t in trajs:
-            if callable(getattr(t.env, "close", None)):
-                t.env.close()
+            _close(t)
     for k, t in enumerate(trajs):
-        if t.timed_out:
-            envs[k] = spec.make_env()
+        if t.timed_out or t.env.lost:  # an overrun step may still run: that env is not reused
+            t.env.shutdown()
+            envs[k] = RemoteEnv(spec)
     return trajs
+
+
+def _close(traj: Trajectory):
+    """env.close() once, when the episode ends."""
+    if not traj.closed:
+        traj.closed = True
+        traj.env.close()
 
 
 def _drive(eng, turns, spec, tok, by_seq, threads):
     """Decode until every episode ended, stepping envs as turns end."""
-    with cf.ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+    with cf.ThreadPoolExecutor(max_workers=max(1, threads or len(by_seq))) as pool:
         while eng.busy:
             ended = [u for u in eng.step() if u.finished]
             if not ended:
@@ -334,6 +440,7 @@ def _drive(eng, turns, spec, tok, by_seq, threads):
                     traj.stop = "context_budget"
                 if traj.stop:
                     eng.release(sid)
+                    _close(traj)
                     continue
                 traj.ids += ids
                 traj.logprobs += [0.0] * len(ids)
