@@ -1,6 +1,7 @@
 """`rossjax bench model` and `rossjax bench sft` run end to end at tiny sizes (no timing asserted):
 the benchmarks users run must not rot between the sessions that measure with them."""
 
+import os
 import re
 
 import pytest
@@ -43,3 +44,21 @@ def test_bench_grpo_update_smoke(capsys):
     assert ours_loss == pytest.approx(torch_loss, abs=1e-5)
     assert ours_norm == pytest.approx(torch_norm, rel=1e-4)
     assert re.search(r"ratio [\d.]+x wall, [\d.]+x CPU time", out)
+
+
+@pytest.mark.skipif(not os.environ.get("ROSSJAX_TUNIX_PYTHON"),
+                    reason="tunix lives in its own environment: set ROSSJAX_TUNIX_PYTHON")
+def test_bench_grpo_tunix_smoke(capsys):
+    from rossjax.bench import grpo as bench_grpo
+
+    assert bench_grpo.main(["--peer", "tunix", "--preset", "tiny_qwen2", "--contexts", "2",
+                            "--group", "2", "--new_tokens", "8", "--steps", "2"]) == 0
+    assert re.search(r"tunix GRPOLearner\s+[\d.]+ s/step.*tunix 0\.", capsys.readouterr().out)
+
+
+def test_bench_all_rejects_unknown_rows():
+    from rossjax.bench import all as bench_all
+    from rossjax.errors import UsageError
+
+    with pytest.raises(UsageError, match="--only nope is not one of"):
+        bench_all.main(["--quick", "--only", "sft,nope"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-BENCHES = ("model", "sft", "sample", "curate", "select", "grpo")
+BENCHES = ("model", "sft", "sample", "curate", "select", "grpo", "all")
 
 
 def load(name: str):

@@ -23,6 +23,8 @@ A quick look on a small CPU: `rossjax bench grpo --contexts 4 --group 8 --new_to
 
 `--peer trl`: instead, TRL's GRPOTrainer and `rossjax grpo` on the same work side by side
 (rossjax/bench/grpo_trl.py; defaults there: the issue's 8 prompts x 8 x 64 tokens).
+`--peer tunix`: tunix's GRPOLearner instead, from its own environment (rossjax/bench/grpo_tunix.py).
+`--part update`: the policy update alone, rossjax vs torch (rossjax/bench/grpo_update.py).
 
 The ASCII tokenizer renders prompts (the preset's 8,192-token vocabulary is larger; ids past the
 tokenizer's 131 decode to nothing, which is fine for timing).
@@ -101,8 +103,11 @@ def main(argv=None) -> int:
                     help="1: sample the next batch while this step's rewards are scored")
     ap.add_argument("--micro_batches", type=int, default=4, help="gradient accumulation per update")
     ap.add_argument("--reward", choices=("code", "math"), default="code")
-    ap.add_argument("--peer", choices=("trl",), default=None,
-                    help="trl: TRL's GRPOTrainer on the same model, prompts, sizes and reward")
+    ap.add_argument("--peer", choices=("trl", "tunix"), default=None,
+                    help="trl: TRL's GRPOTrainer on the same model, prompts, sizes and reward; "
+                         "tunix: tunix's GRPOLearner (rossjax/bench/grpo_tunix.py)")
+    ap.add_argument("--tunix_python", default="",
+                    help="(--peer tunix) python of an environment with google-tunix")
     ap.add_argument("--lr", type=float, default=1e-5, help="(--peer) learning rate of both")
     ap.add_argument("--part", choices=("step", "update"), default="step",
                     help="update: the policy update alone, rossjax vs torch on the same batch "
@@ -118,14 +123,14 @@ def main(argv=None) -> int:
             if flag not in given:
                 setattr(args, flag[2:], v)
         return grpo_update.run(args)
-    if args.peer == "trl":
-        from rossjax.bench import grpo_trl
+    if args.peer:
+        from rossjax.bench import grpo_trl, grpo_tunix
 
         # the sizes unless given: 8 prompts x 8 candidates x 64 new tokens, 24M-class model
         for flag, v in (("--contexts", 8), ("--new_tokens", 64), ("--steps", 4)):
             if flag not in given:
                 setattr(args, flag[2:], v)
-        return grpo_trl.run(args)
+        return (grpo_trl if args.peer == "trl" else grpo_tunix).run(args)
     if args.steps < 1 or args.workers < 1:
         raise UsageError("rossjax bench grpo: --steps and --workers must be at least 1.")
     keys = ("time_sample_s", "time_logp_s", "time_ref_s", "time_reward_wait_s", "time_update_s",
