@@ -10,7 +10,8 @@ and the command exits 1: the table never holds a figure that was not measured in
 `--quick` sizes every benchmark down so the whole table takes a few minutes on a quiet 2-core
 CPU (the full sizes are each benchmark's defaults, `rossjax bench NAME --help`); the sizes used
 are printed under the table. `--only NAME[,NAME]` runs a subset (rows: sft, update, grpo,
-sample, curate, select).
+tunix, sample, curate, select); the tunix row runs when $ROSSJAX_TUNIX_PYTHON names the python
+of an environment with google-tunix (rossjax/bench/grpo_tunix.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _QUICK = {
             "--skip_memory"],
     "update": ["grpo", "--part", "update", "--repeats", "3"],
     "grpo": ["grpo", "--peer", "trl", "--contexts", "4", "--new_tokens", "32", "--steps", "3"],
+    "tunix": ["grpo", "--peer", "tunix", "--contexts", "4", "--new_tokens", "32", "--steps", "3"],
     "sample": ["sample", "--batch", "64", "--stops", "8", "--new_tokens", "64", "--repeats", "1"],
     "curate": ["curate", "--n", "2000", "--peer_n", "100", "--verify_n", "40", "--code_n", "20"],
     "select": ["select", "--n", "20000", "--budget", "2000", "--families", "100"],
@@ -38,6 +40,7 @@ _FULL = {
     "sft": ["sft", "--skip_memory"],
     "update": ["grpo", "--part", "update"],
     "grpo": ["grpo", "--peer", "trl"],
+    "tunix": ["grpo", "--peer", "tunix", "--contexts", "4"],
     "sample": ["sample", "--batch", "64", "--stops", "8"],
     "curate": ["curate"],
     "select": ["select"],
@@ -75,6 +78,16 @@ def _row_grpo(out):
             f"{a.group(1)} s/step", f"TRL GRPOTrainer {b.group(1)} s/step", _num(r.group(1)))
 
 
+def _row_tunix(out):
+    a = re.search(r"rossjax grpo\s+" + _F + " s/step", out)
+    b = re.search(r"tunix GRPOLearner\s+" + _F + r" s/step.*; (tunix [\d.]+)", out)
+    r = re.search(r"ratio " + _F + "x", out)
+    head = re.search(r"(\d+) prompts x (\d+) candidates x (\d+) new tokens", out)
+    return (f"GRPO step ({head.group(1)} x {head.group(2)} x {head.group(3)} tokens)",
+            f"{a.group(1)} s/step", f"{b.group(2)} GRPOLearner {b.group(1)} s/step",
+            _num(r.group(1)))
+
+
 def _row_sample(out):
     a = re.search(r"rossjax\s+" + _F + " new tok/s", out)
     b = re.search(r"transformers\s+" + _F + " new tok/s", out)
@@ -103,7 +116,8 @@ def _row_select(out):
             f"families covered {fam.group(1)} vs random {fam.group(2)} of {fam.group(3)}")
 
 
-_ROWS = {"sft": _row_sft, "update": _row_update, "grpo": _row_grpo, "sample": _row_sample,
+_ROWS = {"sft": _row_sft, "update": _row_update, "grpo": _row_grpo, "tunix": _row_tunix,
+         "sample": _row_sample,
          "curate": _row_curate, "select": _row_select}
 
 
@@ -136,7 +150,10 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated rows: " + ",".join(_ROWS))
     ap.add_argument("--log", default="", help="also write every benchmark's output to this file")
     args = ap.parse_args(argv)
-    names = [n for n in args.only.split(",") if n] or list(_ROWS)
+    # tunix lives in an environment of its own (rossjax/bench/grpo_tunix.py): its row runs
+    # when ROSSJAX_TUNIX_PYTHON names it, or when asked for by --only.
+    names = [n for n in args.only.split(",") if n] or [
+        n for n in _ROWS if n != "tunix" or os.environ.get("ROSSJAX_TUNIX_PYTHON")]
     bad = [n for n in names if n not in _ROWS]
     if bad:
         from rossjax.errors import UsageError
