@@ -24,8 +24,9 @@ once per chunk, the state is donated, the one host sync is the metrics' device_g
 batch length (round_up(prompt + max_new, 16) = 144 for every gen:arith step) does not change
 between steps, so there is one compile. What remains is matmul speed: XLA:CPU's f32 dot at the
 MLP's shape (9,216 x 512 x 1,536) runs ~80 GFLOP per CPU-second against torch/MKL's ~110 (the
-oneDNN/XNNPACK XLA flags change nothing there); the whole update reaches ~65, torch's step the
-same total CPU time (1.01x CPU, 0.91x wall median on a machine at load 5-16).
+oneDNN/XNNPACK XLA flags change nothing there); the whole update reaches ~60-65, and measured
+against torch's step it is at par, not ahead: 0.90-1.01x in CPU time, 0.88-0.91x in wall time
+(medians, two runs on a machine at load 5-19).
 """
 
 from __future__ import annotations
