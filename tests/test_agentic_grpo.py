@@ -185,7 +185,7 @@ def test_config_checks_name_the_field():
                        ("--config.agent.max_tokens=8", "config.agent.max_tokens"),
                        ("--config.agent.env=nope", "environment 'nope'"),
                        ("--config.agent.env_kwargs=[1]", "config.agent.env_kwargs"),
-                       ("--config.grpo.overlong_buffer=4", "config.grpo.overlong_buffer")]:
+                       ("--config.grpo.overlong_buffer=1024", "agent.max_tokens = 1024")]:
         c = cli.parse_config([f"--config={ROOT}/configs/grpo_agentic.py:runlocal", over])[0]
         with pytest.raises(ValueError, match=says.replace("(", r"\(")):
             grpo.check_config(c)

@@ -3,7 +3,9 @@
 A step's batch is `contexts` tasks x `group_size` agent episodes on the rollout engine
 (rossjax.train.agentic). The trajectory reward is the environment's verdict (reward function
 "env": 1 passed, 0 failed, NaN undecided, which gets advantage 0), delivered through the same
-CPU-scores channel as the single-turn rewards so advantages, the loss registries, IS
+CPU-scores channel as the single-turn rewards (or, with reward.functions ("probe",) or
+("solver",), PROPEL's reward on episodes the verdict passes and `invalid_reward` on the others:
+configs/propel_swe.py) so advantages, the loss registries, IS
 corrections, dynamic sampling and the records are the single-turn code unchanged. The update
 row is the whole trajectory; the loss mask is 1 only where the target is a sampled token, so
 observations and template tokens are context. The batch length is agent.max_tokens (rounded
@@ -29,6 +31,8 @@ from rossjax.sample import GenerationResult
 from rossjax.train import agentic, grpo_step, rollout
 
 ENV_REWARD = "env"
+GATED_BY = ("probe", "solver")  # rewards paid on valid episodes, -invalid_reward elsewhere
+GATED = ((ENV_REWARD,), *((f,) for f in GATED_BY))
 
 
 def enabled(cfg) -> bool:
@@ -48,21 +52,37 @@ def loss_len(cfg) -> int:
 def check_config(cfg):
     """One sentence per bad agent field, before a model loads."""
     a, g, r = cfg.agent, cfg.grpo, cfg.reward
-    if tuple(r.functions) != (ENV_REWARD,) or len(r.weights) != 1:
+    if tuple(r.functions) not in GATED or len(r.weights) != 1:
         raise ConfigError(f"config.reward.functions is {tuple(r.functions)}; with config.agent.env "
-                          f"the reward is the environment's verdict: ('{ENV_REWARD}',), one weight.")
-    if g.overlong_buffer > 0:
-        raise ConfigError("config.grpo.overlong_buffer must be 0 with config.agent.env (the soft "
-                          "overlong penalty is defined for one completion, not a trajectory).")
+                          f"the reward is the environment's verdict ('{ENV_REWARD}',), or PROPEL's "
+                          "('probe',) / ('solver',) with the verdict as validity; one weight.")
+    for f in r.functions:  # PROPEL's rewards gate on the env's verdict (configs/propel_swe.py)
+        if f in GATED_BY and r[f].validity != ENV_REWARD:
+            raise ConfigError(f"config.reward.{f}.validity is {r[f].validity!r}; with "
+                              f"config.agent.env the validity check is the env's verdict: "
+                              f"'{ENV_REWARD}'.")
     for field in ("max_turns", "max_tokens"):
         if int(a[field]) < 1:
             raise ConfigError(f"config.agent.{field} is {a[field]}; it must be at least 1.")
     if int(a.max_tokens) <= g.max_new_tokens:
         raise ConfigError(f"config.agent.max_tokens ({a.max_tokens}) must exceed "
                           f"config.grpo.max_new_tokens ({g.max_new_tokens}, one turn's budget).")
+    if r.functions[0] in GATED_BY:
+        from rossjax.train import propel_rewards  # the probe's calibration, the SIL section
+
+        propel_rewards.check_config(r)
     spec = spec_of(cfg)
     spec.parser()  # a module:function style imports here
     spec.make_env()  # the name (or module:Class) and env_kwargs resolve here
+
+
+def overlong_basis(cfg, sampled) -> tuple:
+    """(lengths, max_len) of DAPO's soft overlong penalty: a completion's generated tokens
+    against grpo.max_new_tokens, or an agentic trajectory's tokens (prompt, turns and
+    observations: what fills the context) against its budget agent.max_tokens."""
+    if not enabled(cfg):
+        return sampled["gen"].lengths, int(cfg.grpo.max_new_tokens)
+    return [len(r["token_ids"]) for r in sampled["records"]], int(cfg.agent.max_tokens)
 
 
 def verdict_of(traj) -> tuple[float, dict]:
@@ -113,6 +133,8 @@ def make_record(traj, *, run: str, step: int, style: str) -> dict:
                      "reward": reward, "verdict": verdict}}
     if traj.tools:
         rec["tools"] = traj.tools
+    if getattr(traj.verdict, "patch", None) is not None:  # the SWE bug (agents/swe_env.py)
+        rec["patch"] = traj.verdict.patch
     return rec
 
 

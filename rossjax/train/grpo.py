@@ -47,6 +47,7 @@ from rossjax.errors import ConfigError
 from rossjax.monitor import MetricsWriter, Progress, RunFile, read_metrics, step_at_most, write_plot
 from rossjax.train import (
     advantages,
+    agentic_grpo,
     checkpoint as ckpt_lib,
     dynamic_sampling,
     grpo_losses,
@@ -199,7 +200,8 @@ class Loop:
         timer.span("reward_probe", t)
         if g.overlong_buffer > 0:  # DAPO's soft overlong penalty, added to the reward
             rewards["overlong"] = advantages.overlong_penalty(
-                sampled["gen"].lengths, g.max_new_tokens, g.overlong_buffer, g.overlong_penalty)
+                *agentic_grpo.overlong_basis(self.cfg, sampled), g.overlong_buffer,
+                g.overlong_penalty)
             reward = reward + rewards["overlong"]
         adv = np.asarray(grpo_losses.group_advantages(reward, g.group_size, g.advantages))
         if g.overlong_filter:  # DAPO: a truncated completion gets no loss

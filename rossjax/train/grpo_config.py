@@ -26,7 +26,7 @@ def check_config(cfg):
     for field, allowed in names.items():
         if g[field] not in allowed:
             raise ConfigError(f"config.grpo.{field} {g[field]!r} is not one of {', '.join(allowed)}.")
-    _check_dapo(g)
+    _check_dapo(g, agentic_grpo.loss_len(cfg))  # an agentic row's length: the trajectory
     if g.group_size < 2:
         raise ConfigError(f"config.grpo.group_size is {g.group_size}; it must be at least 2 (a lone "
                          f"candidate's group-relative advantage is always 0).")
@@ -70,7 +70,7 @@ def check_config(cfg):
     propel_rewards.check_config(r)
 
 
-def _check_dapo(g):
+def _check_dapo(g, max_len: int):
     """Dynamic sampling, the overlong settings and the sampling temperature."""
     if g.temperature < 0:
         raise ConfigError(f"config.grpo.temperature is {g.temperature}; it must be >= 0.")
@@ -79,8 +79,9 @@ def _check_dapo(g):
                           "a refill round needs this step's rewards before the next batch is drawn.")
     if g.max_refill_rounds < 0:
         raise ConfigError(f"config.grpo.max_refill_rounds is {g.max_refill_rounds}; it must be >= 0.")
-    if not 0 <= g.overlong_buffer < g.max_new_tokens:
+    if not 0 <= g.overlong_buffer < max_len:
+        what = "max_new_tokens" if max_len == g.max_new_tokens else "agent.max_tokens"
         raise ConfigError(f"config.grpo.overlong_buffer {g.overlong_buffer} must be in "
-                          f"[0, max_new_tokens = {g.max_new_tokens}) (0: no overlong penalty).")
+                          f"[0, {what} = {max_len}) (0: no overlong penalty).")
     if g.overlong_penalty < 0:
         raise ConfigError(f"config.grpo.overlong_penalty is {g.overlong_penalty}; it must be >= 0.")

@@ -156,14 +156,16 @@ class Run:
         if agentic_grpo.enabled(cfg):  # the env's verdicts, judged during the rollout
             self.cpu_kinds = (agentic_grpo.ENV_REWARD,)
             self.workers = WorkerPool(0, agentic_grpo.env_scores)
-            return
-        self.cpu_kinds = tuple(f for f in cfg.reward.functions if f in rewards.CPU_REWARDS)
-        if self._uses_probe() and cfg.reward.probe.gate != "probe_only":
-            self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.probe.validity,)))
-        if "solver" in cfg.reward.functions:  # SIL: W decides which candidates are tried
-            self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.solver.validity,)))
-        self.workers = WorkerPool(cfg.reward.workers, cpu_scorer or functools.partial(
-            rewards.score_batch, custom=cfg.reward.get("fn", "")))
+            if tuple(cfg.reward.functions) == (agentic_grpo.ENV_REWARD,):
+                return  # else PROPEL's probe or SIL reward, the verdict as validity (SWE)
+        else:
+            self.cpu_kinds = tuple(f for f in cfg.reward.functions if f in rewards.CPU_REWARDS)
+            if self._uses_probe() and cfg.reward.probe.gate != "probe_only":
+                self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.probe.validity,)))
+            if "solver" in cfg.reward.functions:  # SIL: W decides which candidates are tried
+                self.cpu_kinds = tuple(dict.fromkeys(self.cpu_kinds + (cfg.reward.solver.validity,)))
+            self.workers = WorkerPool(cfg.reward.workers, cpu_scorer or functools.partial(
+                rewards.score_batch, custom=cfg.reward.get("fn", "")))
         self.probe_reward, self.probe_names = None, []
         from rossjax.train import propel_rewards  # the probe (own reference or base) and SIL
 
@@ -219,6 +221,8 @@ class Run:
             per["probe_score"] = pr["probe"]
             per["probe"] = reward_lib.gate(c.probe.gate, pr["probe_reward"], valid,
                                            c.probe.invalid_reward)
+            if agentic_grpo.enabled(self.cfg):  # an undecided verdict (sandbox failed): NaN
+                per["probe"] = np.where(np.isnan(valid), np.nan, per["probe"])
         if self.solver_reward is not None:
             per.update(self.solver_reward(records, per.get(c.solver.validity)))
         used = {f: per[f] for f in c.functions}

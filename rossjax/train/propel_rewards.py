@@ -15,7 +15,9 @@ induction task under the AZR protocol; a math problem once the two reference ora
 answer, as label-corpus labels it) and paid the realized U_S = 1[lo <= solved / decided <= hi]
 (band "open": 0 < rate < 1), the label `rossjax label-corpus` + `probe-sweep` give a task; an invalid task,
 or one whose reference run fails, gets `invalid_reward`; a valid task with fewer than
-`min_valid` decided trials gets NaN (advantage 0). Trials and tasks tried are counted per step,
+`min_valid` decided trials gets NaN (advantage 0). SWE (configs/propel_swe.py:sil, validity
+"env"): `SweSolverReward` runs K bash solver episodes over each valid bug instead
+(agents.swe.solver_trials). Trials and tasks tried are counted per step,
 with the process's peak memory (`memory_metrics`), for PROPEL's cost comparison (Table 3).
 """
 
@@ -39,16 +41,30 @@ def render_fn(cfg, tok, template: str):
     """What the probe reads for a candidate (must match how its training rows were rendered):
     `task`, the canonical task text as a user turn up to the answer (label-corpus's inputs.jsonl),
     or `record`, the policy's own token ids."""
-    if cfg.reward.probe.render == "record":
-        return lambda rec: (rec["token_ids"], None)
-    if cfg.reward.probe.render != "task":
+    if cfg.reward.probe.render not in ("task", "record"):
         raise ConfigError(f"config.reward.probe.render {cfg.reward.probe.render!r} is not task or record.")
     from rossjax.train import rollout
 
     def render(rec):
         msgs = [{"role": "user", "content": canonical_text(rec)}]
         return tok.encode(rollout.render_prompt(msgs, template, tok)), None
-    return render
+    if cfg.reward.probe.render == "task":
+        return render
+    # record: the stored ids, with the assistant turns' spans for a probe over turns; a row with
+    # no ids (the bootstrap probe's templated text rows) is rendered as a task
+    return lambda rec: ((rec["token_ids"], agent_turn_spans(rec))
+                        if rec.get("token_ids") is not None else render(rec))
+
+
+def agent_turn_spans(rec) -> list | None:
+    """[(start, end)] token spans of an agentic row's assistant turns (its `agent.
+    message_spans`: one per generated turn; probes/turns.py aggregates over them), else None."""
+    agent = rec.get("agent") or {}
+    msgs = rec["messages"]
+    out = [(int(t0), int(t1)) for i, t0, t1 in agent.get("message_spans") or []
+           if msgs[i].get("role") == "assistant" and t1 > t0]
+    # no span map (the ids do not spell the rendering): the runs of sampled tokens, one a turn
+    return out or [tuple(s) for s in agent.get("policy_spans") or []] or None
 
 
 def is_math(rec) -> bool:
@@ -164,7 +180,9 @@ def check_config(r) -> None:
 # ----------------------------------------------------------------------------- SIL
 
 
-VALIDITY = {"validity": "induction", "math_validity": "math"}  # W -> the task the solver gets
+VALIDITY = {"validity": "induction", "math_validity": "math",  # W -> the task the solver gets
+            "env": "swe"}  # agentic: the SWE generator env's verdict (configs/propel_swe.py)
+SWE_SOLVER_KINDS = ("fn", "endpoint")  # an agent policy: module:function or OpenAI-compatible
 
 
 def check_solver_config(r) -> None:
@@ -176,6 +194,10 @@ def check_solver_config(r) -> None:
         raise ConfigError(f"config.reward.functions lists 'solver' but the config has no "
                           f"{SOLVER_FIELD} section; start from configs/propel_sil.py.")
     solvers.check_section(s, SOLVER_FIELD)
+    if VALIDITY.get(s.validity) == "swe" and s.kind not in SWE_SOLVER_KINDS:
+        raise ConfigError(f"{SOLVER_FIELD}.kind {s.kind!r}: an SWE solver is an agent policy "
+                          f"in the bash env, one of {', '.join(SWE_SOLVER_KINDS)} (fn: a "
+                          "module:function policy(messages, tools) -> {content, tool_calls}).")
     if s.k < 1:
         raise ConfigError(f"{SOLVER_FIELD}.k is {s.k}; it must be at least 1.")
     if s.validity not in VALIDITY:
@@ -265,6 +287,72 @@ class SolverReward:
         return out
 
 
+class SweSolverReward:
+    """SWE SIL: K solver episodes of the agent layer (agents.swe.solver_trials: the bash env over
+    the buggy repository, graded by the clean suite) per candidate whose generator episode the
+    env passed, paid U_S (band "open" for K = 3: 0 < solved < K); a failed episode gets
+    `invalid_reward`, an undecided one (NaN verdict) or one with fewer than `min_valid` judged
+    trials NaN (advantage 0)."""
+
+    math = False
+
+    def __init__(self, section, policy, *, style: str = "hermes", max_turns: int = 8,
+                 step_timeout_s: float = 10.0, episode_timeout_s: float = 120.0):
+        self.s, self.policy, self.style, self.max_turns = section, policy, style, int(max_turns)
+        self.env_kw = {"step_timeout_s": step_timeout_s, "episode_timeout_s": episode_timeout_s}
+        self.last_trials = []
+        self._counts = dict.fromkeys(("solver_trials", "solver_tasks"), 0)
+
+    def __call__(self, records, valid) -> dict:
+        from rossjax.agents.swe import solver_trials
+        from rossjax.agents.swe_env import clean_baseline
+
+        s, n = self.s, len(records)
+        valid = np.ones(n) if valid is None else np.asarray(valid, np.float64)
+        reward = np.where(np.isnan(valid), np.nan, float(s.invalid_reward))
+        self.last_trials = [None] * n
+        for i, rec in enumerate(records):
+            if not valid[i] > 0.5:
+                continue
+            if not rec.get("patch"):
+                raise ValueError(f"SWE SIL: record {rec.get('id')!r} passed the env's verdict "
+                                 "but carries no patch (the env must be agents.swe_env.SweBugEnv).")
+            base = clean_baseline(rec["task"]["repo"])
+            trials, _ = solver_trials(base, rec["patch"], self.policy, k=s.k, rid=rec["id"],
+                                      style=self.style, max_turns=self.max_turns,
+                                      env=self.env_kw)
+            lab = labels_mod.utility_labels([trials], lo=s.lo, hi=s.hi, band=s.band,
+                                            min_valid=s.min_valid, where=SOLVER_FIELD)
+            reward[i] = float(lab.y[0]) if len(lab.y) else np.nan
+            self.last_trials[i] = trials
+            self._counts["solver_trials"] += len(trials)
+            self._counts["solver_tasks"] += 1
+        return {"solver": reward}
+
+    def counts(self) -> dict:
+        out, self._counts = dict(self._counts), dict.fromkeys(self._counts, 0)
+        return out
+
+
+def swe_solver_reward(cfg) -> SweSolverReward:
+    from rossjax.agents.rollout import OpenAIPolicy
+    from rossjax.verify.base import load_fn
+
+    s = cfg.reward.solver
+    if s.kind == "fn":
+        policy = load_fn(s.fn, f"{SOLVER_FIELD}.fn")
+    else:
+        ep = s.endpoint
+        policy = OpenAIPolicy(ep.base_url or os.environ.get("OPENAI_BASE_URL",
+                                                            "http://127.0.0.1:8000/v1"),
+                              ep.model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+                              temperature=float(s.temperature),
+                              max_tokens=int(s.max_new_tokens))
+    a = cfg.agent
+    return SweSolverReward(s, policy, style=a.style, max_turns=a.max_turns,
+                           step_timeout_s=a.step_timeout_s, episode_timeout_s=a.episode_timeout_s)
+
+
 def solver_reward(run):
     """The run's SolverReward, or None unless `reward.functions` lists "solver"."""
     cfg = run.cfg
@@ -274,6 +362,8 @@ def solver_reward(run):
 
     s = cfg.reward.solver
     check_solver_config(cfg.reward)
+    if VALIDITY[s.validity] == "swe":
+        return swe_solver_reward(cfg)
     # the solver reads the policy's tokenizer and template (a model solver samples through it)
     solver = solvers.Solver(s, run.tok, s, cfg.train.seed, field=SOLVER_FIELD)
     oracles = None

@@ -1,0 +1,84 @@
+"""PROPEL's SWE generator: a multi-turn bash agent that writes bugs, trained with agentic GRPO.
+
+Run:
+  rossjax grpo --config=configs/propel_swe.py --config.model.path=HF_GENERATOR_DIR \
+      --config.reward.probe.path=SELECTED_PROBE --workdir=runs/propel_swe
+  rossjax grpo --config=configs/propel_swe.py:sil --config.model.path=HF_GENERATOR_DIR \
+      --config.reward.solver.endpoint.model=SOLVER --workdir=runs/propel_swe_sil
+  rossjax grpo --config=configs/propel_swe.py:runlocal --workdir=/tmp/propel-swe
+
+Task: one per repository of the RL split (data/swe/rl_tasks.jsonl, written by
+rossjax.agents.swe_env.rl_tasks from agents.swe.repo_splits over data/swe/: whole repositories
+per probe / RL / eval split, so the probe never saw the RL repositories). An episode is the
+`bash` env over a scratch copy of the clean repository (rossjax/agents/swe_env.py SweBugEnv):
+the policy runs commands until it answers without a tool call; its final copy, diffed against
+the clean tree, is the bug, judged by rossjax.verify.swe.verify_bug (the patch applies, tests
+and config unchanged, the suite still runs, >= 1 previously passing test fails). The patch is
+kept in each history row (`patch`).
+
+Reward (reward.functions, one of):
+  ("probe",)  an invalid episode (the verdict fails) -0.2; a valid one the probe's score,
+              temperature-calibrated (`reward.probe.calibration=temperature`, as PROPEL for
+              SWE), of the frozen reference's activations over the episode's agent turns
+              (`render=record`: the exact stored ids; one span per generated turn), pooled per
+              turn and aggregated over turns as the probe's manifest says (`turn_pooling`
+              mean / last / max in one pass, attention through rossjax/probes/turns.py);
+              an undecided verdict (the sandbox failed) NaN, advantage 0.
+  ("solver",) `:sil`: the realized U_S of K = 3 solver episodes of the same agent layer over
+              the buggy repository (agents.swe.solver_trials; graded by the clean suite), band
+              open (0 < solved < 3), invalid -0.2 (train/propel_rewards.py SweSolverReward).
+Optimization: DAPO-style: group-normalized advantages (`advantages=grpo`), token-level
+aggregation, clip-higher (eps_high 0.28), dynamic sampling (uniform groups dropped and refilled),
+and the soft overlong penalty on the trajectory's length (context included) against its budget
+agent.max_tokens with `grpo.overlong_buffer` tokens of slack (docs/deviations.md).
+
+`:runlocal` (tiny random Qwen2, ASCII tokenizer, 1 task x 4 episodes of up to 3 turns, 2 steps,
+the bootstrap validity probe as a stand-in): mechanics only. The random model writes no tool
+call, so every episode ends at turn 1 with an unchanged tree: invalid (`no_change`), reward
+-0.2, every group uniform (dynamic sampling refills once, then fills). tests/test_propel_swe.py
+plants a valid bug-writing episode with a scripted parser to exercise the valid path.
+"""
+
+from rossjax.configs import common, grpo_agentic, propel_sil
+
+
+def get_config(arg: str | None = None):
+    variants = common.variants(arg, ("runlocal", "sil"), "propel_swe.py")
+    c = grpo_agentic.get_config("runlocal" if "runlocal" in variants else None)
+    c.run_name = "propel-swe-sil" if "sil" in variants else "propel-swe"
+    c.data.tasks = common.data_file("swe", "rl_tasks.jsonl")
+    c.agent.env = "rossjax.agents.swe_env:SweBugEnv"
+    c.agent.env_kwargs = '{"suite_timeout_s": 30.0}'
+    c.agent.max_turns = 16
+    c.agent.max_tokens = 16384
+    c.agent.step_timeout_s = 30.0
+    c.agent.episode_timeout_s = 600.0
+    c.reward.functions, c.reward.weights = ("probe",), (1.0,)
+    p = c.reward.probe
+    p.path, p.validity, p.gate, p.invalid_reward = "", "env", "hard_gate", -0.2
+    p.render, p.calibration = "record", "temperature"
+    g = c.grpo
+    g.contexts, g.group_size, g.max_new_tokens = 8, 8, 1024
+    g.advantages, g.agg, g.eps_low, g.eps_high = "grpo", "token_mean", 0.2, 0.28
+    g.dynamic_sampling, g.async_sampling, g.max_refill_rounds = True, False, 3
+    g.overlong_buffer, g.overlong_penalty = 4096, 1.0
+    if "sil" in variants:
+        c.reward.functions = ("solver",)
+        s = c.reward.solver = propel_sil.solver_section()
+        s.kind, s.k, s.band, s.min_valid = "endpoint", 3, "open", 2
+        s.validity, s.invalid_reward = "env", -0.2
+    if "runlocal" in variants:
+        c.grpo.steps, c.grpo.contexts, c.grpo.group_size = 2, 1, 4
+        g.max_new_tokens, g.max_refill_rounds, g.overlong_buffer = 24, 1, 256
+        c.agent.max_turns, c.agent.max_tokens = 3, 2048
+        c.agent.step_timeout_s, c.agent.episode_timeout_s = 20.0, 120.0
+        p.path = "bootstrap"  # no SWE probe for the random model: a stand-in (module doc)
+        if "sil" in variants:
+            s.kind, s.fn = "fn", "rossjax.configs.propel_swe:idle_solver"
+    return c
+
+
+def idle_solver(messages, tools):
+    """`:runlocal,sil`'s solver policy: answers at once (no fix), so a trial fails; a stand-in
+    so the SIL mechanics run without a model, not a solver."""
+    return {"content": "done", "tool_calls": []}
