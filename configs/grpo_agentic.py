@@ -46,7 +46,7 @@ def agent_section() -> mlc.ConfigDict:
 
 
 def get_config(arg: str | None = None):
-    variants = common.variants(arg, ("runlocal",), "grpo_agentic.py")
+    variants = common.variants(arg, ("runlocal", "warmstart"), "grpo_agentic.py")
     c = common.grpo_config()
     c.run_name = "grpo-agentic"
     c.data.tasks = common.data_file("agents", "calculator.jsonl")
@@ -66,4 +66,14 @@ def get_config(arg: str | None = None):
         c.agent.max_turns, c.agent.max_tokens = 3, 1024
         c.grpo.agg = "token_mean"
         c.optim.peak_lr = c.optim.end_lr = 3e-3
+    if "warmstart" in variants:
+        # `:runlocal,warmstart`: from the demo's SFT warm-up (docs/agents.md, "The demo
+        # learns"): its shipped demonstrations have no system message and no tool block, so the
+        # episodes open the same way; one turn (a call is ~80 ASCII tokens) fits 96 tokens.
+        c.agent.env_kwargs = '{"system": ""}'
+        c.agent.tools_in_prompt = False
+        c.agent.max_turns, c.agent.max_tokens = 3, 320
+        c.grpo.max_new_tokens = 96
+        c.grpo.steps = 10
+        c.optim.peak_lr = c.optim.end_lr = 3e-4   # a trained policy: 3e-3 undoes the warm-up
     return c

@@ -137,3 +137,37 @@ class CalculatorEnv(_Answered):
         except (ValueError, SyntaxError, ZeroDivisionError, OverflowError) as e:
             return Observation(f"error: {type(e).__name__}: {e}", c.id, c.name)
         return Observation(f"{v:g}" if isinstance(v, float) else str(v), c.id, c.name)
+
+
+CALC_OPS = ("+", "-", "*")
+
+
+def calculator_demonstrations(n: int, seed: int = 0, exclude=(), **env_kwargs) -> list[dict]:
+    """`n` solved calculator episodes in the rollout schema, for the demo's SFT warm-up: each is
+    a two-operand task (operands 10-99, + - *, as data/agents/calculator.jsonl; none whose prompt
+    is in `exclude`) played through the real environment (`CalculatorEnv(**env_kwargs)`): one `calculate` call of the
+    task's own expression, its observation, then `Answer: <the observation>`, judged by
+    `env.finish`. The warm-up learns the call format and the copying; the numbers come from
+    the tool."""
+    import random
+
+    rng, env, rows, seen = random.Random(seed), CalculatorEnv(**env_kwargs), [], set(exclude)
+    while len(rows) < n:
+        a, b, op = rng.randint(10, 99), rng.randint(10, 99), rng.choice(CALC_OPS)
+        prompt = f"What is {a} {op} {b}?"
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        task = {"id": f"calc-demo-{len(rows):04d}", "prompt": prompt,
+                "answer": str(evaluate(f"{a} {op} {b}"))}
+        msgs = env.reset(task)
+        call = ToolCall("calculate", {"expression": f"{a} {op} {b}"}, "call_0")
+        (obs,), _, _ = env.step([call])
+        answer = f"Answer: {obs.content}"
+        verdict = env.finish(answer)
+        msgs += [{"role": "assistant", "content": "", "tool_calls": [call.to_message()]},
+                 obs.to_message(), {"role": "assistant", "content": answer}]
+        rows.append({"id": task["id"], "task": task, "messages": msgs,
+                     "verifier": {"name": "agents.calculator", "passed": verdict.passed,
+                                  "evidence": verdict.evidence}})
+    return rows
