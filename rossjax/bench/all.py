@@ -27,11 +27,11 @@ import time
 
 # (row, benchmark, quick flags, full flags, [(label, regex)], how the row is written)
 _QUICK = {
-    "sft": ["sft", "--rows", "2", "--seq", "1024", "--micro", "1", "--steps", "2",
+    "sft": ["sft", "--rows", "2", "--seq", "512", "--micro", "1", "--steps", "2",
             "--skip_memory"],
-    "update": ["grpo", "--part", "update", "--repeats", "3"],
-    "grpo": ["grpo", "--peer", "trl", "--contexts", "4", "--new_tokens", "32", "--steps", "3"],
-    "tunix": ["grpo", "--peer", "tunix", "--contexts", "4", "--new_tokens", "32", "--steps", "3"],
+    "update": ["grpo", "--part", "update", "--contexts", "4", "--repeats", "3"],
+    "grpo": ["grpo", "--peer", "trl", "--contexts", "4", "--new_tokens", "32", "--steps", "2"],
+    "tunix": ["grpo", "--peer", "tunix", "--contexts", "4", "--new_tokens", "32", "--steps", "2"],
     "sample": ["sample", "--batch", "64", "--stops", "8", "--new_tokens", "64", "--repeats", "1"],
     "curate": ["curate", "--n", "2000", "--peer_n", "100", "--verify_n", "40", "--code_n", "20"],
     "select": ["select", "--n", "20000", "--budget", "2000", "--families", "100"],
@@ -63,7 +63,8 @@ def _row_update(out):
     a = re.search(r"rossjax update\s+" + _F + r" s,\s+" + _F + " CPU s", out)
     b = re.search(r"torch update\s+" + _F + r" s,\s+" + _F + " CPU s", out)
     r = re.search(r"ratio " + _F + r"x wall, " + _F + "x CPU time", out)
-    return ("GRPO update alone (64 rows, fwd + bwd + AdamW)",
+    rows = re.search(r"(\d+) rows x (\d+) positions", out)
+    return (f"GRPO update alone ({rows.group(1)} x {rows.group(2)}, fwd + bwd + AdamW)",
             f"{a.group(1)} s ({a.group(2)} CPU s)",
             f"torch step, same batch: {b.group(1)} s ({b.group(2)} CPU s)",
             _num(r.group(1)), f"CPU time {r.group(2)}x")
@@ -109,7 +110,7 @@ def _row_curate(out):
 def _row_select(out):
     fp = re.search(r"fingerprinting alone: " + _F + " traces/s", out)
     p = re.search(r"peer takes " + _F + r"x the time \(" + _F + " vs " + _F, out)
-    s = re.search(r"select diverse .*= " + _F + " s", out)
+    s = re.search(r"select diverse .*? s = " + _F + r" s \(target", out)
     fam = re.search(r"families covered: diverse (\d+) vs random (\d+) of (\d+)", out)
     return ("select: fingerprint + diverse", f"{fp.group(1)} traces/s; select {s.group(1)} s",
             f"regex labeller {p.group(2)} traces/s (1 core)", _num(p.group(1)),
