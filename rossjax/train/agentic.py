@@ -6,7 +6,7 @@
 Each task's `group` candidates are live engine sequences (one shared prefill, `hold=True`).
 When a candidate's turn ends (the end-of-turn token, or the turn's token budget), its sampled
 text is parsed for tool calls (rossjax.agents.parse; `style` hermes | react | module:function),
-the environment steps (in its own CPU worker process: RemoteEnv below), and the
+the environment steps (in its own CPU worker process: rossjax.agents.remote.RemoteEnv), and the
 observations, rendered as tool messages by the chat template, are tokenized and APPENDED to the
 live sequence (Engine.extend: the history is never prefilled again) up to where the next
 assistant turn starts. An episode ends when the policy answers without a call (`env.finish`
@@ -42,12 +42,12 @@ import numpy as np
 from rossjax import sharding
 from rossjax.agents import Environment, Observation, make_env, timed_step
 from rossjax.agents.parse import STYLES, parse_tool_calls
+from rossjax.agents.remote import RemoteEnv
 from rossjax.engine import Engine, SamplingParams, bucket_length
 from rossjax.errors import ConfigError, InputError
 from rossjax.templates import render_chat
 from rossjax.tokenizers import byte_to_char_offsets
 from rossjax.verify.base import load_fn
-from rossjax.verify.pool import Worker, WorkerDied, WorkerError, WorkerTimeout
 from rossjax.verify.verdict import Verdict
 
 
@@ -90,84 +90,6 @@ class AgentSpec:
     def cache_len(self) -> int:
         """Slot columns: prompt and observations round up to engine buckets (at most 2x, or 16)."""
         return 2 * self.max_tokens + 16 * (self.max_turns + 1)
-
-
-class RemoteEnv:
-    """An environment of `spec` in its own worker process (module doc). Its methods mirror
-    Environment's; `step` takes the episode's deadline and never raises or hangs."""
-
-    def __init__(self, spec: AgentSpec):
-        self.spec, self.name, self.tools = spec, spec.env, []
-        self.step_timeout_s, self.episode_timeout_s = spec.step_timeout_s, spec.episode_timeout_s
-        self._w = None
-
-    @property
-    def lost(self) -> str:
-        """Why the worker is spent ("" while usable): a replaced handle is never reused."""
-        return self._w.dead if self._w is not None and self._w.dead != "closed" else ""
-
-    @property
-    def pid(self) -> int | None:
-        return self._w.pid if self._w is not None else None
-
-    def start(self):
-        if self._w is None:
-            self._w = Worker(make_env, (self.spec.env,), dict(
-                step_timeout_s=self.spec.step_timeout_s,
-                episode_timeout_s=self.spec.episode_timeout_s, **self.spec.kwargs()),
-                attrs=("name", "tools"))
-        return self
-
-    def reset(self, task: dict) -> list:
-        try:
-            info = self.start()._w.info(60.0)
-            self.name, self.tools = info["name"], list(info["tools"] or [])
-            return self._w.call("reset", task, timeout=self.episode_timeout_s)
-        except (WorkerDied, WorkerError) as e:
-            raise InputError(f"environment {self.spec.env!r}: reset of task {task.get('id')!r} in "
-                             f"its worker process failed: {e}") from None
-
-    def step(self, calls, deadline: float):
-        left = min(float(self.step_timeout_s), deadline - time.monotonic())
-        cid = calls[0].id if calls else ""
-        if left <= 0:
-            return ([Observation("error: episode time limit reached", cid)], True,
-                    Verdict(False, f"episode over its {self.episode_timeout_s:g} s limit"))
-        try:
-            return tuple(self._w.call("step", calls, timeout=left))
-        except WorkerTimeout:
-            return ([Observation(f"error: tool step took longer than {left:.3g} s", cid)], True,
-                    Verdict(False, f"{self.name} step over its {left:.3g} s limit; its worker "
-                                   "was killed"))
-        except WorkerDied as e:
-            return ([Observation("error: the environment's process died", cid)], True,
-                    Verdict(False, f"{self.name}: {e}"[:300]))
-        except WorkerError as e:  # a broken tool is the policy's observation, the episode ends
-            return ([Observation(f"error: {e}"[:500], cid)], True,
-                    Verdict(None, f"{self.name} step raised {e}"[:300]))
-
-    def finish(self, text: str, deadline: float):
-        left = min(float(self.step_timeout_s), deadline - time.monotonic())
-        try:
-            return self._w.call("finish", text, timeout=max(left, 0.0))
-        except WorkerError as e:
-            return Verdict(None, f"{self.name} finish raised {e}"[:300])
-        except WorkerDied as e:
-            return Verdict(False, f"{self.name} finish: {e}"[:300])
-
-    def close(self):
-        """env.close() in the worker, if the class has one (the worker stays, for reuse)."""
-        if self._w is not None and not self._w.dead:
-            try:
-                self._w.call("close", timeout=float(self.step_timeout_s))
-            except WorkerError:
-                pass  # no close(), or it raised: the next reset starts over
-            except WorkerDied:
-                pass  # killed: nothing is left to release
-
-    def shutdown(self):
-        if self._w is not None:
-            self._w.close()
 
 
 @dataclasses.dataclass

@@ -1,0 +1,97 @@
+"""An environment in a CPU worker process of its own: what agentic rollouts step.
+
+    env = RemoteEnv(spec)   # spec: env (a registry name or module:Class), kwargs(), timeouts
+    messages = env.reset(task); obs, done, verdict = env.step(calls, deadline)
+
+The env is built in the worker (rossjax.verify.pool.Worker: spawned, jax-free) by make_env,
+reset, stepped, judged and closed there; only picklable values cross. A step past its limit
+kills the worker (the episode ends failed and the caller replaces the handle); a worker that
+dies fails its episode with the reason; a tool that raises is the policy's observation.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rossjax.agents.env import Observation, make_env
+from rossjax.errors import InputError
+from rossjax.verify.pool import Worker, WorkerDied, WorkerError, WorkerTimeout
+from rossjax.verify.verdict import Verdict
+
+
+class RemoteEnv:
+    """An environment of `spec` in its own worker process. Its methods mirror
+    Environment's; `step` takes the episode's deadline and never raises or hangs."""
+
+    def __init__(self, spec):  # rossjax.train.agentic.AgentSpec, or anything with its fields
+        self.spec, self.name, self.tools = spec, spec.env, []
+        self.step_timeout_s, self.episode_timeout_s = spec.step_timeout_s, spec.episode_timeout_s
+        self._w = None
+
+    @property
+    def lost(self) -> str:
+        """Why the worker is spent ("" while usable): a replaced handle is never reused."""
+        return self._w.dead if self._w is not None and self._w.dead != "closed" else ""
+
+    @property
+    def pid(self) -> int | None:
+        return self._w.pid if self._w is not None else None
+
+    def start(self):
+        if self._w is None:
+            self._w = Worker(make_env, (self.spec.env,), dict(
+                step_timeout_s=self.spec.step_timeout_s,
+                episode_timeout_s=self.spec.episode_timeout_s, **self.spec.kwargs()),
+                attrs=("name", "tools"))
+        return self
+
+    def reset(self, task: dict) -> list:
+        try:
+            info = self.start()._w.info(60.0)
+            self.name, self.tools = info["name"], list(info["tools"] or [])
+            return self._w.call("reset", task, timeout=self.episode_timeout_s)
+        except (WorkerDied, WorkerError) as e:
+            raise InputError(f"environment {self.spec.env!r}: reset of task {task.get('id')!r} in "
+                             f"its worker process failed: {e}") from None
+
+    def step(self, calls, deadline: float):
+        left = min(float(self.step_timeout_s), deadline - time.monotonic())
+        cid = calls[0].id if calls else ""
+        if left <= 0:
+            return ([Observation("error: episode time limit reached", cid)], True,
+                    Verdict(False, f"episode over its {self.episode_timeout_s:g} s limit"))
+        try:
+            return tuple(self._w.call("step", calls, timeout=left))
+        except WorkerTimeout:
+            return ([Observation(f"error: tool step took longer than {left:.3g} s", cid)], True,
+                    Verdict(False, f"{self.name} step over its {left:.3g} s limit; its worker "
+                                   "was killed"))
+        except WorkerDied as e:
+            return ([Observation("error: the environment's process died", cid)], True,
+                    Verdict(False, f"{self.name}: {e}"[:300]))
+        except WorkerError as e:  # a broken tool is the policy's observation, the episode ends
+            return ([Observation(f"error: {e}"[:500], cid)], True,
+                    Verdict(None, f"{self.name} step raised {e}"[:300]))
+
+    def finish(self, text: str, deadline: float):
+        left = min(float(self.step_timeout_s), deadline - time.monotonic())
+        try:
+            return self._w.call("finish", text, timeout=max(left, 0.0))
+        except WorkerError as e:
+            return Verdict(None, f"{self.name} finish raised {e}"[:300])
+        except WorkerDied as e:
+            return Verdict(False, f"{self.name} finish: {e}"[:300])
+
+    def close(self):
+        """env.close() in the worker, if the class has one (the worker stays, for reuse)."""
+        if self._w is not None and not self._w.dead:
+            try:
+                self._w.call("close", timeout=float(self.step_timeout_s))
+            except WorkerError:
+                pass  # no close(), or it raised: the next reset starts over
+            except WorkerDied:
+                pass  # killed: nothing is left to release
+
+    def shutdown(self):
+        if self._w is not None:
+            self._w.close()
