@@ -24,9 +24,10 @@ once per chunk, the state is donated, the one host sync is the metrics' device_g
 batch length (round_up(prompt + max_new, 16) = 144 for every gen:arith step) does not change
 between steps, so there is one compile. What remains is matmul speed: XLA:CPU's f32 dot at the
 MLP's shape (9,216 x 512 x 1,536) runs ~80 GFLOP per CPU-second against torch/MKL's ~110 (the
-oneDNN/XNNPACK XLA flags change nothing there); the whole update reaches ~60-65, and measured
-against torch's step it is at par at 64 rows (0.90-1.01x in CPU time, 0.88-0.91x wall; two runs
-at load 5-19) and ahead at 32 rows (1.27x CPU, 1.44x wall; one run at load 4-5).
+oneDNN/XNNPACK XLA flags change nothing there); the whole update reaches ~60-65. On a quiet
+machine it is behind torch's step: 0.75x wall, 0.77x CPU time at 32 rows (2026-12-02). Runs
+under load (5-19) read 0.9-1.4x because torch's threads suffer more from contention; they are
+not a measure of either side.
 """
 
 from __future__ import annotations
