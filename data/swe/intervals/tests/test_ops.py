@@ -1,5 +1,4 @@
 import pytest
-
 from intervals import contains, merge, overlaps, total_length
 
 

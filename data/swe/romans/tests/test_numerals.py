@@ -1,5 +1,4 @@
 import pytest
-
 from romans import from_roman, is_valid, to_roman
 
 

@@ -1,5 +1,4 @@
 import pytest
-
 from textkit import slugify, title_case, truncate, word_count
 
 
