@@ -40,7 +40,7 @@ def get_config():
     c.layers = (1, 2)               # 0 = embeddings, i = block i, n_layers = after final norm
     c.pooling = "mean"              # over tokens (of each turn): mean | last | max
     c.use_turns = False             # pool per assistant turn (turn_spans), then over turns
-    c.turn_pooling = "mean"         # over turns: mean | last | max
+    c.turn_pooling = "mean"         # over turns: mean | last | max | attention
     c.batch_tokens = 8192           # padded tokens per forward batch (all devices together)
     # activations | grad_sketch: per-row sketches of the LM-head gradient of the row's next-token
     # NLL (its assistant turns with use_turns), k1 x k2 values, for `rossjax select

@@ -1,5 +1,5 @@
 """Per-agent-turn activations aggregated over turns (rossjax/probes/turns.py): per-turn vectors
-equal the one-pass extract's, mean / last / max equal extract's turn pooling, and attention
+equal the one-pass extract's, mean / last / max / attention equal extract's turn pooling, and attention
 pooling is the softmax of the last turn's dot products over the valid turns."""
 
 import jax
@@ -47,9 +47,16 @@ def test_turn_vectors_match_extract(model, vectors):
 def test_aggregate_equals_extract_turn_pooling(model, vectors):
     cfg, params = model
     rows, spans = _rows()
-    for how in ("mean", "last", "max"):
+    for how in ("mean", "last", "max", "attention"):  # extract's jitted pooling == numpy's
         ref = A.extract(cfg, params, rows, (2,), "mean", spans, turn_pooling=how, batch_tokens=64)
         np.testing.assert_allclose(turns.aggregate(*vectors, how), ref, atol=1e-5, rtol=0)
+    # max-pooled tokens over turns: empty turn slots never leak -inf / NaN into attention
+    got = A.extract(cfg, params, rows, (2,), "max", spans, turn_pooling="attention",
+                    batch_tokens=64)
+    v, valid = turns.turn_vectors(cfg, params, rows, spans, (2,), "max", batch_tokens=64)
+    np.testing.assert_allclose(got, turns.aggregate(v, valid, "attention"), atol=1e-5, rtol=0)
+    with pytest.raises(InputError, match="pooling 'attention' is not one of"):
+        A.extract(cfg, params, rows, (2,), "attention", spans, batch_tokens=64)
 
 
 def test_attention_pooling():

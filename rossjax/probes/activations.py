@@ -34,12 +34,15 @@ import numpy as np
 from rossjax.errors import InputError
 
 POOLINGS = ("mean", "last", "max")
+TURN_POOLINGS = POOLINGS + ("attention",)  # over turns only: softmax of <v_t, v_last> / sqrt(d)
 _BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 def check_inputs(cfg, token_lists, layers, pooling, turn_pooling, turn_spans):
-    if pooling not in POOLINGS or turn_pooling not in POOLINGS:
-        raise InputError(f"extract: pooling {pooling!r}/{turn_pooling!r} is not one of {POOLINGS}.")
+    if pooling not in POOLINGS:
+        raise InputError(f"extract: pooling {pooling!r} is not one of {POOLINGS}.")
+    if turn_pooling not in TURN_POOLINGS:
+        raise InputError(f"extract: turn_pooling {turn_pooling!r} is not one of {TURN_POOLINGS}.")
     layers = tuple(int(x) for x in layers)
     if not layers:
         raise InputError("extract: field 'layers' is empty.")
@@ -116,8 +119,15 @@ def _pool_turns(v, valid, how: str):
         return (v * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
     if how == "max":
         return jnp.max(jnp.where(valid[..., None], v, -jnp.inf), axis=1)
-    last = jnp.maximum(valid.sum(1) - 1, 0)
-    return jnp.take_along_axis(v, last[:, None, None], axis=1)[:, 0]
+    last = jnp.maximum(valid.sum(1) - 1, 0)  # valid turns are a prefix of the T slots
+    v_last = jnp.take_along_axis(v, last[:, None, None], axis=1)[:, 0]
+    if how == "last":
+        return v_last
+    # attention: the last turn queries every valid turn, parameter-free (probes/turns.py)
+    v = jnp.where(valid[..., None], v, 0.0)  # an empty slot may hold -inf (max pooling)
+    scores = jnp.einsum("btd,bd->bt", v, v_last) / jnp.sqrt(jnp.float32(v.shape[-1]))
+    w = jax.nn.softmax(jnp.where(valid, scores, -jnp.inf), axis=1)
+    return jnp.einsum("bt,btd->bd", w, v)
 
 
 def _shardings(spec: _PoolSpec):

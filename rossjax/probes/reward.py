@@ -215,12 +215,6 @@ class ProbeReward:
     def _score(self, scorer: ProbeScorer, tokens, spans):
         from rossjax.probes.activations import extract
 
-        if scorer.turns and scorer.turn_pooling == "attention":  # one pass per turn (turns.py)
-            from rossjax.probes.turns import pooled
-
-            x = pooled(self.model_cfg, self.ref_params, tokens, spans, (scorer.layer,),
-                       scorer.pooling, "attention", batch_tokens=self.batch_tokens)
-            return scorer.score(x[:, 0])
         x = extract(self.model_cfg, self.ref_params, tokens, (scorer.layer,), scorer.pooling,
                     spans if scorer.turns else None, turn_pooling=scorer.turn_pooling,
                     batch_tokens=self.batch_tokens)
