@@ -97,7 +97,10 @@ def _build_root(p, program, uid):
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
     _mount("rossjax-scratch", new + "/sandbox", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
            f"size={lim['disk_bytes']},nr_inodes={lim['files']},mode=700{owner}")
-    os.symlink("/sandbox", new + "/tmp")
+    if not os.path.lexists(new + "/tmp"):
+        os.symlink("/sandbox", new + "/tmp")
+    # else a read-only dir already holds /tmp/... binds (a venv or checkout under /tmp, as in a
+    # CI clone): /tmp stays read-only and TMPDIR (= /sandbox) is where temporary files go
     if p.get("suite"):  # a suite run: the trusted test files, read-only, for the checker
         _bind_ro(p["suite"]["dir"], new + "/checker")
     _put_program(new + "/sandbox/main.py", program, uid)
