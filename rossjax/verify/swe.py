@@ -300,6 +300,16 @@ def _failing(base: Baseline, suite: Suite) -> tuple[list, str | None]:
     return [t for t in base.tests if suite.outcomes[t] in _FAILS], None
 
 
+def _graded(base: Baseline, after: dict, timeout_s: float):
+    """(failing test ids, None), or (None, the Verdict that ends grading): the clean suite over
+    `after`, a sandbox or checker failure undecided, a broken suite False."""
+    suite = run_suite(after, tests=base.files, timeout_s=timeout_s)
+    if suite.reason and suite.reason.startswith(("sandbox_error", "checker_error")):
+        return None, Verdict(None, suite.reason)
+    fails, why = _failing(base, suite)
+    return (None, Verdict(False, why)) if why else (fails, None)
+
+
 def verify_bug(base: Baseline, patch: str, *, timeout_s: float = 30.0) -> Verdict:
     """The bug-writing verifier (module doc): True, False with the first reason, or None when
     the sandbox itself failed."""
@@ -309,12 +319,9 @@ def verify_bug(base: Baseline, patch: str, *, timeout_s: float = 30.0) -> Verdic
     why = change_fault(base.files, after)
     if why:
         return Verdict(False, why)
-    suite = run_suite(after, tests=base.files, timeout_s=timeout_s)
-    if suite.reason and suite.reason.startswith(("sandbox_error", "checker_error")):
-        return Verdict(None, suite.reason)
-    fails, why = _failing(base, suite)
-    if why:
-        return Verdict(False, why)
+    fails, ended = _graded(base, after, timeout_s)
+    if ended:
+        return ended
     if not fails:
         return Verdict(False, f"no_failing_test: all {len(base.tests)} tests still pass")
     return Verdict(True, f"{len(fails)} of {len(base.tests)} tests now fail: "
@@ -332,12 +339,9 @@ def check_fix(base: Baseline, buggy: dict, workdir: str, *, timeout_s: float = 3
     why = change_fault(buggy, after)
     if why and not why.startswith("no_change"):
         return Verdict(False, why)
-    suite = run_suite(after, tests=base.files, timeout_s=timeout_s)
-    if suite.reason and suite.reason.startswith(("sandbox_error", "checker_error")):
-        return Verdict(None, suite.reason)
-    fails, why = _failing(base, suite)
-    if why:
-        return Verdict(False, why)
+    fails, ended = _graded(base, after, timeout_s)
+    if ended:
+        return ended
     if fails:
         return Verdict(False, f"tests_fail: {len(fails)} of {len(base.tests)} still fail "
                               f"(first {fails[0]})")
