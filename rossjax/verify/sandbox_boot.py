@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # in the sandbox these come from the texts run before this on
 
 P = eval(sys.argv[1], {"__builtins__": {}})  # a dict literal written by the host
 REFUSED = 113  # exit status of a process the audit hook ended (sandbox_hook.py)
-SETUP_FAILED = 114  # a child could not build its walls (sandbox.py: sandbox_error)
+SETUP_FAILED = 114  # a child could not build its walls (sandbox_outcome.py: sandbox_error)
 
 
 def _confine(uid, keep, write, ns, ll_abi, reads=None):

@@ -11,7 +11,7 @@ closing stderr only hides its message. Paths are resolved the way the kernel res
 import os
 import sys
 
-REFUSED = 113  # also sandbox.py's _REFUSED
+REFUSED = 113  # also sandbox_outcome.py's _REFUSED
 
 
 def _make_hook(tmp, read_roots, allow_fork, mark, max_files):
