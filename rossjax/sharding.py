@@ -19,8 +19,10 @@ model); the multi-host set-up is `distributed_config()` + `initialize_distribute
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import math
+import time
 import warnings
 from collections.abc import Mapping
 
@@ -274,3 +276,24 @@ def initialize_distributed(dcfg) -> None:
     if dcfg.process_id >= 0:
         kw["process_id"] = int(dcfg.process_id)
     jax.distributed.initialize(**kw)
+    atexit.register(_shutdown_distributed)  # runs before jax's own exit hook (atexit is LIFO)
+
+
+# How long the coordinator keeps its service up after its own client has left.
+_SERVICE_GRACE_S = 2.0
+
+
+def _shutdown_distributed() -> None:
+    """Leave the job in order at exit: every client leaves first (the client's shutdown is a
+    barrier over all processes), and process 0 destroys the coordination service a moment
+    later. jax's own exit hook destroys the service right after the barrier, while the other
+    processes' last calls can still be in flight; gRPC then aborted process 0 with SIGABRT
+    (`Check failed: queue.Pop() == nullptr` in ~RealRequestMatcher) after a finished run."""
+    from jax._src import distributed as jd  # the service handle jax.distributed does not expose
+
+    state = jd.global_state
+    service, state.service = state.service, None
+    jax.distributed.shutdown()  # preemption manager and client; no-op if already shut down
+    if service is not None:
+        time.sleep(_SERVICE_GRACE_S)
+        service.shutdown()
