@@ -27,6 +27,9 @@ Reward (reward.functions, one of):
   ("solver",) `:sil`: the realized U_S of K = 3 solver episodes of the same agent layer over
               the buggy repository (agents.swe.solver_trials; graded by the clean suite), band
               open (0 < solved < 3), invalid -0.2 (train/propel_rewards.py SweSolverReward).
+              The step's candidates' K episodes run `reward.solver.workers` (2) at a time, in
+              threads (agents.swe.solver_trials_many): each has its own scratch copy, results
+              come back in trial order; 1 runs them one after another.
 Optimization: DAPO-style: group-normalized advantages (`advantages=grpo`), token-level
 aggregation, clip-higher (eps_high 0.28), dynamic sampling (uniform groups dropped and refilled),
 and the soft overlong penalty on the trajectory's length (context included) against its budget
@@ -67,6 +70,7 @@ def get_config(arg: str | None = None):
         s = c.reward.solver = propel_sil.solver_section()
         s.kind, s.k, s.band, s.min_valid = "endpoint", 3, "open", 2
         s.validity, s.invalid_reward = "env", -0.2
+        s.workers = 2  # solver episodes at once (1: one after another), all candidates' together
     if "runlocal" in variants:
         c.grpo.steps, c.grpo.contexts, c.grpo.group_size = 2, 1, 4
         g.max_new_tokens, g.max_refill_rounds, g.overlong_buffer = 24, 1, 256

@@ -130,6 +130,11 @@ def test_runlocal_config_and_bad_inputs():
     bad.reward.solver.kind = "oracle"
     with pytest.raises(ConfigError, match="SWE solver is an agent policy"):
         grpo_config.check_config(bad)
+    for w in (0, 5):
+        bad = propel_swe.get_config("runlocal,sil")
+        bad.reward.solver.workers = w
+        with pytest.raises(ConfigError, match="config.reward.solver.workers is"):
+            grpo_config.check_config(bad)
     bad = propel_swe.get_config("runlocal")
     bad.grpo.overlong_buffer = bad.agent.max_tokens
     with pytest.raises(ConfigError, match="agent.max_tokens"):
@@ -170,6 +175,8 @@ def test_swe_sil_pays_realized_utility_of_three_solver_episodes():
         "start <= out[-1][1]", "start < out[-1][1]")
     patch = unified_diff(base.files, files)
     s = propel_swe.get_config("runlocal,sil").reward.solver
+    assert s.workers == 2
+    s.workers = 1  # _AlternateFixer counts episodes: their order must be the trials'
     policy = _AlternateFixer()
     sil = SweSolverReward(s, policy, max_turns=3)
     recs = [{"id": f"r{i}", "task": {"repo": "intervals"}, "patch": patch if i < 1 else None}
@@ -178,5 +185,16 @@ def test_swe_sil_pays_realized_utility_of_three_solver_episodes():
     assert sil.last_trials[0] == [True, False, True]  # episodes 1 and 3 fix it
     assert out[0] == 1.0 and out[1] == -0.2 and np.isnan(out[2])
     assert sil.counts() == {"solver_trials": 3, "solver_tasks": 1}
+    # two workers over two candidates' 3 + 3 episodes: each candidate gets its own trials
+    s.workers = 2
+    recs = [{"id": "a", "task": {"repo": "intervals"}, "patch": patch},
+            {"id": "b", "task": {"repo": "intervals"}, "patch": patch}]
+    fixer = lambda m, t: (_AlternateFixer()(m, t) if m[-1]["role"] == "user"
+                          else {"content": "done", "tool_calls": []})
+    sil = SweSolverReward(s, fixer, max_turns=3)
+    out = sil(recs, np.ones(2))["solver"]
+    assert sil.last_trials == [[True] * 3, [True] * 3]
+    assert out.tolist() == [0.0, 0.0]  # 3 of 3 solved each: outside the open band
+    assert sil.counts() == {"solver_trials": 6, "solver_tasks": 2}
     with pytest.raises(ValueError, match="carries no patch"):
         sil([{"id": "x", "task": {"repo": "intervals"}}], np.ones(1))

@@ -20,6 +20,7 @@ of the whole history; see docs/agents.md.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.parse
 
@@ -40,8 +41,17 @@ class OpenAIPolicy:
         if p.scheme not in ("http", "https") or not p.hostname:
             raise InputError(f"policy base_url {base_url!r} is not an http(s) URL")
         self.path = p.path.rstrip("/") + "/chat/completions"
-        self.conn = Connection(p.scheme, p.hostname, p.port, timeout_s, max_bytes)
+        self._where = (p.scheme, p.hostname, p.port, timeout_s, max_bytes)
+        # one kept-alive connection per thread: concurrent episodes (agents/swe.py) share a policy
+        self._local = threading.local()
         self.model, self.api_key, self.sampling = model, api_key, sampling
+
+    @property
+    def conn(self) -> Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = Connection(*self._where)
+        return conn
 
     def __call__(self, messages: list[dict], tools: list) -> dict:
         body = {"model": self.model, "messages": messages, "logprobs": True,

@@ -4,6 +4,7 @@ over the buggy repository, utility label rows, and repo-disjoint splits.
     base = baseline("data/swe/textkit")                   # rossjax.verify.swe
     row, patch = write_bug(base, policy, rid="g0")        # a bash episode; verdict: verify_bug
     trials, rows = solver_trials(base, patch, policy, k=3)
+    [(trials, rows), ...] = solver_trials_many([(base, patch, "g0"), ...], policy, workers=2)
     label = label_row("g0", base, trials)                 # {"id", "trials", "group": repo}
 
 Every episode is the `bash` environment over a scratch copy (the clean repository for the
@@ -15,15 +16,20 @@ proxies (verify.swe.run_suite), so nothing an episode writes into the package ca
 the agent's own `python -m pytest` inside its shell is for its information only. Label rows are read
 by rossjax.probes.labels.read_label_file; U_S for K = 3 is the open band (0 < solved < 3),
 `utility_labels(..., band="open")`. Trials that could not be judged (the sandbox failed, the
-policy endpoint failed) are null and count neither way.
+policy endpoint failed) are null and count neither way. Solver episodes run `workers` at a
+time in threads (the sandbox does the work in its own processes; a thread mostly waits on the
+endpoint or on them), each with its own env and scratch copy, results in trial order.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import contextlib
 import hashlib
 import shutil
 import tempfile
 
+from rossjax.agents import env as env_lib
 from rossjax.agents.bash import BashEnv
 from rossjax.agents.rollout import PolicyError, run_episode
 from rossjax.errors import InputError
@@ -41,6 +47,9 @@ SOLVER_PROMPT = (
     "without editing any test or configuration file; `python -m pytest -q` runs the suite. "
     "Reply without a tool call when the suite passes.")
 SPLITS = ("probe", "rl", "eval")
+# Episodes at once at most: timed_step runs every tool step on this pool (agents/env.py), and a
+# step waiting for a thread spends its own time limit.
+MAX_WORKERS = env_lib._POOL._max_workers
 
 
 class _BugGrader:
@@ -78,34 +87,81 @@ def write_bug(base: Baseline, policy, rid: str, *, suite_timeout_s: float = 30.0
 
 
 def solver_trials(base: Baseline, patch: str, policy, *, k: int = 3, rid: str = "task",
-                  suite_timeout_s: float = 30.0, **episode) -> tuple[list, list]:
+                  suite_timeout_s: float = 30.0, workers: int = 1, **episode) -> tuple[list, list]:
     """K solver episodes over the buggy repository: ([True | False | None] * k, their rows).
-    The patch is applied once; a patch that does not apply is refused (verify it first)."""
+    The patch is applied once; a patch that does not apply is refused (verify it first).
+    `workers` > 1 runs that many episodes at once (see solver_trials_many)."""
+    return solver_trials_many([(base, patch, rid)], policy, k=k, suite_timeout_s=suite_timeout_s,
+                              workers=workers, **episode)[0]
+
+
+def solver_trials_many(tasks, policy, *, k: int = 3, suite_timeout_s: float = 30.0,
+                       workers: int = 1, **episode) -> list[tuple[list, list]]:
+    """`solver_trials` for each (base, patch, rid) of `tasks`: [(trials, rows)] in task order,
+    trials in trial order. All len(tasks) * k episodes share one pool of `workers` threads
+    (1: one after the other, task by task, as a loop would). Each episode has its own env and
+    scratch copy; the buggy tree an episode copies from is written once per task and only read.
+    With workers > 1 `policy` is called from several threads at once, so it must be
+    thread-safe (OpenAIPolicy is: one connection per thread). A trial whose endpoint failed is
+    None with an `error` row; any other raise propagates (in trial order) once the running
+    episodes end, and those not started never start. Every patch is applied before any episode
+    starts."""
     if k < 1:
         raise InputError(f"solver trials: k must be >= 1, got {k}")
-    buggy, why = apply_patch(base.files, patch)
-    if buggy is None:
-        raise InputError(f"solver trials for {rid}: {why}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or not (
+            1 <= workers <= MAX_WORKERS):
+        raise InputError(f"solver trials: workers must be an integer from 1 to {MAX_WORKERS} "
+                         f"(agents/env.py steps tools on {MAX_WORKERS} threads; more episodes at "
+                         f"once would spend their step limits waiting), got {workers!r}")
+    buggies = []
+    for base, patch, rid in tasks:
+        buggy, why = apply_patch(base.files, patch)
+        if buggy is None:
+            raise InputError(f"solver trials for {rid}: {why}")
+        buggies.append(buggy)
     env_kw = episode.pop("env", {})
-    trials, rows = [], []
-    with _tree(buggy) as src:
-        for j in range(k):
-            env = BashEnv(grader=lambda wd, t: check_fix(base, buggy, wd,
-                                                         timeout_s=suite_timeout_s), **env_kw)
-            task = {"id": f"{rid}/solve{j}", "prompt": SOLVER_PROMPT.format(name=base.name),
-                    "repo": src}
-            try:
-                row = run_episode(env, task, policy, f"{rid}/solve{j}", **episode)
-            except PolicyError as e:  # the endpoint failed: this trial cannot be judged
-                trials.append(None)
-                rows.append({"id": f"{rid}/solve{j}", "error": str(e)[:300]})
-                continue
-            finally:
-                env.close()
-            row["task"]["repo"] = base.name
-            trials.append(row["verifier"]["passed"])
-            rows.append(row)
-    return trials, rows
+    with contextlib.ExitStack() as stack:
+        srcs = [stack.enter_context(_tree(b)) for b in buggies]
+        jobs = [(i, j) for i in range(len(buggies)) for j in range(k)]
+
+        def trial(i: int, j: int):
+            base, _, rid = tasks[i]
+            return _solver_trial(base, buggies[i], srcs[i], policy, f"{rid}/solve{j}",
+                                 suite_timeout_s, env_kw, episode)
+
+        if workers == 1 or len(jobs) <= 1:
+            done = [trial(i, j) for i, j in jobs]
+        else:
+            with cf.ThreadPoolExecutor(min(workers, len(jobs)),
+                                       thread_name_prefix="rossjax-solver") as pool:
+                futs = [pool.submit(trial, i, j) for i, j in jobs]
+                try:
+                    done = [f.result() for f in futs]  # the first raise, in trial order
+                except BaseException:
+                    for f in futs:
+                        f.cancel()  # the ones not started; running episodes end by their limits
+                    raise
+    out = [([], []) for _ in buggies]
+    for (i, _), (passed, row) in zip(jobs, done):
+        out[i][0].append(passed)
+        out[i][1].append(row)
+    return out
+
+
+def _solver_trial(base: Baseline, buggy: dict, src: str, policy, tid: str,
+                  suite_timeout_s: float, env_kw: dict, episode: dict) -> tuple:
+    """One solver episode in its own env (its own scratch copy of `src`): (passed, row)."""
+    env = BashEnv(grader=lambda wd, t: check_fix(base, buggy, wd, timeout_s=suite_timeout_s),
+                  **env_kw)
+    task = {"id": tid, "prompt": SOLVER_PROMPT.format(name=base.name), "repo": src}
+    try:
+        row = run_episode(env, task, policy, tid, **episode)
+    except PolicyError as e:  # the endpoint failed: this trial cannot be judged
+        return None, {"id": tid, "error": str(e)[:300]}
+    finally:
+        env.close()
+    row["task"]["repo"] = base.name
+    return row["verifier"]["passed"], row
 
 
 def label_row(task_id: str, base: Baseline, trials: list) -> dict:

@@ -200,6 +200,13 @@ def check_solver_config(r) -> None:
                           "module:function policy(messages, tools) -> {content, tool_calls}).")
     if s.k < 1:
         raise ConfigError(f"{SOLVER_FIELD}.k is {s.k}; it must be at least 1.")
+    if VALIDITY.get(s.validity) == "swe":
+        from rossjax.agents.swe import MAX_WORKERS
+
+        w = s.get("workers", 1)
+        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= MAX_WORKERS:
+            raise ConfigError(f"{SOLVER_FIELD}.workers is {w!r}; it must be an integer from 1 to "
+                              f"{MAX_WORKERS} (solver episodes run at once; 1: one after another).")
     if s.validity not in VALIDITY:
         raise ConfigError(f"{SOLVER_FIELD}.validity {s.validity!r} is not one of "
                           f"{', '.join(VALIDITY)}: the solver-in-the-loop reward poses induction "
@@ -292,7 +299,8 @@ class SweSolverReward:
     the buggy repository, graded by the clean suite) per candidate whose generator episode the
     env passed, paid U_S (band "open" for K = 3: 0 < solved < K); a failed episode gets
     `invalid_reward`, an undecided one (NaN verdict) or one with fewer than `min_valid` judged
-    trials NaN (advantage 0)."""
+    trials NaN (advantage 0). All candidates' episodes run `section.workers` (default 1) at a
+    time (agents.swe.solver_trials_many)."""
 
     math = False
 
@@ -304,23 +312,25 @@ class SweSolverReward:
         self._counts = dict.fromkeys(("solver_trials", "solver_tasks"), 0)
 
     def __call__(self, records, valid) -> dict:
-        from rossjax.agents.swe import solver_trials
+        from rossjax.agents.swe import solver_trials_many
         from rossjax.agents.swe_env import clean_baseline
 
         s, n = self.s, len(records)
         valid = np.ones(n) if valid is None else np.asarray(valid, np.float64)
         reward = np.where(np.isnan(valid), np.nan, float(s.invalid_reward))
         self.last_trials = [None] * n
-        for i, rec in enumerate(records):
-            if not valid[i] > 0.5:
-                continue
-            if not rec.get("patch"):
-                raise ValueError(f"SWE SIL: record {rec.get('id')!r} passed the env's verdict "
-                                 "but carries no patch (the env must be agents.swe_env.SweBugEnv).")
-            base = clean_baseline(rec["task"]["repo"])
-            trials, _ = solver_trials(base, rec["patch"], self.policy, k=s.k, rid=rec["id"],
-                                      style=self.style, max_turns=self.max_turns,
-                                      env=self.env_kw)
+        tried = [i for i in range(n) if valid[i] > 0.5]
+        for i in tried:
+            if not records[i].get("patch"):
+                raise ValueError(f"SWE SIL: record {records[i].get('id')!r} passed the env's "
+                                 "verdict but carries no patch (the env must be "
+                                 "agents.swe_env.SweBugEnv).")
+        # every candidate's K episodes in one pool of reward.solver.workers threads
+        jobs = [(clean_baseline(records[i]["task"]["repo"]), records[i]["patch"], records[i]["id"])
+                for i in tried]
+        got = solver_trials_many(jobs, self.policy, k=s.k, workers=s.get("workers", 1),
+                                 style=self.style, max_turns=self.max_turns, env=self.env_kw)
+        for i, (trials, _) in zip(tried, got):
             lab = labels_mod.utility_labels([trials], lo=s.lo, hi=s.hi, band=s.band,
                                             min_valid=s.min_valid, where=SOLVER_FIELD)
             reward[i] = float(lab.y[0]) if len(lab.y) else np.nan
