@@ -47,6 +47,17 @@ def bucket_length(n: int) -> int:
 _MIN_COMPACT = 8
 
 
+def _single_device(part):
+    """None for a partitioner whose mesh is the default device alone (a one-device trainer):
+    sharding there is a no-op, and the unsharded layout is the fast one on CPU (per-layer cache
+    and decode_params weights, compaction); measured 3x faster sampling for `rossjax grpo` with
+    mesh.num_devices = 1. Any other mesh keeps its shardings."""
+    if part is not None and part.mesh.devices.size == 1 and \
+            part.mesh.devices.flat[0] == jax.devices()[0]:
+        return None
+    return part
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -102,7 +113,7 @@ class Engine:
 
     def __init__(self, cfg, params, *, slots: int = 8, max_len: int = 1024, partitioner=None,
                  n_stop: int = 4, chunk: int = 32):
-        part = sharding.as_partitioner(partitioner)
+        part = _single_device(sharding.as_partitioner(partitioner))
         mult = 1 if part is None else part.batch_size_multiple()
         if slots < 1 or slots % mult:
             raise ConfigError(f"engine: field 'slots' ({slots}) must be a positive multiple of the "
