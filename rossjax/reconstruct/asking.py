@@ -13,6 +13,8 @@ for an endpoint that did not answer (endpoint_error, which a rerun asks again).
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 
 from rossjax.review.answers import BadAnswer, read_answer
@@ -29,6 +31,29 @@ REFUSED_STATUS = (400, 413, 422)
 _CODES = {"reviewer_unparseable": "model_unparseable", "reviewer_truncated": "model_truncated",
           "reviewer_oversized": "model_oversized", "reviewer_malformed": "model_malformed",
           "review_inconsistent": "model_malformed"}
+
+
+# a UTF-16 surrogate alone (json.loads turns "\\ud800" into one): no character, and no UTF-8
+# file (the answer cache, the journal, the outputs) can hold it
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+NOT_TEXT = "holds a lone UTF-16 surrogate, which is not a character (no UTF-8 file can hold it)"
+
+
+def surrogate_at(obj, where: str = "") -> str | None:
+    """The path (e.g. `.arguments.text`, `[2]`) of the first key or string of a parsed answer
+    holding a lone surrogate, else None (answers nest at most review.answers.MAX_DEPTH deep)."""
+    if isinstance(obj, str):
+        return where if LONE_SURROGATE.search(obj) else None
+    items = (obj.items() if isinstance(obj, dict) else enumerate(obj)
+             if isinstance(obj, list) else ())
+    for k, v in items:
+        here = f"{where}.{k}" if isinstance(k, str) else f"{where}[{k}]"
+        if isinstance(k, str) and LONE_SURROGATE.search(k):
+            return f"{where} (a key)"
+        found = surrogate_at(v, here)
+        if found is not None:
+            return found
+    return None
 
 
 class Settled(Exception):
@@ -80,6 +105,10 @@ class Asker:
     def ask(self, stage: str, messages: list, check):
         """`check(obj)` of the first answer that passes it, else `Settled` invalid."""
         last = None
+        if LONE_SURROGATE.search(json.dumps(messages, ensure_ascii=False)):
+            # the artifact and every answer are checked, so the text came from the corpus
+            raise Settled("invalid", "unencodable_text", f"{self.where}: {stage}: the request "
+                          f"{NOT_TEXT} (a corpus document's text); nothing was asked", stage)
         for attempt in range(self.retries + 1):
             try:
                 reply = self.client.ask(messages, stage=stage,
@@ -89,12 +118,27 @@ class Asker:
                     raise
                 code = "endpoint_refused" if e.status in REFUSED_STATUS else "endpoint_error"
                 raise Settled("withheld", code, f"{self.where}: {stage}: {e}", stage) from None
+            except UnicodeEncodeError:  # the client could not cache such an answer as UTF-8
+                reply = None
+            if reply is None or LONE_SURROGATE.search(reply.text):
+                # the answer text holds a lone surrogate: kept out of every file, asked again
+                last = BadAnswer("reviewer_unparseable", f"the answer {NOT_TEXT}")
+                self.answers += 1
+                self.transcript.append({"stage": stage, "messages": messages, "answer": None,
+                                        "check": {"code": last.code, "detail": last.detail}})
+                counts = self.failed_checks.setdefault(stage, {})
+                counts[last.code] = counts.get(last.code, 0) + 1
+                continue
             self.answers += 1
             entry = {"stage": stage, "messages": messages, "answer": reply.text,
                      "finish_reason": reply.finish_reason, "cached": reply.cached}
             self.transcript.append(entry)
             try:
-                return check(read_answer(reply, self.max_chars))
+                obj = read_answer(reply, self.max_chars)
+                at = surrogate_at(obj)
+                if at is not None:
+                    raise bad(f"{stage}{at}", NOT_TEXT)
+                return check(obj)
             except BadAnswer as e:
                 self.client.mark_failed(reply.key, e.code)  # a rerun asks it again
                 entry["check"] = {"code": e.code, "detail": e.detail}

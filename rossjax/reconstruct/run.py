@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from rossjax.curate.ledger import Report, RowLists, write_json
 from rossjax.errors import ConfigError, InputError
 from rossjax.reconstruct import prompts
-from rossjax.reconstruct.asking import Asker, Settled
+from rossjax.reconstruct.asking import LONE_SURROGATE, NOT_TEXT, Asker, Settled
 from rossjax.reconstruct.baselines import METHODS, run_artifact
 from rossjax.reconstruct.trace import Tools
 from rossjax.reconstruct.verify import SIGNALS
@@ -93,6 +93,8 @@ def read_artifacts(path: str, min_chars: int, max_chars: int = 20_000):
             why = f"{where}: an artifact must be a JSON object, got {type(rec).__name__}"
         elif not isinstance(rid, str) or not rid.strip():
             why = f"{where}: id must be a non-empty string, got {rid!r:.40}"
+        elif LONE_SURROGATE.search(rid):
+            why, rid = f"{where}: id {rid!r:.40} {NOT_TEXT}", None  # the invalid row names none
         elif not isinstance(rec.get("domain"), str) or not rec["domain"].strip():
             why = f"{where} (artifact {rid}): domain must be a non-empty string"
         elif (not isinstance(rec.get("text"), str)
@@ -105,6 +107,9 @@ def read_artifacts(path: str, min_chars: int, max_chars: int = 20_000):
             for key in ("kind", "title"):
                 if rec.get(key) is not None and not isinstance(rec[key], str):
                     why = f"{where} (artifact {rid}): {key} must be a string when given"
+            for key in ("domain", "text", "kind", "title"):
+                if not why and isinstance(rec.get(key), str) and LONE_SURROGATE.search(rec[key]):
+                    why = f"{where} (artifact {rid}): {key} {NOT_TEXT}"
         if why:
             yield line.row, None, rid if isinstance(rid, str) else None, "invalid_artifact", why
         elif rid in seen:

@@ -15,6 +15,8 @@ out of range fails its check and is asked again (asking.py), then the artifact i
 
 from __future__ import annotations
 
+import re
+
 from rossjax.reconstruct import prompts
 from rossjax.reconstruct.asking import Asker, bad, want_items
 from rossjax.reconstruct.trace import render
@@ -69,8 +71,8 @@ def grounding(asker: Asker, art, task, notes, draft, evidence, per_doc):
         for j, c in enumerate(items):
             where = f"verify_grounding.claims[{j}]"
             src = c.get("source")
-            ok_src = src == "draft" or (isinstance(src, str) and src.startswith("note ")
-                                        and src[5:].isdigit() and 1 <= int(src[5:]) <= n_notes)
+            k = re.fullmatch(r"note ([0-9]{1,6})", src) if isinstance(src, str) else None
+            ok_src = src == "draft" or (k is not None and 1 <= int(k.group(1)) <= n_notes)
             if not ok_src:
                 raise bad(f"{where}.source", f"must be 'draft' or 'note K' with K in 1..{n_notes}, "
                                              f"got {src!r:.40}")

@@ -1,0 +1,92 @@
+"""Hostile model answers and artifacts against `rossjax reconstruct`: each ends its artifact
+invalid with one sentence naming the artifact, the stage and the field, and the run goes on (a
+crash would lose every other artifact's outcome)."""
+
+import json
+import re
+
+import pytest
+from test_reconstruct import ARTS, adds_up, artifact_of, config, lines, serve, step_answer
+
+from rossjax.reconstruct import run as rc_run
+
+ONE = "sci-rw-1"
+
+
+def one_artifact(tmp_path, art=None):
+    path = tmp_path / "arts.jsonl"
+    path.write_text(json.dumps(art or ARTS[ONE]) + "\n" + json.dumps(ARTS["fin-10k-1"]) + "\n")
+    return str(path)
+
+
+def run_with(tmp_path, over, art=None):
+    with serve(over) as srv:
+        rep = rc_run.run(config(srv.url, tmp_path, input=one_artifact(tmp_path, art)),
+                         str(tmp_path / "rc"))
+    adds_up(rep)
+    assert rep["input_rows"] == 2 and rep["buckets"]["kept"] == 1  # the other artifact is kept
+    (bad,) = lines(tmp_path / "rc" / "invalid.jsonl")
+    assert bad["row"] == 1
+    return bad
+
+
+def _only_first(answer):
+    return lambda b: answer(b) if artifact_of(b) == ONE else None
+
+
+def test_a_grounding_source_with_a_non_ascii_digit_is_malformed_not_a_crash(tmp_path):
+    # "²".isdigit() is True but int("²") raises: the check must name the field instead
+    bad = run_with(tmp_path, {"verify_grounding": _only_first(lambda b: json.dumps(
+        {"claims": [{"source": "note \u00b2", "supported": True, "evidence": None}]}))})
+    assert bad["reason"] == "model_malformed"
+    assert "(artifact sci-rw-1): verify_grounding answer: verify_grounding.claims[0].source " \
+           "must be 'draft' or 'note K'" in bad["detail"]
+
+
+def test_a_lone_surrogate_in_an_answer_field_is_malformed(tmp_path):
+    def step(b):
+        s = step_answer(b)
+        if s["action"] == "draft":
+            s["arguments"]["text"] = "a draft with half \ud800 a character"
+        return json.dumps(s)  # ASCII JSON: the lone half arrives as the escape \ud800
+
+    bad = run_with(tmp_path, {"step": _only_first(step)})
+    assert bad["reason"] == "model_malformed"
+    assert "(artifact sci-rw-1): step answer: step.arguments.text holds a lone UTF-16 " \
+           "surrogate" in bad["detail"]
+
+
+def test_a_lone_surrogate_in_the_raw_answer_text_is_unparseable(tmp_path):
+    # the server's JSON body carries "\ud800" inside the answer text itself
+    bad = run_with(tmp_path, {"verify_quality": _only_first(
+        lambda b: '{"score": 4, "why": "half \ud800 a character"}')})
+    assert bad["reason"] == "model_unparseable"
+    assert "(artifact sci-rw-1): verify_quality answer: the answer holds a lone UTF-16 " \
+           "surrogate" in bad["detail"]
+
+
+@pytest.mark.parametrize("field", ["id", "text", "title"])
+def test_an_artifact_with_a_lone_surrogate_is_invalid_naming_the_field(tmp_path, field):
+    art = dict(ARTS[ONE])
+    art[field] = art.get(field, "t") + "\ud800"
+    bad = run_with(tmp_path, {}, art)
+    assert bad["reason"] == "invalid_artifact"
+    assert bad["detail"].startswith("arts.jsonl row 1")
+    assert re.search(rf"\b{field}( '[^']*')? holds a lone UTF-16 surrogate", bad["detail"])
+
+
+def test_a_corpus_document_with_a_lone_surrogate_is_never_sent_nor_written(tmp_path):
+    from test_reconstruct import CORPUS
+
+    docs = [json.loads(x) for x in open(CORPUS)]
+    for d in docs:
+        d["text"] += " half \ud800 a character"
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    with serve() as srv:
+        rep = rc_run.run(config(srv.url, tmp_path, input=one_artifact(tmp_path),
+                                corpus=str(corpus)), str(tmp_path / "rc"))
+    adds_up(rep)
+    bad = lines(tmp_path / "rc" / "invalid.jsonl")
+    assert [(b["row"], b["reason"]) for b in bad] == [(1, "unencodable_text"), (2, "unencodable_text")]
+    assert "(artifact sci-rw-1): step: the request holds a lone UTF-16 surrogate" in bad[0]["detail"]
