@@ -304,7 +304,11 @@ def run(c, workdir: str) -> dict:
     c.workdir = workdir
     check_config(c)
     os.makedirs(c.workdir, exist_ok=True)
+    path = os.path.join(c.workdir, "eval_generator.json")
+    if os.path.isfile(path):  # an earlier run's result must not pass for this one's if it stops
+        os.remove(path)
     out = evaluate_generator(c) if c.mode == "generator" else evaluate_policy(c)
-    with open(os.path.join(c.workdir, "eval_generator.json"), "w") as f:
+    with open(path + ".tmp", "w") as f:
         json.dump(out, f, indent=1)
+    os.replace(path + ".tmp", path)  # whole or not at all
     return out

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 
@@ -48,6 +49,31 @@ DOMAINS = ("induction", "math")
 def _parse_record(text: str, domain: str):
     return (math_task.parse_generated_problem(text) if domain == "math"
             else induction_task.parse_generated_task(text))
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json's "\\ud800": no character, no tokenizer
+
+
+def _bad_fields(obj: dict) -> str | None:
+    """What is wrong with a pool row's shape ("'messages[2].content' must be ..."), or None."""
+    msgs = obj.get("messages")
+    if msgs is not None and not isinstance(msgs, list):
+        return f"'messages' must be a list of messages, got {type(msgs).__name__}"
+    for j, m in enumerate(msgs or []):
+        if not isinstance(m, dict):
+            return f"'messages[{j}]' must be an object, got {type(m).__name__}"
+        if m.get("content") is not None and not isinstance(m["content"], str):
+            return (f"'messages[{j}].content' must be a string or null, got "
+                    f"{type(m['content']).__name__}")
+        if isinstance(m.get("content"), str) and _LONE_SURROGATE.search(m["content"]):
+            return f"'messages[{j}].content' holds a lone UTF-16 surrogate, which is not a character"
+    for key in ("rewards", "source"):
+        if obj.get(key) is not None and not isinstance(obj[key], dict):
+            return f"{key!r} must be an object, got {type(obj[key]).__name__}"
+    for key in ("problem", "program", "message"):
+        if isinstance(obj.get(key), str) and _LONE_SURROGATE.search(obj[key]):
+            return f"{key!r} holds a lone UTF-16 surrogate, which is not a character"
+    return None
 
 
 def read_pool(path: str, domain: str = "induction") -> list[dict]:
@@ -66,8 +92,13 @@ def read_pool(path: str, domain: str = "induction") -> list[dict]:
             raise InputError(f"{path} row {n}: field 'id' {obj['id']!r} repeats an earlier row.")
         seen.add(obj["id"])
         extra = {}
-        if isinstance(obj.get("messages"), list):
-            text = obj["messages"][-1].get("content") or "" if obj["messages"] else ""
+        bad = _bad_fields(obj)
+        if bad:
+            raise InputError(f"{path} row {n}: field {bad}.")
+        if "messages" in obj:
+            # the generator's answer: the last assistant message ("" when there is none)
+            said = [m for m in obj["messages"] if m.get("role") == "assistant"]
+            text = (said[-1].get("content") or "") if said else ""
             task = _parse_record(text, domain)
             r = obj.get("rewards") or {}
             if "probe_score" in r:
@@ -103,10 +134,14 @@ def probe_input(task: dict | None, text: str, tok, template: str,
     return tok.encode(rendered), rendered
 
 
+OUTPUTS = ("labels.jsonl", "inputs.jsonl", "tasks.jsonl", "report.json")
+
+
 def _write_jsonl(path, rows):
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:  # whole or not at all: a kill leaves no half file
         for r in rows:
             f.write(json.dumps(r) + "\n")
+    os.replace(path + ".tmp", path)
 
 
 def check_config(c, out: str):
@@ -167,6 +202,9 @@ def run(c, workdir: str = "") -> dict:
     check_config(c, out)
     pool = read_pool(c.pool, c.domain)
     os.makedirs(out, exist_ok=True)
+    for name in OUTPUTS:  # an earlier run's files must not pass for this run's if it stops
+        if os.path.isfile(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
     tok = solvers.load_tokenizer(c.tokenizer, out)
     math = c.domain == "math"
     valid, stasks, why, oracle = math_tasks(c, pool, tok) if math else induction_tasks(c, pool)
@@ -198,6 +236,7 @@ def run(c, workdir: str = "") -> dict:
               "invalid": {lab["id"]: lab["invalid_reason"] for lab in labels if not lab["valid"]},
               "band_rate": float(np.mean([ok and k_lo <= s <= k_hi for ok, s in zip(valid, solved)])),
               **({"oracles": oracle["report"]} if math else {"protocol": dict(c.induction)})}
-    with open(os.path.join(out, "report.json"), "w") as f:
+    with open(os.path.join(out, "report.json.tmp"), "w") as f:  # last: the run is complete
         json.dump(report, f, indent=1)
+    os.replace(os.path.join(out, "report.json.tmp"), os.path.join(out, "report.json"))
     return {**report, "output": out}

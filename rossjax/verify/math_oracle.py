@@ -4,7 +4,9 @@ gives a final answer and all of them agree under math-verify; the agreed answer 
 reference. Otherwise the problem is invalid, with a reason:
 
   oracle failure       an attempt gave no answer (its request failed), no \\boxed{} final answer
-                       (nor a GSM8K `#### answer` line), or one math-verify cannot parse;
+                       (nor a GSM8K `#### answer` line), an empty one, or one math-verify cannot
+                       parse; or math-verify did not decide a pair within its timeout (undecided
+                       is not "different", and the first such pair ends the check);
   oracle disagreement  two attempts' answers are not equivalent.
 
 Agreement is checked for every pair, both ways (math-verify is asymmetric: `verify(gold, pred)`),
@@ -48,6 +50,18 @@ def final_answer(text: str | None) -> str | None:
     return ans.strip() if ans is not None else None
 
 
+def _equal(verify, gold, pred, t) -> bool | None:
+    """math-verify's verdict, None when it timed out (its default answer then is False)."""
+    from math_verify.errors import TimeoutException
+
+    try:
+        return bool(verify(gold, pred, timeout_seconds=t, raise_on_error=True))
+    except TimeoutException:
+        return None
+    except Exception:  # noqa: BLE001 - an error on one pair of parses: the others still count
+        return bool(verify(gold, pred, timeout_seconds=t))
+
+
 def agree(texts, names=("a", "b"), timeout_s: int = 5) -> OracleLabel:
     """The reference policy over `texts[o][j]`, attempt j of oracle o (None: no answer came)."""
     from math_verify import parse, verify
@@ -69,6 +83,8 @@ def agree(texts, names=("a", "b"), timeout_s: int = 5) -> OracleLabel:
                 failures.append(f"{who} gave no answer (its request failed)")
             elif ans is None:
                 failures.append(f"{who} gave no \\boxed{{}} final answer")
+            elif not ans:
+                failures.append(f"{who} gave an empty \\boxed{{}}")
             else:
                 p = parse(f"\\boxed{{{ans}}}", parsing_timeout=t)
                 if not _parsed(p):
@@ -78,7 +94,12 @@ def agree(texts, names=("a", "b"), timeout_s: int = 5) -> OracleLabel:
     if failures:
         return OracleLabel(None, "failure", "oracle failure: " + "; ".join(failures), frozen)
     for (w1, a1, p1), (w2, a2, p2) in itertools.combinations(parsed, 2):
-        if not (verify(p1, p2, timeout_seconds=t) and verify(p2, p1, timeout_seconds=t)):
+        same = _equal(verify, p1, p2, t) and _equal(verify, p2, p1, t)
+        if same is None:
+            return OracleLabel(None, "failure", f"oracle failure: math-verify did not decide "
+                               f"within {t} s whether {w1}'s {a1[:60]!r} equals {w2}'s "
+                               f"{a2[:60]!r}", frozen)
+        if not same:
             return OracleLabel(None, "disagreement", f"oracle disagreement: {w1} says "
                                f"{a1[:60]!r}, {w2} says {a2[:60]!r}", frozen)
     n = sum(len(r) for r in texts)
