@@ -18,10 +18,12 @@ import importlib.resources
 import json
 import os
 import random
+import re
 
 from rossjax.errors import ConfigError, InputError
 
 KINDS = ("paper", "instruction")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 POOLS = {"math": "math_examples.jsonl", "induction": "azr_examples.jsonl"}
 
 
@@ -41,10 +43,18 @@ def _check_row(obj, domain: str, where: str) -> str | None:
         return f"{where}: the row is not a JSON object"
     if not isinstance(obj.get("id"), str) or not obj["id"]:
         return f"{where}: field 'id' is missing or not a non-empty string"
+    for key, v in obj.items():  # json's "\\ud800" is no character: no tokenizer takes it
+        if isinstance(v, str) and _LONE_SURROGATE.search(v):
+            return f"{where}: field {key!r} holds a lone UTF-16 surrogate, which is not a character"
     if domain == "math":
+        from rossjax.verify.math_task import check_problem
+
         if not isinstance(obj.get("problem"), str) or not obj["problem"].strip():
             return f"{where}: field 'problem' is missing or empty"
-        return None
+        if "```" in obj["problem"]:
+            return f"{where}: field 'problem' holds ```, which would end its ```problem block"
+        v = check_problem({"problem": obj["problem"]})  # the generator imitates what it is shown
+        return None if v.passed else f"{where}: field 'problem' is not a valid problem: {v.evidence}"
     for key in ("program", "message"):
         if not isinstance(obj.get(key), str) or not obj[key].strip():
             return f"{where}: field {key!r} is missing or empty"
@@ -110,7 +120,7 @@ def context_from(section, domain: str, seed: int = 0, field: str = "config.data"
     if kind == "instruction":
         return Context(domain, kind, [], 0, int(seed))
     n = d.get("n_examples", 2)
-    if not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"{field}.n_examples is {n!r}; it must be an integer of at least 1.")
     path = d.get("examples") or shipped_pool(domain)
     pool = load_pool(path, domain, f"{field}.examples")
