@@ -3,6 +3,7 @@ invalid with one sentence naming the artifact, the stage and the field, and the 
 crash would lose every other artifact's outcome)."""
 
 import json
+import os
 import re
 
 import pytest
@@ -90,3 +91,21 @@ def test_a_corpus_document_with_a_lone_surrogate_is_never_sent_nor_written(tmp_p
     bad = lines(tmp_path / "rc" / "invalid.jsonl")
     assert [(b["row"], b["reason"]) for b in bad] == [(1, "unencodable_text"), (2, "unencodable_text")]
     assert "(artifact sci-rw-1): step: the request holds a lone UTF-16 surrogate" in bad[0]["detail"]
+
+
+@pytest.mark.parametrize("over, says", [
+    ({"search_k": 0}, "config.search_k must be >= 1, got 0"),
+    ({"search_k": -2}, "config.search_k must be >= 1, got -2"),  # ran, slicing hits [:-2]
+    ({"max_answer_chars": 0}, "config.max_answer_chars must be >= 1"),
+    ({"min_artifact_chars": 0}, "config.min_artifact_chars must be >= 1"),
+    ({"min_artifact_chars": 500, "max_artifact_chars": 100},
+     r"config.max_artifact_chars \(100\) < config.min_artifact_chars \(500\)"),
+    ({"leak.max_task_chars": 0}, "config.leak.max_task_chars must be >= 1"),
+    ({"endpoint.max_tokens": 0}, "config.endpoint.max_tokens must be >= 1"),
+])
+def test_config_values_that_would_fail_every_artifact_are_refused_first(tmp_path, over, says):
+    from rossjax.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=says):
+        rc_run.run(config("http://127.0.0.1:9/v1", tmp_path, **over), str(tmp_path / "rc"))
+    assert not os.path.exists(tmp_path / "rc")  # refused before anything is written

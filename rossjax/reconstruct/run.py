@@ -53,9 +53,15 @@ def check_config(cfg):
     for key, lo in (("max_tool_steps", 1), ("window_chars", 200), ("retrieval_depth", 1),
                     ("max_evidence", 1), ("rubric_min", 1), ("answer_retries", 0),
                     ("max_writing_steps", 0), ("next_n", 0), ("max_cues", 0),
-                    ("evidence_chars", 100)):
-        if cfg[key] < lo:
-            raise ConfigError(f"config.{key} must be >= {lo}, got {cfg[key]}")
+                    ("evidence_chars", 100), ("search_k", 1), ("max_answer_chars", 1),
+                    ("min_artifact_chars", 1), ("leak.max_task_chars", 1),
+                    ("endpoint.max_tokens", 1)):
+        v = cfg[key.split(".")[0]][key.split(".")[1]] if "." in key else cfg[key]
+        if v < lo:
+            raise ConfigError(f"config.{key} must be >= {lo}, got {v}")
+    if cfg.max_artifact_chars < cfg.min_artifact_chars:
+        raise ConfigError(f"config.max_artifact_chars ({cfg.max_artifact_chars}) < "
+                          f"config.min_artifact_chars ({cfg.min_artifact_chars})")
     if cfg.rubric_max < cfg.rubric_min:
         raise ConfigError(f"config.rubric_max ({cfg.rubric_max}) < config.rubric_min "
                           f"({cfg.rubric_min})")
