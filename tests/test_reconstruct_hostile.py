@@ -109,3 +109,17 @@ def test_config_values_that_would_fail_every_artifact_are_refused_first(tmp_path
     with pytest.raises(ConfigError, match=says):
         rc_run.run(config("http://127.0.0.1:9/v1", tmp_path, **over), str(tmp_path / "rc"))
     assert not os.path.exists(tmp_path / "rc")  # refused before anything is written
+
+
+def test_an_entry_longer_than_the_window_is_shown_cut_not_dropped():
+    # a compare over 5 documents returns up to 5 x 2,000 characters: more than the 8,000 window
+    from rossjax.reconstruct.trace import window
+
+    big = "\n\n".join(f"[d{i}]\n" + "z" * 1990 for i in range(5))
+    trace = [{"type": "call", "id": "c1", "name": "compare", "arguments": {"ids": ["d0"]}},
+             {"type": "observation", "call_id": "c1", "content": big, "ok": True}]
+    w = window(trace, 8000)
+    assert "[2] observation: [d0]" in w  # the model sees the newest observation's start
+    assert "characters of this entry are cut: it is longer than the window" in w
+    assert len(w) <= 8000 + 200
+    assert window(trace[:1], 8000).startswith("[1] call compare")  # a fitting entry is whole

@@ -6,8 +6,9 @@ corpus environment's own output for that call (agents/corpus.py, run here), neve
 wrote. At most `max_tool_steps` (30) tool steps: at the cap the model is told to draft, and a
 tool call instead withholds the artifact as `step_cap`. The model sees its history through a
 sliding window of the last `window_chars` (8,000) characters of the trace, whole entries, newest
-kept. A failed retrieval (no match) or a malformed tool execution (an error observation) ends
-the trace: the gate of `rossjax retrogen` discards such a trajectory, so nothing more is asked.
+kept (a newest entry longer than the window alone: its start, marked as cut). A failed retrieval
+(no match) or a malformed tool execution (an error observation) ends the trace: the gate of
+`rossjax retrogen` discards such a trajectory, so nothing more is asked.
 
 Diversity (`draws`): per artifact and method a seeded draw, independent of row order, picks the
 query formulation, plan realization, outline granularity, reflection frequency and surface
@@ -91,13 +92,18 @@ def render(trace: list[dict]) -> list[str]:
 
 
 def window(trace: list[dict], chars: int) -> str:
-    """The newest whole entries that fit in `chars` characters, oldest first."""
+    """The newest whole entries that fit in `chars` characters, oldest first; when the newest
+    alone does not fit (a compare over five documents), its start, saying it is cut."""
     lines, kept, used = render(trace), [], 0
     for line in reversed(lines):
         if used + len(line) + 1 > chars:
             break
         kept.append(line)
         used += len(line) + 1
+    if not kept and lines:  # the newest entry alone is longer: its start, marked as cut
+        line = lines[-1]
+        kept.append(f"{line[:chars - 120]}\n({len(line) - (chars - 120)} characters of this entry "
+                    f"are cut: it is longer than the window)")
     elided = len(lines) - len(kept)
     head = [f"({elided} earlier entries are outside the {chars}-character window)"] if elided else []
     return "\n".join(head + kept[::-1])
