@@ -140,3 +140,21 @@ def test_n_examples_true_is_not_one():
 
     with pytest.raises(ConfigError, match="n_examples is True"):
         generator_context.context_from({"n_examples": True}, "math")
+
+
+@pytest.mark.parametrize("flag, says", [
+    ("--config.batch_tasks=0", "field 'batch_tasks' is 0; it must be at least 1"),
+    ("--config.lo=0.9", "fields 'lo' 0.9 and 'hi' 0.375 must satisfy 0 <= lo <= hi <= 1"),
+    ("--config.oracles.attempts=0", "config.oracles.attempts is 0"),
+])
+def test_label_corpus_config_values_are_one_sentence(tmp_path, capsys, flag, says):
+    from rossjax.cli import main
+
+    pool = _pool(tmp_path, [{"id": "a", "problem": "What is 1 + 2?"}])
+    assert main(["label-corpus", "--config=configs/label_corpus.py", "--config.domain=math",
+                 f"--config.pool={pool}", f"--config.output={tmp_path / 'o'}",
+                 "--config.tokenizer=ascii", "--config.solver.kind=fn",
+                 f"--config.solver.fn={FN}:oracle_fn", "--config.oracles.a.kind=fn",
+                 f"--config.oracles.a.fn={FN}:oracle_fn", "--config.oracles.b.kind=fn",
+                 f"--config.oracles.b.fn={FN}:oracle_fn", flag]) == 2
+    assert says in capsys.readouterr().err

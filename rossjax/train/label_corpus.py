@@ -150,8 +150,13 @@ def check_config(c, out: str):
                           f"{', '.join(DOMAINS)}.")
     if not c.pool or not out:
         raise ConfigError("configs/label_corpus.py: fields 'pool' and 'output' (or --workdir) must be set.")
-    if c.k < 1:
-        raise ConfigError(f"configs/label_corpus.py: field 'k' is {c.k}; it must be at least 1.")
+    for key in ("k", "batch_tasks"):  # batch_tasks 0 sampled no task at all
+        if c[key] < 1:
+            raise ConfigError(f"configs/label_corpus.py: field {key!r} is {c[key]}; it must be at "
+                              f"least 1.")
+    if not 0 <= c.lo <= c.hi <= 1:
+        raise ConfigError(f"configs/label_corpus.py: fields 'lo' {c.lo:g} and 'hi' {c.hi:g} must "
+                          f"satisfy 0 <= lo <= hi <= 1.")
     solvers.check_section(c.solver, "config.solver")
     if c.domain == "math":
         for name in ("a", "b"):
