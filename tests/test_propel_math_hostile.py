@@ -158,3 +158,15 @@ def test_label_corpus_config_values_are_one_sentence(tmp_path, capsys, flag, say
                  f"--config.oracles.a.fn={FN}:oracle_fn", "--config.oracles.b.kind=fn",
                  f"--config.oracles.b.fn={FN}:oracle_fn", flag]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_label_corpus_refuses_an_output_dir_another_run_holds(tmp_path):
+    from rossjax import runlock
+
+    pool, out = _pool(tmp_path, [{"id": "a", "problem": "What is 1 + 2?"}]), tmp_path / "lc"
+    held = runlock.acquire(str(out), "rossjax label-corpus")
+    try:
+        assert _label(pool, out) == 2 and not (out / "labels.jsonl").exists()
+    finally:
+        held.release()
+    assert _label(pool, out) == 0 and (out / "labels.jsonl").exists()

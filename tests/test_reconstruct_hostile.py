@@ -123,3 +123,21 @@ def test_an_entry_longer_than_the_window_is_shown_cut_not_dropped():
     assert "characters of this entry are cut: it is longer than the window" in w
     assert len(w) <= 8000 + 200
     assert window(trace[:1], 8000).startswith("[1] call compare")  # a fitting entry is whole
+
+
+def test_a_second_run_on_a_workdir_in_use_is_refused_and_touches_nothing(tmp_path):
+    from rossjax import runlock
+
+    work = tmp_path / "rc"
+    held = runlock.acquire(str(work), "rossjax reconstruct")  # a first run, still going
+    (work / "journal.jsonl").write_text('{"fingerprint": "theirs"}\n')
+    try:
+        with pytest.raises(runlock.LockHeld, match="is in use by `rossjax reconstruct`"):
+            rc_run.run(config("http://127.0.0.1:9/v1", tmp_path), str(work))
+        assert (work / "journal.jsonl").read_text() == '{"fingerprint": "theirs"}\n'
+    finally:
+        held.release()
+    with serve() as srv:  # once it ended, a run goes ahead (and releases the folder after)
+        rep = rc_run.run(config(srv.url, tmp_path, input=one_artifact(tmp_path)), str(work))
+    assert rep["buckets"]["kept"] == 2
+    runlock.acquire(str(work), "check").release()

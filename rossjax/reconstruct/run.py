@@ -344,10 +344,24 @@ class ReconstructRun:
 
 def run(cfg, workdir: str) -> dict:
     """Reconstruct the artifacts of an ml-collections config (configs/reconstruct.py) into
-    `workdir`; serves config.serve.model itself when set. Returns report.json's content."""
+    `workdir`; serves config.serve.model itself when set. Returns report.json's content. One run
+    per workdir (its run.lock, rossjax/runlock.py): a second one would rewrite the journal and
+    outputs of the first."""
+    from rossjax import runlock
+
     if cfg.serve.model == "tiny":
         raise ConfigError("config.serve.model='tiny' is built by `rossjax reconstruct` "
                           "(rossjax/cli/reconstruct.py tiny_model); give run() a model folder")
+    check_config(cfg)
+    lock = runlock.acquire(workdir, "rossjax reconstruct")
+    try:
+        return _served(cfg, workdir)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _served(cfg, workdir: str) -> dict:
     if cfg.serve.model and not _pending(cfg, workdir):
         # every artifact is journaled: nothing will be asked, so nothing is served
         with cfg.unlocked():

@@ -38,6 +38,7 @@ import re
 
 import numpy as np
 
+from rossjax import runlock
 from rossjax.errors import ConfigError, InputError
 from rossjax.train import rollout, solvers
 from rossjax.train.eval_generator import topic
@@ -206,7 +207,15 @@ def run(c, workdir: str = "") -> dict:
     out = c.output or (os.path.join(workdir, "label_corpus") if workdir else "")
     check_config(c, out)
     pool = read_pool(c.pool, c.domain)
-    os.makedirs(out, exist_ok=True)
+    lock = runlock.acquire(out, "rossjax label-corpus")  # one run per output dir: none mix
+    try:
+        return _label(c, out, pool)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _label(c, out: str, pool: list[dict]) -> dict:
     for name in OUTPUTS:  # an earlier run's files must not pass for this run's if it stops
         if os.path.isfile(os.path.join(out, name)):
             os.remove(os.path.join(out, name))
