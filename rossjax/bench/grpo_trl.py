@@ -63,7 +63,7 @@ def _rossjax_steps(args, folder: str, workdir: str) -> list[float]:
     c.sample_every = 0
     c.mesh.num_devices = 1
     grpo.run(c, workdir, cpu_scorer=digit_scorer)
-    return [m["time_step_s"] for m in read_metrics(workdir)]
+    return read_metrics(workdir)
 
 
 def _prompts(args, folder: str) -> list[dict]:
@@ -122,13 +122,16 @@ def run(args) -> int:
                          "step warms up and is not counted).")
     with tempfile.TemporaryDirectory() as d:
         folder = _model_folder(args, os.path.join(d, "model"))
-        ours = _rossjax_steps(args, folder, os.path.join(d, "rossjax"))
+        metrics = _rossjax_steps(args, folder, os.path.join(d, "rossjax"))
         peer = _trl_steps(args, folder, os.path.join(d, "trl"))
+    ours = [m["time_step_s"] for m in metrics]
     a, b = statistics.median(ours[1:]), statistics.median(peer[1:])
+    part = lambda k: statistics.median(m[k] for m in metrics[1:])
     print(f"bench grpo --peer trl: {args.preset} (vocab 131), {args.contexts} prompts x "
           f"{args.group} candidates x {args.new_tokens} new tokens, T=1, beta=0, one update a step")
     print(f"  rossjax grpo     {a:7.2f} s/step (median of {len(ours) - 1}; all: "
-          f"{', '.join(f'{x:.2f}' for x in ours)})")
+          f"{', '.join(f'{x:.2f}' for x in ours)}; of which sampling "
+          f"{part('time_sample_s'):.2f} s, update {part('time_update_s'):.2f} s)")
     print(f"  TRL GRPOTrainer  {b:7.2f} s/step (median of {len(peer) - 1}; all: "
           f"{', '.join(f'{x:.2f}' for x in peer)})")
     print(f"  ratio {b / a:.2f}x (TRL s/step / rossjax s/step; target >= 1.5x)")

@@ -52,7 +52,8 @@ def run(args) -> int:
                          "step compiles and is not counted).")
     with tempfile.TemporaryDirectory() as d:
         folder = grpo_trl._model_folder(args, os.path.join(d, "model"))
-        ours = grpo_trl._rossjax_steps(args, folder, os.path.join(d, "rossjax"))
+        ours = [m["time_step_s"] for m in
+                grpo_trl._rossjax_steps(args, folder, os.path.join(d, "rossjax"))]
         peer, version = _tunix_steps(args, folder, d)
     a, b = statistics.median(ours[1:]), statistics.median(peer[1:])
     print(f"bench grpo --peer tunix: {args.preset} (vocab 131), {args.contexts} prompts x "

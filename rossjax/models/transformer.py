@@ -320,9 +320,9 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None, per_layer
             "mask": jnp.zeros((batch, max_len), bool), "pos": jnp.zeros((batch, max_len), jnp.int32)}
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "logits_to_keep"))
+@functools.partial(jax.jit, static_argnames=("cfg", "logits_to_keep", "hidden"))
 def _forward_cached(params, tokens, positions, cache, cache_index, token_mask, *, cfg,
-                    logits_to_keep):
+                    logits_to_keep, hidden=False):
     tokens = jnp.asarray(tokens, jnp.int32)
     positions = jnp.asarray(positions, jnp.int32)
     b, t = tokens.shape
@@ -347,7 +347,7 @@ def _forward_cached(params, tokens, positions, cache, cache_index, token_mask, *
     new_cache = {"k": k, "v": v, "mask": new_mask, "pos": new_pos}
     if logits_to_keep:
         h = h[:, -logits_to_keep:]
-    return compute_logits(cfg, params, h), new_cache
+    return (h if hidden else compute_logits(cfg, params, h)), new_cache
 
 
 def forward_cached(cfg: ModelConfig, params, tokens, positions, cache, cache_index, token_mask=None,
@@ -361,3 +361,11 @@ def forward_cached(cfg: ModelConfig, params, tokens, positions, cache, cache_ind
     """
     return _forward_cached(params, tokens, positions, cache, cache_index, token_mask, cfg=cfg,
                            logits_to_keep=int(logits_to_keep))
+
+
+def hidden_states_cached(cfg: ModelConfig, params, tokens, positions, cache, cache_index,
+                         token_mask=None):
+    """forward_cached's final-normed hidden states [b, t, d] (cfg.dtype) instead of logits, for
+    a chunked loss over tokens that continue a cached prefix (GRPO's shared prompts)."""
+    return _forward_cached(params, tokens, positions, cache, cache_index, token_mask, cfg=cfg,
+                           logits_to_keep=0, hidden=True)

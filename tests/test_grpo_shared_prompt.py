@@ -1,0 +1,88 @@
+"""GRPO's shared-prompt log-probs (grpo_step.shared_prompt_logprobs): each group's prompt runs
+once and its G completions continue from its KV cache. Log-probs, entropies and gradients equal
+the row-wise pass on a real sampled batch (stop tokens: rows of different lengths), and the host
+layout check refuses every batch the shared path would get wrong."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rossjax import models
+from rossjax.sample import generate
+from rossjax.train import grpo_step
+
+G, T = 4, 12
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    cfg = models.get_preset("tiny_qwen2", vocab_size=64)
+    params = models.init_params(cfg, jax.random.PRNGKey(0))
+    rng = np.random.RandomState(0)
+    prompts = [rng.randint(1, 64, n).tolist() for n in (9, 17, 5)]
+    gen = generate(cfg, params, prompts, T, temperature=1.0, num_samples=G, seed=0,
+                   stop_ids=(3, 5, 7, 11))
+    assert len(set(gen.lengths.tolist())) > 2          # rows really end at different lengths
+    s = grpo_step.round_up(max(map(len, prompts)) + T, 16)
+    return cfg, params, grpo_step.completion_batch(prompts, gen, G, s)
+
+
+def _both(cfg, params, batch, with_entropy=True, temperature=1.0):
+    b = {k: jnp.asarray(batch[k]) for k in grpo_step.BATCH_KEYS}
+    row = grpo_step.token_logprobs(cfg, params, b, 8, with_entropy, temperature)
+    shared = grpo_step.shared_prompt_logprobs(cfg, params, b, 8, with_entropy, temperature, G, T)
+    return row, shared
+
+
+def test_shared_prompt_logprobs_equal_rowwise(sampled):
+    cfg, params, batch = sampled
+    assert grpo_step.shared_prompt_ok(batch, G, T)
+    m = batch["mask"] > 0
+    (lp, ent), (lp2, ent2) = _both(cfg, params, batch, temperature=0.7)
+    # float32 forward: the two paths differ only in summation order
+    np.testing.assert_allclose(np.where(m, lp2, 0), np.where(m, lp, 0), atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.where(m, ent2, 0), np.where(m, ent, 0), atol=2e-5, rtol=1e-5)
+    before = np.arange(m.shape[1])[None] < np.argmax(m, axis=1)[:, None]
+    assert np.all(np.asarray(lp2)[before] == 0)         # prompt positions: never computed
+
+
+def test_shared_prompt_gradients_equal_rowwise(sampled):
+    cfg, params, batch = sampled
+    b = {k: jnp.asarray(batch[k]) for k in grpo_step.BATCH_KEYS}
+    w = jnp.asarray(np.random.default_rng(1).normal(size=batch["mask"].shape)) * b["mask"]
+
+    def loss(p, shared):
+        lp = (grpo_step.shared_prompt_logprobs(cfg, p, b, 8, False, 1.0, G, T) if shared
+              else grpo_step.token_logprobs(cfg, p, b, 8))
+        return jnp.sum(lp * w)
+
+    g_row = jax.grad(loss)(params, False)
+    g_sh = jax.grad(loss)(params, True)
+    for a, c in zip(jax.tree.leaves(g_row), jax.tree.leaves(g_sh)):
+        scale = float(jnp.max(jnp.abs(a)))
+        np.testing.assert_allclose(np.asarray(c), np.asarray(a), atol=1e-5 * scale + 1e-7)
+
+
+def test_shared_prompt_layout_check_refuses_other_batches(sampled):
+    _, _, batch = sampled
+    ok = lambda **ch: grpo_step.shared_prompt_ok({**batch, **ch}, G, T)
+    assert ok()
+    tok = batch["tokens"].copy()
+    tok[1, 0] = (tok[1, 0] + 1) % 64                     # a group's prompts differ
+    assert not ok(tokens=tok)
+    pos = batch["positions"].copy()
+    pos[G + 2, 1] += 1                                   # same tokens, other positions
+    assert not ok(positions=pos)
+    mask = batch["mask"].copy()
+    mask[2] = np.roll(mask[2], 1)                        # a row trains from another position
+    assert not ok(mask=mask)
+    seg = batch["segment_ids"].copy()
+    seg[0, 2:4] = 2                                      # two segments in a row
+    assert not ok(segment_ids=seg)
+    assert not grpo_step.shared_prompt_ok(batch, G, T + 20)     # no room for the prefix
+    assert not grpo_step.shared_prompt_ok(batch, 5, T)          # groups do not divide the rows
+    assert not grpo_step.shared_prompt_ok(batch, G, 3)          # blocks longer than max_new + 1
+    empty = batch["mask"].copy()
+    empty[G:2 * G] = 0                                   # a group with nothing trained is fine
+    assert ok(mask=empty)
