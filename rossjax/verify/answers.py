@@ -24,16 +24,32 @@ def last_assistant_content(record: dict) -> str | None:
     return None
 
 
+class Truncated(str):
+    """An answer cut off at max_tokens (finish_reason 'length'): its text, kept for the record,
+    never a final answer (the last \\boxed{} of a cut-off solution may be an intermediate)."""
+
+    __slots__ = ()
+
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE = re.compile(r"[{}]")
+
+
 def extract_boxed(text: str) -> str | None:
-    """Contents of the last \\boxed{...} / \\fbox{...} in text, or None."""
+    """Contents of the last \\boxed{...} / \\fbox{...} in text whose braces close, or None."""
+    # each "{" paired with its "}" in one pass: scanning forward from every box instead is
+    # quadratic on a long run of unclosed boxes (a degenerate sampled answer)
+    close, open_ = {}, []
+    for m in _BRACE.finditer(text):
+        if m.group() == "{":
+            open_.append(m.start())
+        elif open_:
+            close[open_.pop()] = m.start()
     best = None
-    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            best = text[m.end():i - 1]
+    for m in _BOX.finditer(text):
+        end = close.get(m.end() - 1)
+        if end is not None:
+            best = text[m.end():end]
     return best
 
 
