@@ -122,6 +122,35 @@ def test_multi_turn_logprobs_equal_a_forward_over_the_stored_ids(tiny):
     assert np.all(batch["sampler_logp"][~m] == 0)
 
 
+def test_update_rows_train_the_sampled_turns_with_their_group_advantage(tiny):
+    """The loss mask of a multi-turn row covers exactly the policy's turns (each turn's sampled
+    text and its end-of-turn token; not the prompt, the observations or the headers), and each
+    row's advantage is its own verdict against its own task's group (rows i*G+j)."""
+    from rossjax.train import advantages
+
+    cfg, params, tok = tiny
+    g = 4
+    trajs = agentic.rollouts(cfg, params, tok, TASKS, _spec(), group=g, temperature=1.0, seed=5)
+    assert [t.task["id"] for t in trajs] == [t["id"] for t in TASKS for _ in range(g)]
+    assert [t.sample for t in trajs] == list(range(g)) * len(TASKS)
+    batch = agentic_grpo.trajectory_batch(trajs, 512)
+    for r, t in enumerate(trajs):
+        # raw text (two_calls keeps every turn raw), + the end-of-turn token unless the turn
+        # used its whole budget (spec max_new_tokens 8: truncated, no end token sampled)
+        want = [ids + [tok.eos_id] * (len(ids) < 8) for ids in
+                (tok.encode(m["content"]) for m in t.messages if m["role"] == "assistant")]
+        got = batch["targets"][r][batch["mask"][r].astype(bool)].tolist()
+        assert got == [x for turn in want for x in turn]
+        assert not batch["mask"][r, :t.n_prompt - 1].any()
+    records = [agentic_grpo.make_record(t, run="r", step=0, style="x") for t in trajs]
+    reward = np.asarray([s["env"][0] for s in agentic_grpo.env_scores(None, records)])
+    assert reward.tolist() == [float(t.verdict.passed) for t in trajs]
+    adv = np.asarray(advantages.group_advantages(reward, g, "mean")).reshape(-1, g)
+    for i, grp in enumerate(reward.reshape(-1, g)):
+        np.testing.assert_allclose(adv[i], grp - grp.mean(), atol=1e-6)
+        assert (np.sign(adv[i]) == np.sign(grp - grp.mean())).all()
+
+
 def test_canonical_tool_calls_are_stored_structured_others_raw(tiny):
     _, _, tok = tiny
     hist = [{"role": "user", "content": "q"}]
