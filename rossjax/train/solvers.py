@@ -14,8 +14,12 @@ Kinds (`section.kind`):
   lookup    (induction) a table of the visible pairs: never infers f, so it scores 0 on hidden
             inputs (the check that they are hidden).
 A trial is True/False, or None when it could not be decided (the reference run failed, or the
-endpoint gave no answer: its request failed). `Solver.stats` counts tasks, trials, answers that
-never came and, for endpoints, requests, retries, cache hits and tokens: every report carries it.
+endpoint gave no answer: its request failed). An answer cut off at max_tokens (finish_reason
+'length'; a checkpoint's at max_new_tokens) comes back as a verify.answers.Truncated text: a
+failed trial, and an oracle failure (math_oracle), since the last \\boxed{} of a cut-off solution
+may be an intermediate result. `Solver.stats` counts tasks, trials, answers that never came,
+answers cut off and, for endpoints, requests, retries, cache hits and tokens: every report
+carries it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 
 from rossjax.errors import ConfigError
 from rossjax.verify import induction_task, math_oracle
+from rossjax.verify.answers import Truncated
 from rossjax.verify.induction import verify
 
 KINDS = ("model", "endpoint", "fn", "oracle", "identity", "lookup")
@@ -53,14 +58,16 @@ def load_tokenizer(spec: str, workdir: str):
 
 
 def sample_texts(mc, params, tok, prompts_msgs, n, c, seed, template="chatml"):
-    """n answers per prompt (chat-rendered) from a model, decoded without the end marker."""
+    """n answers per prompt (chat-rendered) from a model, decoded without the end marker; one
+    that reached max_new_tokens without it is a Truncated text."""
     from rossjax import sample
     from rossjax.train import rollout
 
     prompts = [tok.encode(rollout.render_prompt(m, template, tok)) for m in prompts_msgs]
     gen = sample.generate(mc, params, prompts, c.max_new_tokens, temperature=c.temperature,
                           stop_ids=(tok.eos_id,), num_samples=n, seed=seed)
-    return [tok.decode([t for t in s if t != tok.eos_id]) for s in gen.sequences()]
+    texts = [tok.decode([t for t in s if t != tok.eos_id]) for s in gen.sequences()]
+    return [Truncated(x) if why == "length" else x for x, why in zip(texts, gen.finish_reason)]
 
 
 def check_section(section, field: str = "config.solver"):
@@ -83,8 +90,8 @@ def _messages(task: dict, system: str) -> list[dict]:
 
 
 class Solver:
-    """`answers(solver_tasks, k, seed) -> [[k texts (None: no answer came)] per task]` for one
-    configured solver; `stats` counts what it did."""
+    """`answers(solver_tasks, k, seed) -> [[k texts (None: no answer came; Truncated: cut off at
+    max_tokens)] per task]` for one configured solver; `stats` counts what it did."""
 
     def __init__(self, section, tok, c, seed: int = 0, field: str = "config.solver"):
         if section.kind not in KINDS:
@@ -93,7 +100,7 @@ class Solver:
         self._model = None
         self._clients = {}  # endpoint: one client per trial seed
         self._fn = None
-        self.stats = collections.Counter(tasks=0, trials=0, no_answer=0)
+        self.stats = collections.Counter(tasks=0, trials=0, no_answer=0, cut_off=0)
         self.errors: list[str] = []  # the first few failed requests, for the report
         if section.kind == "fn":
             from rossjax.verify.rewards import load_custom
@@ -149,6 +156,7 @@ class Solver:
                                  k, self.c, seed)
             out = [texts[i * k:(i + 1) * k] for i in range(len(tasks))]
         self.stats["no_answer"] += sum(a is None for row in out for a in row)
+        self.stats["cut_off"] += sum(isinstance(a, Truncated) for row in out for a in row)
         return out
 
     def _fn_answers(self, task: dict, k: int, seed: int) -> list:
@@ -167,11 +175,12 @@ class Solver:
         def one(job):
             i, j = job
             try:
-                return self._client(seed + j).ask(_messages(tasks[i], system), stage="solver").text
+                reply = self._client(seed + j).ask(_messages(tasks[i], system), stage="solver")
             except ReviewerError as err:  # this trial has no answer; the run goes on
                 if len(self.errors) < 5:
                     self.errors.append(f"task {tasks[i].get('id')!r} trial {j + 1}: {err}")
                 return None
+            return Truncated(reply.text) if reply.finish_reason == "length" else reply.text
 
         jobs = [(i, j) for i in range(len(tasks)) for j in range(k)]
         for j in range(k):
@@ -182,8 +191,8 @@ class Solver:
         return [texts[i * k:(i + 1) * k] for i in range(len(tasks))]
 
     def report(self) -> dict:
-        """What the solver did: tasks, trials, answers that never came, and for an endpoint its
-        requests, retries, cache hits and tokens."""
+        """What the solver did: tasks, trials, answers that never came or were cut off, and for
+        an endpoint its requests, retries, cache hits and tokens."""
         out = {"kind": self.section.kind, **self.stats}
         if self._clients:
             tot = collections.Counter()
@@ -214,9 +223,12 @@ def _oracle_answer(task: dict, field: str) -> str:
 
 def judge(task: dict, answer: str | None) -> bool | None:
     """One trial: an induction answer scored on the task's hidden inputs only; a math answer
-    against the task's reference (math-verify); no answer is undecided (None)."""
+    against the task's reference (math-verify); no answer is undecided (None), an answer cut
+    off at max_tokens failed (False)."""
     if answer is None:
         return None
+    if isinstance(answer, Truncated):
+        return False
     record = {"task": task, "messages": [{"role": "user", "content": task["prompt"]},
                                          {"role": "assistant", "content": answer}]}
     if task.get("domain") == "math":

@@ -3,7 +3,8 @@ reference answer only when every attempt of every oracle (two solver models, two
 gives a final answer and all of them agree under math-verify; the agreed answer becomes the
 reference. Otherwise the problem is invalid, with a reason:
 
-  oracle failure       an attempt gave no answer (its request failed), no \\boxed{} final answer
+  oracle failure       an attempt gave no answer (its request failed), was cut off at max_tokens
+                       (its last \\boxed{} may be an intermediate), no \\boxed{} final answer
                        (nor a GSM8K `#### answer` line), an empty one, or one math-verify cannot
                        parse; or math-verify did not decide a pair within its timeout (undecided
                        is not "different", and the first such pair ends the check);
@@ -21,7 +22,7 @@ import dataclasses
 import itertools
 import threading
 
-from rossjax.verify.answers import extract_boxed, extract_gsm8k
+from rossjax.verify.answers import Truncated, extract_boxed, extract_gsm8k
 from rossjax.verify.math_verifier import _parsed
 
 ATTEMPTS = 2                   # per oracle (the paper's two attempts)
@@ -41,8 +42,9 @@ class OracleLabel:
 
 
 def final_answer(text: str | None) -> str | None:
-    """The final answer of a solver's text: its last \\boxed{}, else its `#### answer` line."""
-    if text is None:
+    """The final answer of a solver's text: its last \\boxed{}, else its `#### answer` line (none
+    for a text cut off at max_tokens)."""
+    if text is None or isinstance(text, Truncated):
         return None
     ans = extract_boxed(text)
     if ans is None:
@@ -63,7 +65,8 @@ def _equal(verify, gold, pred, t) -> bool | None:
 
 
 def agree(texts, names=("a", "b"), timeout_s: int = 5) -> OracleLabel:
-    """The reference policy over `texts[o][j]`, attempt j of oracle o (None: no answer came)."""
+    """The reference policy over `texts[o][j]`, attempt j of oracle o (None: no answer came;
+    answers.Truncated: cut off at max_tokens)."""
     from math_verify import parse, verify
 
     texts = [list(t) for t in texts]
@@ -81,6 +84,8 @@ def agree(texts, names=("a", "b"), timeout_s: int = 5) -> OracleLabel:
             ans = answers[o][j]
             if text is None:
                 failures.append(f"{who} gave no answer (its request failed)")
+            elif isinstance(text, Truncated):
+                failures.append(f"{who}'s answer was cut off at max_tokens")
             elif ans is None:
                 failures.append(f"{who} gave no \\boxed{{}} final answer")
             elif not ans:
