@@ -84,6 +84,20 @@ def test_usage_that_is_not_a_finite_count_is_ignored(tmp_path):
     assert rep["requests"]["prompt_tokens"] == 7 and rep["requests"]["completion_tokens"] == 0
 
 
+def test_a_lone_surrogate_in_the_answer_text_is_refused_not_cached(tmp_path):
+    # json.loads turns the body's "\ud800" into half a character no UTF-8 file can hold
+    half = Raw(http_200(completion("half \ud800 a character")))
+    with Reviewer({"a": [half, "whole"]}) as srv:
+        c = client_mod.ReviewerClient(srv.url, "tiny", max_retries=0, cache_dir=str(tmp_path))
+        with pytest.raises(client_mod.ReviewerError) as e:
+            _ask(c, "a")
+        assert e.value.code == "reviewer_not_text" and e.value.status is None
+        assert "lone UTF-16 surrogate (U+D800 at character 5)" in str(e.value)
+        assert not [f for _, _, fs in os.walk(tmp_path) for f in fs]   # nothing cached
+        assert _ask(c, "a").text == "whole"                              # asked again
+        assert _ask(c, "a").cached
+
+
 # -- rows of a run ---------------------------------------------------------------------------
 
 DEEP_CONTENT = '{"keep": ' + "[" * 20_000 + "]" * 20_000 + "}"  # past the parser's depth
@@ -96,6 +110,7 @@ DEEPISH = '{"decision": "spans", "keep": ' + "[" * 40 + "]" * 40 + "}"  # parses
     (Raw(http_200(b"[" * 100_000)), "reviewer_bad_response"),  # the body itself
     (Raw(http_200(b"<html>502 Bad Gateway</html>")), "reviewer_bad_response"),
     (Raw(http_200(b'{"choices": []}')), "reviewer_bad_response"),
+    (Raw(http_200(completion("half \udc00 a character"))), "reviewer_not_text"),
 ])
 def test_hostile_answers_are_one_withheld_row(tmp_path, answer, code):
     srv, rep = _run(tmp_path, [math_row("bad"), math_row("good")],

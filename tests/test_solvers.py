@@ -68,3 +68,17 @@ def test_a_checkpoint_answer_at_max_new_tokens_is_truncated(tmp_path, monkeypatc
                                  _cfg(), 0)
     assert texts == ["\\boxed{5}", "\\boxed{5} then"]
     assert [isinstance(t, Truncated) for t in texts] == [False, True]
+
+
+def test_an_answer_with_a_lone_surrogate_is_no_answer_and_never_cached(tmp_path):
+    # the client refuses it (no UTF-8 cache file can hold it): that trial has no answer
+    def answer(rid, body):
+        return "\\boxed{5} half \ud800" if body["seed"] == 1 else "\\boxed{5}"
+
+    task = math_task.solver_task("What is 2 + 3?", "t0", "5")
+    with Reviewer(default=answer) as srv:
+        s = solvers.Solver(_section(e_base_url=srv.url, e_model="s", system=SYSTEM,
+                                    e_cache_dir=str(tmp_path / "c"), e_max_retries=0),
+                           None, _cfg())
+        assert solvers.trials(s, [task], 2, seed=0) == [[True, None]]
+    assert s.report()["no_answer"] == 1 and "lone UTF-16 surrogate" in s.errors[0]

@@ -116,10 +116,10 @@ class Asker:
             except ReviewerError as e:
                 if e.status in SETUP_STATUS:
                     raise
-                code = "endpoint_refused" if e.status in REFUSED_STATUS else "endpoint_error"
-                raise Settled("withheld", code, f"{self.where}: {stage}: {e}", stage) from None
-            except UnicodeEncodeError:  # the client could not cache such an answer as UTF-8
-                reply = None
+                if e.code != "reviewer_not_text":
+                    code = "endpoint_refused" if e.status in REFUSED_STATUS else "endpoint_error"
+                    raise Settled("withheld", code, f"{self.where}: {stage}: {e}", stage) from None
+                reply = None  # the client refused an answer text holding a lone surrogate
             if reply is None or LONE_SURROGATE.search(reply.text):
                 # the answer text holds a lone surrogate: kept out of every file, asked again
                 last = BadAnswer("reviewer_unparseable", f"the answer {NOT_TEXT}")

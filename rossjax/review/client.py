@@ -20,13 +20,14 @@ bad response, and `usage` counts that are not finite non-negative numbers are ig
 Transient failures (HTTP 408/409/425/429, 5xx, refused or dropped connections, timeouts) are
 retried with jittered exponential backoff (Retry-After honoured, capped); any other 4xx raises
 `ReviewerError` (status set), and a response that cannot be an answer (too large, not JSON, not
-a chat completion) raises `ReviewerError` with `code` set: a failure of this request, which the
-run records against its row. Every good response is cached on disk next to the request that
-produced it, under sha256(request body), written atomically: a killed run resumes without
-asking anything twice. `mark_failed(key, code)` records that an answer failed its check;
-`reask="failed"` (default) asks such answers again instead of replaying them, "none" replays
-every cached answer, "all" reads nothing from the cache. `stats[stage]` counts requests,
-retries, cache hits, re-asked failed answers and tokens (the answer's `usage`) per stage.
+a chat completion, a text holding a lone UTF-16 surrogate) raises `ReviewerError` with `code`
+set: a failure of this request, which the run records against its row. Every good response is
+cached on disk next to the request that produced it, under sha256(request body), written
+atomically: a killed run resumes without asking anything twice. `mark_failed(key, code)`
+records that an answer failed its check; `reask="failed"` (default) asks such answers again
+instead of replaying them, "none" replays every cached answer, "all" reads nothing from the
+cache. `stats[stage]` counts requests, retries, cache hits, re-asked failed answers and tokens
+(the answer's `usage`) per stage.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import json
 import math
 import os
 import random
+import re
 import threading
 import time
 import urllib.parse
@@ -51,6 +53,9 @@ _RETRY_STATUS = (408, 409, 425, 429)  # plus every 5xx
 _MAX_SLEEP_S = 60.0
 _RESERVED = ("model", "messages", "stream", "n")  # extra_body may not change what we parse
 REASK = ("failed", "none", "all")
+# half of a UTF-16 pair (json.loads turns "\\ud800" into one): not a character, and no UTF-8
+# file (this cache, a run's outputs) can hold it
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ReviewerError(InputError):
@@ -310,6 +315,12 @@ class ReviewerClient:
         counts = {k: _count(usage.get(k)) for k in ("prompt_tokens", "completion_tokens")}
         # a null or non-text content is a bad answer for this row, not a broken endpoint
         text = self.secrets.scrub(content) if isinstance(content, str) else ""
+        half = _LONE_SURROGATE.search(text)
+        if half:
+            raise ReviewerError(f"reviewer endpoint {self.url} answered a text holding a lone "
+                                f"UTF-16 surrogate (U+{ord(half.group()):04X} at character "
+                                f"{half.start()}), which is not a character; the answer was "
+                                f"not used nor cached", code="reviewer_not_text")
         return {"choices": [{"index": 0, "finish_reason": finish if isinstance(finish, str)
                              else None, "message": {"role": "assistant", "content": text}}],
                 "usage": {k: v for k, v in counts.items() if v is not None}}
