@@ -16,18 +16,18 @@ and the ratio torch / rossjax: on a machine others load too, medians of interlea
 the figure to quote, not one timing. CPU seconds (all threads) are printed too: on a shared
 machine they move far less with the load than wall time does.
 
-Where the update's time goes (profiled 2026-12-02, 2-core CPU, 64 x 144 batch): XLA's cost
-analysis of the compiled update counts 1.41 TFLOP, the analytic count of the same step (6 x 24.2M
-params x 9,216 positions + attention): nothing is recomputed (remat off, the chunked loss's
-[b, chunk, 131] logits are recomputed in the backward but cost < 0.1%), the log-softmax runs
-once per chunk, the state is donated, the one host sync is the metrics' device_get, and the
+Where the update's time goes (profiled 2026-12-02, 2-core CPU, 64 x 144 batch): nothing is
+recomputed (remat off; the chunked loss's [b, chunk, 131] logits are recomputed in the backward
+but cost < 0.1%), the state is donated, the one host sync is the metrics' device_get, and the
 batch length (round_up(prompt + max_new, 16) = 144 for every gen:arith step) does not change
-between steps, so there is one compile. What remains is matmul speed: XLA:CPU's f32 dot at the
-MLP's shape (9,216 x 512 x 1,536) runs ~80 GFLOP per CPU-second against torch/MKL's ~110 (the
-oneDNN/XNNPACK XLA flags change nothing there); the whole update reaches ~60-65. On a quiet
-machine it is behind torch's step: 0.75x wall, 0.77x CPU time at 32 rows (2026-12-02). Runs
-under load (5-19) read 0.9-1.4x because torch's threads suffer more from contention; they are
-not a measure of either side.
+between steps, so there is one compile. The row-wise step is matmul-bound: XLA's cost analysis
+counts 1.41 TFLOP (6 x 24.2M params x 9,216 positions + attention, the textbook count), and
+XLA:CPU's f32 dot runs ~80 GFLOP per CPU-second against torch/MKL's ~110 (oneDNN/XNNPACK flags
+change nothing), which left it at 0.75x torch. Each group's G rows repeat the same ~80-token
+prompt, so the update now runs it once (grpo_step.shared_prompt_logprobs: the prompt prefilled
+into a KV cache its 8 completions continue; same log-probs and gradient): XLA counts 0.72 TFLOP for the log-probs'
+forward + backward, and the step takes 4.58 s / 8.8 CPU s against torch's 6.84 s / 13.6 CPU s (1.49x wall, 1.55x CPU; load 6-14,
+2026-12-02). Under heavy load wall time tracks CPU time (one core left): quote CPU seconds then.
 """
 
 from __future__ import annotations
