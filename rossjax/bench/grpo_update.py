@@ -25,9 +25,9 @@ counts 1.41 TFLOP (6 x 24.2M params x 9,216 positions + attention, the textbook 
 XLA:CPU's f32 dot runs ~80 GFLOP per CPU-second against torch/MKL's ~110 (oneDNN/XNNPACK flags
 change nothing), which left it at 0.75x torch. Each group's G rows repeat the same ~80-token
 prompt, so the update now runs it once (grpo_step.shared_prompt_logprobs: the prompt prefilled
-into a KV cache its 8 completions continue; same log-probs and gradient): XLA counts 0.72 TFLOP for the log-probs'
-forward + backward, and the step takes 4.58 s / 8.8 CPU s against torch's 6.84 s / 13.6 CPU s (1.49x wall, 1.55x CPU; load 6-14,
-2026-12-02). Under heavy load wall time tracks CPU time (one core left): quote CPU seconds then.
+into a KV cache its 8 completions continue; same log-probs and gradient): XLA counts 0.72
+TFLOP for the log-probs' forward + backward, and the step takes 4.58 s / 8.8 CPU s against
+torch's 6.84 s / 13.6 CPU s (1.49x wall, 1.55x CPU; load 6-14, 2026-12-02). Under heavy load wall time tracks CPU time (one core left): quote CPU seconds then.
 """
 
 from __future__ import annotations
