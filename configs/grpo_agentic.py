@@ -28,6 +28,9 @@ measured here). `:runlocal` shows the mechanics (engine rollouts, history, resum
 learning. `:runlocal,warmstart --config.model.path=SFT_HF` starts from the demo's SFT warm-up
 (data/agents/calculator_sft.jsonl; recipe and measured figures in docs/agents.md: ~80% of
 episodes pass from step 1, and 10 GRPO steps did not raise it).
+`:runlocal,vault --config.model.path=SFT_HF` is the learning demo: the `vault` env (a code only
+its tool returns) from the warm-up of data/agents/vault_sft.jsonl; recipe and the measured
+reward curves in docs/agents.md ("The vault demo"), asserted by tests/test_agents_vault.py.
 """
 
 import ml_collections as mlc
@@ -48,7 +51,7 @@ def agent_section() -> mlc.ConfigDict:
 
 
 def get_config(arg: str | None = None):
-    variants = common.variants(arg, ("runlocal", "warmstart"), "grpo_agentic.py")
+    variants = common.variants(arg, ("runlocal", "warmstart", "vault"), "grpo_agentic.py")
     c = common.grpo_config()
     c.run_name = "grpo-agentic"
     c.data.tasks = common.data_file("agents", "calculator.jsonl")
@@ -79,4 +82,18 @@ def get_config(arg: str | None = None):
         c.grpo.steps = 10
         # measured (docs/agents.md): 3e-4 breaks the warm-up's call format in 5 steps; 3e-5 keeps it
         c.optim.peak_lr = c.optim.end_lr = 3e-5
+    if "vault" in variants:
+        # `:runlocal,vault --config.model.path=SFT_HF`: the learning demo (docs/agents.md, "The
+        # vault demo"): the warm-up of data/agents/vault_sft.jsonl opens the vault in about
+        # call_share of its episodes; GRPO raises that. ReAct calls (`Action: open[]`, 14 ASCII tokens;
+        # a hermes call is ~45, too long for a tiny model to spell reliably after a short SFT).
+        c.data.tasks = common.data_file("agents", "vault.jsonl")
+        c.agent.env, c.agent.style = "vault", "react"
+        c.agent.tools_in_prompt = False
+        c.agent.max_turns, c.agent.max_tokens = 2, 160
+        c.grpo.max_new_tokens = 32
+        c.grpo.contexts, c.grpo.group_size = 4, 8
+        c.grpo.steps = 8
+        c.grpo.agg = "token_mean"
+        c.optim.peak_lr = c.optim.end_lr = 1e-3
     return c

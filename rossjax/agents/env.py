@@ -99,6 +99,7 @@ REGISTRY: dict[str, str] = {
     "calculator": "rossjax.agents.builtin:CalculatorEnv",
     "corpus": "rossjax.agents.corpus:CorpusEnv",
     "bash": "rossjax.agents.bash:BashEnv",
+    "vault": "rossjax.agents.vault:VaultEnv",
 }
 
 
