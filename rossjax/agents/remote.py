@@ -15,7 +15,7 @@ import time
 
 from rossjax.agents.env import Observation, make_env
 from rossjax.errors import InputError
-from rossjax.verify.pool import Worker, WorkerDied, WorkerError, WorkerTimeout
+from rossjax.verify.pool import START_TIMEOUT_S, Worker, WorkerDied, WorkerError, WorkerTimeout
 from rossjax.verify.verdict import Verdict
 
 
@@ -47,7 +47,7 @@ class RemoteEnv:
 
     def reset(self, task: dict) -> list:
         try:
-            info = self.start()._w.info(60.0)
+            info = self.start()._w.info(START_TIMEOUT_S)
             self.name, self.tools = info["name"], list(info["tools"] or [])
             return self._w.call("reset", task, timeout=self.episode_timeout_s)
         except (WorkerDied, WorkerError) as e:

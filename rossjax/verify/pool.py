@@ -33,6 +33,10 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+# How long a worker process may take to spawn, import and build its object. Generous: 32 env
+# workers spawning at once on 2 busy cores took over 60 s; a start that hangs is still bounded.
+START_TIMEOUT_S = 300.0
+
 class WorkerPool:
     """`with WorkerPool(2) as pool: out = pool.map(items, fn)` (ordered, blocking), or
     `thunk = pool.submit(a, items)` -> `thunk()` is `fn(a, items)` computed on the workers in
@@ -185,7 +189,7 @@ class Worker:
 
     def call(self, name: str, *args, timeout: float, **kwargs):
         if self._info is None:
-            self.info(max(timeout, 60.0))  # start-up (spawn, imports) is not the call's time
+            self.info(max(timeout, START_TIMEOUT_S))  # start-up is not the call's time
         if self.dead:
             raise WorkerDied(self.dead)
         try:
