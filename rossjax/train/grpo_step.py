@@ -264,20 +264,42 @@ class StepFns:
             in_shardings=(state_shardings, base_shardings, bsh),
             out_shardings=(state_shardings, repl), donate_argnums=0) for sh in (False, True)}
 
-    def _shared(self, batch) -> bool:
-        """Whether this batch takes the shared-prompt path (one device: its int arrays are read
-        back to the host, [B, S] each, to check the layout)."""
-        return self.group > 1 and shared_prompt_ok(
-            {k: jax.device_get(batch[k]) for k in ("tokens", "positions", "segment_ids", "mask")},
-            self.group, self.max_new)
+    def _order(self, batch):
+        """(take the shared-prompt path, row order or None): one device, its int arrays read
+        back to the host. A minibatch whose rows were shuffled (grpo.shuffle_minibatches) is
+        regrouped, rows of one prompt side by side (a stable sort): the one-micro-batch update
+        is a sum over rows, so their order does not change it."""
+        if self.group < 2:
+            return False, None
+        host = {k: np.asarray(jax.device_get(batch[k]))
+                for k in ("tokens", "positions", "segment_ids", "mask")}
+        if shared_prompt_ok(host, self.group, self.max_new):
+            return True, None
+        tok, pos, m = host["tokens"], host["positions"], host["mask"] > 0
+        first = np.argmax(m, axis=1)
+        key = lambda r: (bool(m[r].any()), tok[r, :first[r]].tobytes() + pos[r, :first[r]].tobytes())
+        order = np.asarray(sorted(range(len(tok)), key=key), np.int32)
+        if shared_prompt_ok({k: v[order] for k, v in host.items()}, self.group, self.max_new):
+            return True, order
+        return False, None
 
     def logp(self, params, batch):
-        """(log p(target), entropy) [B, S] of put_rows' batch (state not donated)."""
-        return self._logp[self._shared(batch)](params, {k: batch[k] for k in BATCH_KEYS})
+        """(log p(target), entropy) [B, S] of put_rows' batch, rows in its order."""
+        shared, order = self._order(batch)
+        b = {k: batch[k] for k in BATCH_KEYS}
+        if order is None:
+            return self._logp[shared](params, b)
+        out = self._logp[shared](params, {k: jax.device_put(v[order], v.sharding)
+                                          for k, v in b.items()})
+        inv = np.argsort(order)
+        return tuple(x[inv] for x in out)
 
     def update(self, state, base, batch):
         """One jitted policy update (state donated); returns (new state, metrics)."""
-        return self._update[self._shared(batch)](state, base, batch)
+        shared, order = self._order(batch)
+        if order is not None:
+            batch = {k: jax.device_put(v[order], v.sharding) for k, v in batch.items()}
+        return self._update[shared](state, base, batch)
 
     def put_rows(self, arrays: dict) -> dict:
         """Host arrays (the same on every process) -> global arrays, rows over the batch axes."""
