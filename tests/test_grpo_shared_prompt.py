@@ -86,3 +86,21 @@ def test_shared_prompt_layout_check_refuses_other_batches(sampled):
     empty = batch["mask"].copy()
     empty[G:2 * G] = 0                                   # a group with nothing trained is fine
     assert ok(mask=empty)
+
+
+def test_a_shuffled_minibatch_is_regrouped(sampled):
+    """grpo.shuffle_minibatches permutes rows; StepFns._order puts each prompt's rows side by
+    side again (the one-micro-batch update is a sum over rows), or refuses when it cannot."""
+    import types
+
+    _, _, batch = sampled
+    fns = types.SimpleNamespace(group=G, max_new=T)
+    perm = np.random.default_rng(0).permutation(len(batch["tokens"]))
+    shuffled = {k: v[perm] for k, v in batch.items()}
+    shared, order = grpo_step.StepFns._order(fns, shuffled)
+    assert shared and order is not None
+    assert grpo_step.shared_prompt_ok({k: v[order] for k, v in shuffled.items()}, G, T)
+    assert grpo_step.StepFns._order(fns, batch) == (True, None)       # already grouped
+    tok = shuffled["tokens"].copy()
+    tok[0, 0] = (tok[0, 0] + 1) % 64                    # a prompt of its own: groups of 3 and 1
+    assert grpo_step.StepFns._order(fns, {**shuffled, "tokens": tok}) == (False, None)
