@@ -157,8 +157,9 @@ def test_on_policy_grpo_skips_the_old_policy_pass_and_updates_alike(tmp_path, mo
     from rossjax.train import grpo, grpo_step
 
     calls = []
-    real = grpo_step.logp_entropy
-    monkeypatch.setattr(grpo_step, "logp_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = grpo_step.StepFns.logp  # the separate old-policy (and reference) pass
+    monkeypatch.setattr(grpo_step.StepFns, "logp",
+                        lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
     runs = {}
     for name in ("skip", "separate"):
         c = tiny_config(steps=1, contexts=4, group=4, new=16)
@@ -173,7 +174,7 @@ def test_on_policy_grpo_skips_the_old_policy_pass_and_updates_alike(tmp_path, mo
         runs[name] = (read_metrics(str(tmp_path / name))[-1], len(calls),
                       [np.asarray(x) for x in jax.tree.leaves(out["state"]["params"])])
     (m1, n1, p1), (m2, n2, p2) = runs["skip"], runs["separate"]
-    assert n1 == 0 and n2 > 0          # the skipped pass never even traced
+    assert n1 == 0 and n2 > 0          # the skipped pass never even ran
     assert m1["ratio_mean"] == 1.0 and m1["grad_norm"] > 0
     for k in ("loss", "pg_loss", "grad_norm", "entropy", "is_weight_mean", "is_outside_frac",
               "clip_frac_low", "clip_frac_high"):

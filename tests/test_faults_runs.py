@@ -213,11 +213,13 @@ def test_free_space_check(tmp_path, capsys):
 
 def test_preemption_guard_takes_sighup_as_sigterm():
     for sig in (signal.SIGHUP, signal.SIGTERM):
+        before = signal.getsignal(sig)  # SIG_IGN for SIGHUP under nohup
         with PreemptionGuard() as g:
+            assert signal.getsignal(sig) != before
             os.kill(os.getpid(), sig)
             time.sleep(0.05)
             assert g.requested and g.signal_name == signal.Signals(sig).name
-        assert signal.getsignal(sig) == signal.SIG_DFL
+        assert signal.getsignal(sig) == before  # the handler it found is put back
 
 
 # ---------------------------------------------------------------- unwritable and full workdirs
