@@ -2,13 +2,13 @@
 generator writes, every episode is one the real environment judges correct, none is an
 evaluation task, and curate keeps every row with loss only on the assistant's turns."""
 
-import json
 import os
 
 import numpy as np
 
 from rossjax.agents.builtin import CalculatorEnv, calculator_demonstrations, evaluate
 from rossjax.curate import compile_rollout, load_tokenizer
+from rossjax.curate.files import read_objects
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,8 +16,7 @@ DATA = os.path.join(ROOT, "data", "agents")
 
 
 def _jsonl(name):
-    with open(os.path.join(DATA, name)) as f:
-        return [json.loads(line) for line in f]
+    return [obj for _, obj in read_objects(os.path.join(DATA, name), id_field=None)]
 
 
 def test_shipped_demonstrations_are_the_generator_output():

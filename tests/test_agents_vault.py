@@ -10,6 +10,7 @@ import pytest
 from rossjax.agents import ToolCall, make_env, vault
 from rossjax.agents.parse import parse_tool_calls
 from rossjax.curate import compile_rollout, load_tokenizer
+from rossjax.curate.files import read_objects
 from rossjax.errors import InputError
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
 
@@ -18,8 +19,7 @@ DATA = os.path.join(ROOT, "data", "agents")
 
 
 def _jsonl(name):
-    with open(os.path.join(DATA, name)) as f:
-        return [json.loads(line) for line in f]
+    return [obj for _, obj in read_objects(os.path.join(DATA, name), id_field=None)]
 
 
 def test_the_code_comes_only_from_the_open_tool():
