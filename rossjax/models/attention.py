@@ -301,8 +301,13 @@ def attend_cache(q, kc, vc, m: MaskSpec, *, impl: str = "auto", block: int = 512
     nkv = kc.shape[1]
     qg = q.reshape(b, s, nkv, h // nkv, hd)
     scores = jnp.einsum("bskgd,bktd->bkgst", qg, kc, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask_array(m)[:, None, None], scores * (hd ** -0.5), MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(vc.dtype)
+    visible = jnp.broadcast_to(mask_array(m)[:, None, None], scores.shape)
+    # The softmax over a [rows, T] view: unit axes (s = 1, and b = 1 under the engine's per-row
+    # vmap) put XLA:CPU's reductions on a path several times slower.
+    flat = (-1, scores.shape[-1])
+    probs = jax.nn.softmax(jnp.where(visible.reshape(flat), scores.reshape(flat) * (hd ** -0.5),
+                                     MASK_VALUE), axis=-1)
+    probs = probs.reshape(scores.shape).astype(vc.dtype)
     # Output [b, K, G, s, hd] (a plain batched matmul), moved to [b, s, K, G, hd] afterwards:
     # asking the einsum for the final layout directly makes XLA CPU pick a ~3x slower dot.
     out = jnp.moveaxis(jnp.einsum("bkgst,bktd->bkgsd", probs, vc), 3, 1).astype(q.dtype)
