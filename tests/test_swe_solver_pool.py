@@ -6,9 +6,9 @@ import json
 import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from review_server import Reviewer
 from test_swe import DATA, FIX, bug_patch
 
 from rossjax.agents import swe as aswe
@@ -130,35 +130,18 @@ def test_bad_worker_counts_are_refused(tasks, workers):
 def test_one_openai_policy_serves_concurrent_trials(tasks):
     """OpenAIPolicy keeps one connection per thread: three trials at once over one policy
     reach a slow endpoint on three kept-alive connections, and their requests overlap."""
-    seen, lock = [], threading.Lock()
+    spans, lock = [], threading.Lock()
 
-    class H(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def slow(body):
+        t0 = time.monotonic()
+        time.sleep(0.4)
+        with lock:
+            spans.append((t0, time.monotonic()))
+        return "done"
 
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            t0 = time.monotonic()
-            time.sleep(0.4)
-            with lock:
-                seen.append((self.client_address[1], t0, time.monotonic()))
-            data = json.dumps({"choices": [{"message": {"role": "assistant",
-                                                        "content": "done"}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *a):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        policy = OpenAIPolicy(f"http://127.0.0.1:{srv.server_address[1]}/v1", "m")
+    with Reviewer(default=lambda rid, body: slow) as srv:
+        policy = OpenAIPolicy(srv.url, "m")
         trials, rows = aswe.solver_trials(*tasks[0][:2], policy, k=3, rid="t0", workers=3)
-    finally:
-        srv.shutdown()
-        srv.server_close()
     assert trials == [False, False, False], rows
-    assert len({port for port, _, _ in seen}) == 3, seen
-    assert max(t0 for _, t0, _ in seen) < min(t1 for _, _, t1 in seen), seen
+    assert len(srv.ports) == 3, srv.ports
+    assert max(t0 for t0, _ in spans) < min(t1 for _, t1 in spans), spans
