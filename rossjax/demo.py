@@ -1,5 +1,6 @@
 """The library half of `rossjax demo` (the command itself is rossjax/cli/demo.py): the shipped
-data, the tiny base model, the export parity check and the views that are not commands."""
+data, the tiny base models, the export parity check, the views that are not commands, the vault
+GRPO curve and the served model's process (start-up wait, shutdown)."""
 
 from __future__ import annotations
 
@@ -103,4 +104,92 @@ def loss_plot(workdir: str) -> str | None:
     out = os.path.join(workdir, "loss.png")
     fig.savefig(out, dpi=120)
     plt.close(fig)
+    return out
+
+
+def vault_base(folder: str) -> str:
+    """The random tiny_qwen2-shaped model over the ASCII vocabulary the vault demo starts from
+    (docs/agents.md, "The vault demo")."""
+    from rossjax.repro.stages import init_model
+
+    return init_model(folder, 0, vocab_size=256, d_model=64, n_layers=2, n_heads=4,
+                      n_kv_heads=2, head_dim=16, ffn_dim=128)
+
+
+def vault_curve(grpo_workdir: str) -> tuple[list[float], list[int], list[int]]:
+    """Per GRPO step: the env's mean reward (metrics.jsonl), and how many of the step's episodes
+    opened the vault and how many there were (history.jsonl: an episode opened it when its first
+    assistant turn is exactly the call, as tests/test_agents_vault.py counts)."""
+    from collections import Counter
+
+    from rossjax.agents import vault
+    from rossjax.monitor import read_metrics
+    from rossjax.train.history import read_history
+
+    rewards = [r["reward_mean"] for r in read_metrics(grpo_workdir) if "reward_mean" in r]
+    opened, total = Counter(), Counter()
+    path = os.path.join(grpo_workdir, "history.jsonl")
+    for r in read_history(path) if os.path.exists(path) else []:
+        step, msgs = r["source"]["step"], r["messages"]
+        total[step] += 1
+        opened[step] += len(msgs) > 1 and msgs[1].get("content") == vault.CALL
+    steps = sorted(total)
+    return rewards, [opened[s] for s in steps], [total[s] for s in steps]
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on at 127.0.0.1 now (the OS picks it)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_server(base_url: str, proc, log: str, timeout_s: float = 120.0) -> None:
+    """Poll GET BASE_URL/models until the server answers (its banner prints before it binds);
+    raise with the log's tail when it exits or does not answer in `timeout_s`."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(base_url + "/models", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        why = (f"exited with code {proc.returncode}" if proc.poll() is not None else
+               f"did not answer GET {base_url}/models in {timeout_s:.0f} s"
+               if time.monotonic() > deadline else None)
+        if why:
+            with open(log, encoding="utf-8", errors="replace") as f:
+                tail = f.read()[-2000:]
+            raise SystemExit(f"rossjax demo: `rossjax serve` {why}; the tail of {log}:\n{tail}")
+        time.sleep(0.5)
+
+
+def stop_server(proc) -> None:
+    """Terminate the server process; kill it when it has not exited 15 s later."""
+    import subprocess
+
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(15)
+
+
+def vault_summary(rewards: list[float], opened: list[int], episodes: list[int]) -> str:
+    """`first->last` of the GRPO reward (and of the opens, when the history was read)."""
+    if not rewards:
+        return "(no reward_mean in metrics.jsonl)"
+    out = f"{rewards[0]:.3f} -> {rewards[-1]:.3f} over {len(rewards)} steps"
+    if opened:
+        out += (f"; opened the vault {opened[0]}/{episodes[0]} -> {opened[-1]}/{episodes[-1]} "
+                "episodes")
     return out

@@ -1,10 +1,12 @@
 """`make demo` end to end: `rossjax demo` on the shipped data, in a fresh process, and what it
 says it wrote (README 'What `make demo` does')."""
 
+import ast
 import json
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -24,7 +26,7 @@ def run(tmp_path_factory):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                XLA_FLAGS="--xla_force_host_platform_device_count=1")
     proc = subprocess.run([sys.executable, "-m", "rossjax.cli", "demo", f"--workdir={wd}",
-                           "--steps=3"], env=env, capture_output=True, text=True, timeout=900)
+                           "--steps=3", "--agent_sft_steps=5", "--agent_grpo_steps=1"], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return wd, proc.stdout
 
@@ -78,4 +80,52 @@ def test_views_are_written(run):
         assert png.read_bytes()[:8] == _PNG, png
     sel = [json.loads(line) for line in open(wd / "select" / "selected.jsonl")]
     assert 0 < len(sel) <= 56
-    assert str(wd) in out.splitlines()[-5]  # the summary says where the outputs are
+    assert str(wd) in out.splitlines()[-7]  # the summary says where the outputs are
+
+
+def test_agentic_grpo_wrote_a_finite_reward_each_step(run):
+    wd, out = run
+    grpo = wd / "agents" / "grpo"
+    rows = [json.loads(line) for line in open(grpo / "metrics.jsonl")]
+    rewards = {r["step"]: r["reward_mean"] for r in rows if "reward_mean" in r}
+    assert sorted(rewards) == [1] and all(math.isfinite(v) for v in rewards.values())
+    assert all(0.0 <= v <= 1.0 for v in rewards.values())  # the env's verdict is pass/fail
+    history = [json.loads(line) for line in open(grpo / "history.jsonl")]
+    assert len(history) == 4 * 8  # :runlocal,vault: 4 tasks x 8 episodes a step
+    assert all(r["verifier"]["name"] == "agents.vault" for r in history)
+    assert re.search(r"GRPO step 1: reward_mean [0-9.]+; opened the vault \d+/32", out)
+
+
+def test_serve_answered_and_the_server_is_gone(run):
+    wd, out = run
+    m = re.search(r"served +vault_hf at http://127\.0\.0\.1:(\d+)/v1 answered (.*) to "
+                  r"'Vault code\?' \(log: (.*)\)$", out, re.M)
+    assert m, out[-2000:]
+    assert isinstance(ast.literal_eval(m.group(2)), str)
+    assert "the served model answered" in out
+    assert "rossjax serve: vault_hf on http://127.0.0.1" in open(m.group(3)).read()
+    with socket.socket() as s:  # the demo terminated the server: nothing listens on its port
+        # (SO_REUSEADDR: the closed connections' TIME_WAIT does not count; a listener does)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", int(m.group(1))))
+
+
+def test_summary_names_every_stage(run):
+    _, out = run
+    tail = out.splitlines()[-7:]
+    assert tail[0].startswith("rossjax demo done in ")
+    labels = [line.split()[0] for line in tail[1:]]
+    assert labels == ["curated", "trained", "exported", "look", "agents", "served"]
+    assert re.search(r"agents +vault GRPO reward first->last [0-9.]+ -> [0-9.]+ over 1 steps",
+                     out)
+    assert [int(k) for k in re.findall(r"^== (\d)/7 ", out, re.M)] == list(range(1, 8))
+
+
+def test_a_server_that_dies_is_reported_with_its_log(tmp_path):
+    log = tmp_path / "serve.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-c", "print('no model here')"], stdout=f,
+                                stderr=subprocess.STDOUT)
+    proc.wait(60)
+    with pytest.raises(SystemExit, match=r"exited with code 0(.|\n)*no model here"):
+        demo.wait_for_server(f"http://127.0.0.1:{demo.free_port()}/v1", proc, str(log), 30)

@@ -1,6 +1,6 @@
 """`make demo`: the most complete pipeline that exists, on the embedded default data in data/.
 
-    rossjax demo [--workdir=runs/demo] [--steps=N]
+    rossjax demo [--workdir=runs/demo] [--steps=N] [--agent_sft_steps=N] [--agent_grpo_steps=N]
 
 1. curate   data/rollouts/sample.jsonl: re-run the verifiers (math-verify, sandboxed code), render
             with ChatML, compile the reviewers' keep/exclude annotations into token loss masks
@@ -13,6 +13,13 @@
             are compared with rossjax's.
 5. look     an HTML view of one compiled mask, the loss curve as PNG, and a route-diverse
             selection over the shipped math solutions with its PCA scatter.
+6. agents   the vault learning demo (docs/agents.md, "The vault demo"): a tiny model over an
+            ASCII tokenizer is warmed up by SFT on data/agents/vault_sft.jsonl, exported, then
+            trained by agentic GRPO on the `vault` env (`:runlocal,vault`); the env's reward
+            and the episodes that opened the vault are printed per step.
+7. serve    `rossjax serve` on the GRPO-trained vault model (exported as a Hugging Face folder)
+            as a subprocess on a free 127.0.0.1 port, one chat request through the project's
+            own OpenAI-compatible client (rossjax.review.ReviewerClient), then the server stops.
 
 Each step is the real command, run through the dispatcher; the pieces that are not commands
 live in rossjax/demo.py.
@@ -22,6 +29,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 from rossjax.cli.flags import parse_config, repo_config
@@ -39,10 +48,18 @@ def main(argv) -> int:
     from absl import flags as absl_flags
 
     from rossjax import demo
+    from rossjax.agents import vault
+    from rossjax.tokenizers.ascii import write_ascii_tokenizer
 
     def extra(fv):
         absl_flags.DEFINE_integer("steps", 30, "Optimizer steps of the masked SFT stage.",
                                   flag_values=fv)
+        # 600 is the warm-up docs/agents.md measured GRPO's rise from (reward ~.56 -> ~.8 in 8
+        # steps, 2 seeds); at 400 steps with fewer opens the copy decayed in one seed of two.
+        absl_flags.DEFINE_integer("agent_sft_steps", 600, "SFT warm-up steps of the vault "
+                                  "agents stage.", flag_values=fv)
+        absl_flags.DEFINE_integer("agent_grpo_steps", 8, "Agentic GRPO steps (32 episodes "
+                                  "each) of the vault agents stage.", flag_values=fv)
 
     _, flags, _ = parse_config(argv, extra_flags=extra)
     wd = os.path.abspath(flags.workdir or "runs/demo")
@@ -50,30 +67,30 @@ def main(argv) -> int:
     t0 = time.time()
     curated, sft, hf_out = (os.path.join(wd, d) for d in ("curated", "sft", "export_hf"))
 
-    print("== 1/5 curate the shipped rollouts (re-verify, compile masks)")
+    print("== 1/7 curate the shipped rollouts (re-verify, compile masks)")
     _run(["curate", f"--config={repo_config('curate.py')}",
           f"--config.input={demo.data_path('rollouts', 'sample.jsonl')}",
           f"--config.output={curated}", "--config.verify=rerun"])
     with open(os.path.join(curated, "report.json")) as f:
         report = json.load(f)
 
-    print("== 2/5 build a tiny random Qwen2 base model as a Hugging Face folder")
+    print("== 2/7 build a tiny random Qwen2 base model as a Hugging Face folder")
     vocab = demo.padded_vocab(report["config"]["tokenizer"])
     base = os.path.join(wd, "base_hf")
     demo.base_model(base, vocab)
 
-    print(f"== 3/5 ROSS masked SFT for {flags.steps} steps")
+    print(f"== 3/7 ROSS masked SFT for {flags.steps} steps")
     _run(["train", f"--config={repo_config('ross_sft.py')}:runlocal", f"--config.model.path={base}",
           f"--config.data.train={curated}", "--config.data.seq_len=512",
           "--config.train.global_batch=4", "--config.train.micro_batches=2",
           "--config.train.epochs=100", f"--config.train.num_steps={flags.steps}",
           "--config.train.loss_chunk=128", f"--workdir={sft}"])
 
-    print("== 4/5 export to a Hugging Face folder and reload it with transformers")
+    print("== 4/7 export to a Hugging Face folder and reload it with transformers")
     _run(["export", f"--checkpoint={sft}", "--format=hf", hf_out])
     diff = demo.export_parity(hf_out, vocab)
 
-    print("== 5/5 views: a compiled mask, the loss curve, a route-diverse selection")
+    print("== 5/7 views: a compiled mask, the loss curve, a route-diverse selection")
     pick = demo.most_masked_example(curated)
     html = os.path.join(wd, "mask.html")
     _run(["inspect", curated, "--id", pick["id"], "--out", html, "--no-color"])
@@ -82,6 +99,52 @@ def main(argv) -> int:
     _run(["select", f"--config={repo_config('select_routes.py')}:runlocal",
           f"--config.input={demo.data_path('select', 'sample.jsonl')}",
           f"--config.output={sel}"])
+
+    print(f"== 6/7 agentic GRPO on the vault env: {flags.agent_sft_steps} SFT warm-up steps, "
+          f"then {flags.agent_grpo_steps} GRPO steps")
+    agents = os.path.join(wd, "agents")
+    tok = write_ascii_tokenizer(os.path.join(agents, "tokenizer"))
+    init = demo.vault_base(os.path.join(agents, "init_hf"))
+    vcur, vsft, vgrpo = (os.path.join(agents, d) for d in ("curated", "sft", "grpo"))
+    _run(["curate", f"--config={repo_config('curate.py')}",
+          f"--config.input={demo.data_path('agents', 'vault_sft.jsonl')}",
+          f"--config.output={vcur}", f"--config.tokenizer={tok}",
+          "--config.rows=verifier_positive", "--config.mask_mode=eligible", "--config.verify=stored"])
+    _run(["train", f"--config={repo_config('ross_sft.py')}:runlocal,positive_sft",
+          f"--config.data.train={vcur}", f"--config.model.path={init}", "--config.data.seq_len=128",
+          "--config.train.batch_mode=sequences", "--config.train.global_batch=32",
+          "--config.train.epochs=40", f"--config.train.num_steps={flags.agent_sft_steps}",
+          "--config.optim.peak_lr=3e-3", "--config.optim.end_lr=3e-4", f"--workdir={vsft}"])
+    _run(["export", f"--checkpoint={vsft}", "--format=hf", f"{vsft}/hf"])
+    _run(["grpo", f"--config={repo_config('grpo_agentic.py')}:runlocal,vault",
+          f"--config.model.path={vsft}/hf", f"--config.grpo.steps={flags.agent_grpo_steps}",
+          f"--workdir={vgrpo}"])
+    rewards, opened, episodes = demo.vault_curve(vgrpo)
+    for k, r in enumerate(rewards):
+        opens = f"; opened the vault {opened[k]}/{episodes[k]}" if k < len(opened) else ""
+        print(f"  GRPO step {k + 1}: reward_mean {r:.3f}{opens}")
+    served = os.path.join(wd, "vault_hf")
+    _run(["export", f"--checkpoint={vgrpo}", "--format=hf", served])
+
+    print("== 7/7 rossjax serve the vault model and ask it through the OpenAI-compatible client")
+    port, log = demo.free_port(), os.path.join(wd, "serve.log")
+    url = f"http://127.0.0.1:{port}/v1"
+    with open(log, "w") as logf:
+        proc = subprocess.Popen([sys.executable, "-m", "rossjax.cli", "serve", f"--model={served}",
+                                 "--host=127.0.0.1", f"--port={port}", "--slots=1",
+                                 "--max_len=256"], stdout=logf, stderr=subprocess.STDOUT)
+    try:
+        demo.wait_for_server(url, proc, log)
+        from rossjax.review import ReviewerClient
+
+        client = ReviewerClient(url, model=os.path.basename(served), temperature=0,
+                                max_tokens=32, max_retries=0)
+        question = vault.PROMPT
+        reply = client.ask([{"role": "user", "content": question}], stage="demo").text
+        client.close()
+    finally:
+        demo.stop_server(proc)
+    print(f"  asked {question!r}; the served model answered {reply[:80]!r}")
 
     losses = demo.losses(sft)
     b = report["buckets"]
@@ -93,5 +156,9 @@ TER {report['ter']:.3f}   ({curated}/report.json)
   trained   {len(losses)} steps of masked SFT, loss {losses[0]:.3f} -> {losses[-1]:.3f}   \
 ({sft}; {demo.tensorboard_hint(sft + '/tb')})
   exported  {hf_out}  (transformers reloads it; max |logit diff| {diff:.2e})
-  look at   {html} (mask of {pick['id']}), {plot}, {sel}/selection.png""")
+  look at   {html} (mask of {pick['id']}), {plot}, {sel}/selection.png
+  agents    vault GRPO reward first->last {demo.vault_summary(rewards, opened, episodes)}   \
+({vgrpo})
+  served    {os.path.basename(served)} at {url} answered {reply[:40]!r} to {question!r} \
+(log: {log})""")
     return 0
