@@ -1,6 +1,6 @@
 """The library half of `rossjax demo` (the command itself is rossjax/cli/demo.py): the shipped
-data, the tiny base models, the export parity check, the views that are not commands, the vault
-GRPO curve and the served model's process (start-up wait, shutdown)."""
+data, the tiny base models, the export parity check, the views that are not commands and the
+vault GRPO curve."""
 
 from __future__ import annotations
 
@@ -135,53 +135,6 @@ def vault_curve(grpo_workdir: str) -> tuple[list[float], list[int], list[int]]:
         opened[step] += len(msgs) > 1 and msgs[1].get("content") == vault.CALL
     steps = sorted(total)
     return rewards, [opened[s] for s in steps], [total[s] for s in steps]
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on at 127.0.0.1 now (the OS picks it)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_server(base_url: str, proc, log: str, timeout_s: float = 120.0) -> None:
-    """Poll GET BASE_URL/models until the server answers (its banner prints before it binds);
-    raise with the log's tail when it exits or does not answer in `timeout_s`."""
-    import time
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(base_url + "/models", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        why = (f"exited with code {proc.returncode}" if proc.poll() is not None else
-               f"did not answer GET {base_url}/models in {timeout_s:.0f} s"
-               if time.monotonic() > deadline else None)
-        if why:
-            with open(log, encoding="utf-8", errors="replace") as f:
-                tail = f.read()[-2000:]
-            raise SystemExit(f"rossjax demo: `rossjax serve` {why}; the tail of {log}:\n{tail}")
-        time.sleep(0.5)
-
-
-def stop_server(proc) -> None:
-    """Terminate the server process; kill it when it has not exited 15 s later."""
-    import subprocess
-
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(15)
 
 
 def vault_summary(rewards: list[float], opened: list[int], episodes: list[int]) -> str:

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 from rossjax.cli.flags import parse_config, repo_config
@@ -127,23 +125,19 @@ def main(argv) -> int:
     _run(["export", f"--checkpoint={vgrpo}", "--format=hf", served])
 
     print("== 7/7 rossjax serve the vault model and ask it through the OpenAI-compatible client")
-    port, log = demo.free_port(), os.path.join(wd, "serve.log")
-    url = f"http://127.0.0.1:{port}/v1"
-    with open(log, "w") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "rossjax.cli", "serve", f"--model={served}",
-                                 "--host=127.0.0.1", f"--port={port}", "--slots=1",
-                                 "--max_len=256"], stdout=logf, stderr=subprocess.STDOUT)
-    try:
-        demo.wait_for_server(url, proc, log)
-        from rossjax.review import ReviewerClient
+    from rossjax.reconstruct.local import LocalServer
+    from rossjax.review import ReviewerClient
 
-        client = ReviewerClient(url, model=os.path.basename(served), temperature=0,
-                                max_tokens=32, max_retries=0)
-        question = vault.PROMPT
-        reply = client.ask([{"role": "user", "content": question}], stage="demo").text
-        client.close()
-    finally:
-        demo.stop_server(proc)
+    log, question, name = os.path.join(wd, "serve.log"), vault.PROMPT, os.path.basename(served)
+    # the server process is stopped however this block ends (LocalServer.__exit__)
+    with LocalServer(served, log, max_len=256, slots=1, model_id=name, startup_s=120,
+                     where="rossjax demo") as srv:
+        url = srv.url
+        client = ReviewerClient(url, model=name, temperature=0, max_tokens=32, max_retries=0)
+        try:
+            reply = client.ask([{"role": "user", "content": question}], stage="demo").text
+        finally:
+            client.close()
     print(f"  asked {question!r}; the served model answered {reply[:80]!r}")
 
     losses = demo.losses(sft)

@@ -34,8 +34,10 @@ class LocalServer:
     """Start with `with LocalServer(model, ...) as s:`; `s.url`, `s.model_id`."""
 
     def __init__(self, model: str, log_path: str, *, max_len: int, slots: int,
-                 model_id: str = "local", startup_s: float = 300.0):
-        self.model, self.log_path, self.model_id = model, log_path, model_id
+                 model_id: str = "local", startup_s: float = 300.0,
+                 where: str = "config.serve"):
+        # where: what the errors name as the source of the server's settings
+        self.model, self.log_path, self.model_id, self.where = model, log_path, model_id, where
         self.max_len, self.slots, self.startup_s = max_len, slots, startup_s
         self.proc, self.port = None, None
 
@@ -63,7 +65,7 @@ class LocalServer:
         deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ConfigError(f"config.serve: rossjax serve --model={self.model} exited with "
+                raise ConfigError(f"{self.where}: rossjax serve --model={self.model} exited with "
                                   f"code {self.proc.returncode} before serving: "
                                   f"{_tail(self.log_path)}")
             try:
@@ -76,8 +78,8 @@ class LocalServer:
             except OSError:
                 pass
             time.sleep(0.5)
-        raise ConfigError(f"config.serve: rossjax serve did not answer within "
-                          f"{self.startup_s:g} s (config.serve.startup_s): {_tail(self.log_path)}")
+        raise ConfigError(f"{self.where}: rossjax serve did not answer within "
+                          f"{self.startup_s:g} s ({self.where}.startup_s): {_tail(self.log_path)}")
 
     def __exit__(self, *exc):
         if self.proc is not None and self.proc.poll() is None:
