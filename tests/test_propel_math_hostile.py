@@ -31,6 +31,26 @@ def test_an_empty_box_is_named():
     assert "oracle b attempt 2 gave an empty \\boxed{}" in lab.reason
 
 
+X_GT_1, INTERVAL = "\\boxed{x>1}", "\\boxed{(1,\\infty)}"
+
+
+@pytest.mark.parametrize("texts", [
+    [[X_GT_1] * 2, [INTERVAL] * 2],          # the oracles disagree, x>1 first
+    [[INTERVAL] * 2, [X_GT_1] * 2],          # the same, (1,oo) first
+    [[X_GT_1, INTERVAL], [X_GT_1] * 2],      # one oracle's own attempts disagree
+    [[INTERVAL, X_GT_1], [INTERVAL] * 2],
+])
+def test_agreement_holds_both_ways_or_is_a_disagreement(texts):
+    """Issue 36 (8): math-verify says x>1 equals (1,oo) one way and not the other; a one-way
+    check (either way) made one of these orders an agreed reference."""
+    from math_verify import parse, verify
+
+    a, b = parse(X_GT_1), parse(INTERVAL)
+    assert verify(a, b) != verify(b, a)      # the asymmetry this test relies on still exists
+    lab = math_oracle.agree(texts)
+    assert lab.status == "disagreement" and lab.reference is None, lab
+
+
 def _pool(tmp_path, rows):
     pool = tmp_path / "pool.jsonl"
     pool.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
