@@ -72,6 +72,15 @@ def test_code_humaneval_style():
     assert evil.passed is False and evil.evidence.startswith("sandbox_violation")
 
 
+def test_code_prefix_is_code_or_the_task_is_invalid():
+    v = verifiers.get("code")
+    stub = {**HE_TASK, "code_prefix": "def add(a, b):\n"}  # a signature without a body
+    assert v(rec("```python\n    return a + b\n```", stub)).passed is True
+    broken = v(rec("```python\ndef add(a, b):\n    return a + b\n```",
+                   {**HE_TASK, "code_prefix": "Add two numbers: def add(a, b)"}))
+    assert broken.passed is None and "code_prefix is not Python" in broken.evidence
+
+
 def test_code_stdin_stdout_cases():
     v = verifiers.get("code")
     task = {"domain": "code", "cases": [{"input": "1 2\n", "output": "3\n"},

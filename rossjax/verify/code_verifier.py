@@ -4,20 +4,26 @@ The program is the last ```python block of the last assistant message (answers.p
 carries one of two test styles:
   - HumanEval: `task.tests` (source defining `check(candidate)`), `task.entry_point`, and an
     optional `task.code_prefix` (e.g. the HumanEval prompt with imports and signature; when absent,
-    `task.prompt` is used if it is code containing `def <entry_point>(`). The program
-    is `code_prefix + program` — joined directly when the program is an indented body
+    `task.prompt` is used if it is code: it parses and defines `<entry_point>` at top level, the
+    HumanEval stub shape; a prose prompt that mentions `def add(` is never a prefix). The
+    program is `code_prefix + program` — joined directly when the program is an indented body
     continuation, on a new line when it is a full definition (which then replaces the stub);
   - stdin/stdout: `task.cases = [{"input": str, "output": str}, ...]`; each case is a separate
     sandboxed run, and outputs compare line by line with trailing whitespace ignored, here in
     the host (the program's exit status alone proves nothing).
 The HumanEval tests run in the sandbox's checker process (sandbox.py): the program cannot end,
-fake or override the verdict. The prefix runs there too, so the tests' helpers (HumanEval's
-`poly`, `encode_cyclic`) are the task's, not the program's. Optional `task.timeout_s` (default
+fake or override the verdict. The prefix runs there too, and only the entry point is the
+program's: the tests' helpers (HumanEval's `poly`, `encode_cyclic`) are the task's, so a program
+that redefines one is judged on the task's version. Tests that call a name neither they, the
+prefix, the builtins nor the entry point define make the task invalid (Verdict None, naming it):
+the program's own copy of a helper would judge it. Optional `task.timeout_s` (default
 10) bounds each run, capped at `MAX_TIMEOUT_S` (a longer one runs with the cap, and says so).
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import math
 
 from rossjax.verify import sandbox
@@ -48,15 +54,17 @@ def verify(record: dict) -> Verdict:
     if timeout is None:
         return Verdict(None, note)
     if task.get("tests") and task.get("entry_point"):
-        prefix = task.get("code_prefix")
-        if prefix is None:
-            prompt = task.get("prompt") or ""
-            prefix = prompt if f"def {task['entry_point']}(" in prompt else ""
+        entry = task["entry_point"]
+        if not str(entry).isidentifier():
+            return Verdict(None, f"task.entry_point {entry!r} is not a Python name")
+        prefix, trusted, why = _prefix(task, entry)
+        if why:
+            return Verdict(None, why)
         program = prefix + code if code[:1] in (" ", "\t") else f"{prefix}\n{code}"
-        if not str(task["entry_point"]).isidentifier():
-            return Verdict(None, f"task.entry_point {task['entry_point']!r} is not a Python name")
-        v = sandbox.run_tests(program, task["tests"], task["entry_point"], timeout_s=timeout,
-                              prefix=prefix or None)
+        # Never an empty prefix: with none, the checker would bind every function of the
+        # program for the tests (sandbox_harness.harness_check), the helpers included.
+        v = sandbox.run_tests(program, task["tests"], entry, timeout_s=timeout,
+                              prefix=trusted or "pass\n")
         return Verdict(v.passed, v.evidence + note)
     cases = task.get("cases")
     if not cases:
@@ -86,3 +94,75 @@ def _timeout(value) -> tuple[float | None, str]:
         return MAX_TIMEOUT_S, (f" (task.timeout_s {t:g} capped at {MAX_TIMEOUT_S:g} s, "
                                "sandbox.Limits.max_timeout_s)")
     return t, ""
+
+
+def _parses(text: str) -> ast.Module | None:
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _prefix(task: dict, entry: str) -> tuple[str, str, str | None]:
+    """(the program's prefix, the checker's trusted prefix, None) or ("", "", why the task is
+    invalid). `code_prefix` is code by contract (a signature without a body is completed with
+    `pass` for the checker); `prompt` only when it is code defining the entry point."""
+    tests = _parses(str(task["tests"]))
+    if tests is None:
+        return "", "", "task.tests is not Python (it does not parse)"
+    prefix, tree = task.get("code_prefix"), None
+    if prefix is not None:
+        prefix = str(prefix)
+        trusted = next((t for t in (prefix, prefix.rstrip() + "\n    pass\n")
+                        if (tree := _parses(t)) is not None), None)
+        if trusted is None:
+            return "", "", "task.code_prefix is not Python (it does not parse)"
+    else:
+        prompt = task.get("prompt")
+        tree = _parses(prompt) if isinstance(prompt, str) else None
+        if tree is not None and any(
+                isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == entry
+                for n in tree.body):
+            prefix = trusted = prompt
+        else:
+            prefix, trusted, tree = "", "", None
+    known = _bound(tests) | (_bound(tree) if tree is not None else set()) | {entry}
+    if "*" in known:  # a star import: what it binds is not known here; the checker decides
+        return prefix, trusted, None
+    missing = sorted(n for n in _loaded(tests) - known
+                     if not hasattr(builtins, n) and n not in _HARNESS)
+    if missing:
+        where = ("task.code_prefix" if task.get("code_prefix") is not None else "task.prompt"
+                 if trusted else f"no code_prefix, and task.prompt is no code defining {entry}()")
+        return "", "", (f"task.tests call {', '.join(missing[:5])}, which the task does not "
+                        f"define ({where}): only the entry point may come from the program")
+    return prefix, trusted, None
+
+
+_HARNESS = {"__name__", "_rj_report", "_rj_decode"}  # what the checker binds besides proxies
+
+
+def _loaded(tree: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _bound(tree: ast.AST) -> set[str]:
+    """Every name a source binds anywhere (scopes merged: a coarse but safe over-approximation
+    of what its calls can find; "*" for a star import)."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            out.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            out |= {a.asname or a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            out.add(n.name)
+        elif isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name:
+            out.add(n.name)
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            out.add(n.rest)
+    return out
