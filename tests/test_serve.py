@@ -21,9 +21,8 @@ from rossjax.train.rollout import render_prompt
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    path = tmp_path_factory.mktemp("serve_model")
+def write_tiny_model(path) -> str:
+    """A tiny random Qwen2 folder with the ascii tokenizer (tests/test_faults_serve.py too)."""
     torch.manual_seed(0)
     # vocab = the ascii tokenizer's 131 ids, so every sampled id has text
     model = AutoModelForCausalLM.from_config(Qwen2Config(**{**_COMMON, "vocab_size": 131},
@@ -33,6 +32,12 @@ def served(tmp_path_factory):
             p.normal_(0, 0.3)
     model.save_pretrained(str(path))
     write_ascii_tokenizer(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp("serve_model"))
     server = serve.build(str(path), slots=4, max_len=96, chunk=4)
     url, stop = serve.start_background(server)
     client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)

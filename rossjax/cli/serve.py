@@ -8,12 +8,15 @@ preset:NAME with --tokenizer). Point an OpenAI client at http://HOST:PORT/v1.
   --max_len=2048    cache columns per slot (prompt bucket + completion)
   --dtype=float32   compute dtype (bfloat16 on accelerators)
   --model_id=NAME   the id /v1/models reports and requests name (default: the folder's name)
-Binds 127.0.0.1 unless --host says otherwise.
+  --api_key=KEY     refuse requests without `Authorization: Bearer KEY` (401), as vLLM's
+                    --api-key; default $ROSSJAX_API_KEY, else none. /health stays open.
+Binds 127.0.0.1 unless --host says otherwise; another host without a key prints a warning.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rossjax.cli.flags import HELP_FLAGS, HelpRequested
@@ -33,16 +36,23 @@ def main(argv) -> int:
     ap.add_argument("--max_len", type=int, default=2048)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--model_id", default=None)
+    ap.add_argument("--api_key", default=None)
     args, extra = ap.parse_known_args(argv)
     if extra or not args.model:
         raise UsageError(f"unknown flags {' '.join(extra)} (rossjax serve --help)" if extra else
                          "rossjax serve needs --model=DIR (or preset:NAME with --tokenizer).")
+    if args.api_key == "":
+        raise UsageError("rossjax serve: --api_key is empty; give a key or leave the flag out.")
+    api_key = args.api_key or os.environ.get("ROSSJAX_API_KEY") or None
     from rossjax import serve
 
     server = serve.build(args.model, args.tokenizer, template=args.template, slots=args.slots,
                          max_len=args.max_len, model_id=args.model_id, dtype=args.dtype)
     print(f"rossjax serve: {server.model_id} on http://{args.host}:{args.port}/v1 "
-          f"({args.slots} slots x {args.max_len} tokens, template {server.template})",
-          file=sys.stderr)
-    serve.serve(server, args.host, args.port)
+          f"({args.slots} slots x {args.max_len} tokens, template {server.template}, "
+          f"{'API key required' if api_key else 'no API key'})", file=sys.stderr)
+    warning = serve.exposure_warning(args.host, api_key)
+    if warning:
+        print(warning, file=sys.stderr)
+    serve.serve(server, args.host, args.port, api_key=api_key)
     return 0

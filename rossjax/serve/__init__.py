@@ -7,16 +7,20 @@ reconstruction agent and model solvers fully offline on a local checkpoint.
 
     server = build("runs/sft/export", slots=16, max_len=2048)
     url, stop = start_background(server, port=0)      # tests, notebooks
-    serve(server, host="127.0.0.1", port=8000)        # the command
+    serve(server, host="127.0.0.1", port=8000, api_key=None)        # the command
 
 Chat prompts render with the model folder's chat template (the tokenizer's jinja) when it has
 one, else rossjax's built-in chatml (or `template=`), cut where the assistant's answer starts,
 exactly as GRPO renders its prompts. Generation stops at the tokenizer's end-of-turn tokens.
+
+With `api_key` every path but /health needs `Authorization: Bearer KEY` (guard.auth_middleware);
+bad input of any kind is a 4xx (guard).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import threading
 
@@ -64,16 +68,34 @@ def build(model: str, tokenizer: str | None = None, *, template: str | None = No
                   chat_stop_ids=tuple(sorted(ends)), text_stop_ids=tuple(sorted(text_ends)))
 
 
-def start_background(server, host: str = "127.0.0.1", port: int = 0):
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """The warning for a server anyone on the network can use (a non-loopback host, no key)."""
+    if api_key:
+        return None
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:      # a host name other than localhost: it may resolve to anything
+        loopback = False
+    if loopback:
+        return None
+    return (f"rossjax serve: warning: --host={host} with no API key: anyone who can reach this "
+            f"port can run the model; pass --api_key=KEY (or set ROSSJAX_API_KEY) to require "
+            f"'Authorization: Bearer KEY'.")
+
+
+def start_background(server, host: str = "127.0.0.1", port: int = 0, *,
+                     api_key: str | None = None, max_body: int | None = None):
     """Serve on a thread of its own; returns (base url, stop()). port 0 picks a free port."""
     from aiohttp import web
+
+    from rossjax.serve.guard import MAX_BODY
 
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     box = {}
 
     async def start():
-        runner = web.AppRunner(server.app())
+        runner = web.AppRunner(server.app(api_key, max_body or MAX_BODY))
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
@@ -99,11 +121,11 @@ def start_background(server, host: str = "127.0.0.1", port: int = 0):
     return f"http://{host}:{box['port']}/v1", stop
 
 
-def serve(server, host: str = "127.0.0.1", port: int = 8000):
+def serve(server, host: str = "127.0.0.1", port: int = 8000, *, api_key: str | None = None):
     """Serve until interrupted (the command)."""
     from aiohttp import web
 
     try:
-        web.run_app(server.app(), host=host, port=port, print=None)
+        web.run_app(server.app(api_key), host=host, port=port, print=None)
     finally:
         server.worker.close()

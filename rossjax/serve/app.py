@@ -9,6 +9,8 @@ Fields: n, max_tokens (max_completion_tokens), temperature, top_p, top_k (extens
 at temperature 1, the sampler's; top_logprobs are not computed and asking for them is a 400),
 stream (SSE, `data: [DONE]` at the end; stream_options.include_usage adds the usage chunk),
 usage in every non-streamed reply. A bad request is a 400 whose error.message names the field.
+
+Hostile input: rossjax.serve.guard (a 4xx, never a 500; the API key).
 """
 
 from __future__ import annotations
@@ -23,35 +25,11 @@ from aiohttp import web
 
 from rossjax.engine import SamplingParams, bucket_length
 from rossjax.errors import InputError
+from rossjax.serve import guard
+from rossjax.serve.guard import BadRequest
 from rossjax.serve.worker import Job
 
 _MAX_TOKENS_DEFAULT = 256
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.param, self.status = param, status
-
-
-def _error(e: BadRequest) -> web.Response:
-    kind = "invalid_request_error" if e.status == 400 else "not_found_error"
-    return web.json_response({"error": {"message": str(e), "type": kind, "param": e.param,
-                                        "code": None}}, status=e.status)
-
-
-def _num(body, name, default, lo, hi, *, integer=False, lo_open=False):
-    v = body.get(name, default)
-    if v is None:
-        return default
-    ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if isinstance(v, bool) or not ok_type:
-        raise BadRequest(f"'{name}' must be {'an integer' if integer else 'a number'}, got {v!r}.",
-                         name)
-    if v < lo or v > hi or (lo_open and v == lo):
-        raise BadRequest(f"'{name}' is {v}; it must be in {'(' if lo_open else '['}{lo}, {hi}].",
-                         name)
-    return v
 
 
 class Server:
@@ -62,13 +40,20 @@ class Server:
         self.worker, self.tok, self.model_id, self.template = worker, tokenizer, model_id, template
         self.chat_stop_ids, self.text_stop_ids = chat_stop_ids, text_stop_ids
         self.engine = worker.engine
+        self.max_body = guard.MAX_BODY
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 2**20)
+    def app(self, api_key: str | None = None, max_body: int = guard.MAX_BODY) -> web.Application:
+        self.max_body = max_body
+        app = web.Application(client_max_size=max_body,
+                              middlewares=[guard.auth_middleware(api_key)] if api_key else [])
+        app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         return app
+
+    async def health(self, request):
+        return web.Response(text="ok")
 
     async def models(self, request):
         return web.json_response({"object": "list", "data": [
@@ -76,41 +61,43 @@ class Server:
 
     # -- parsing --------------------------------------------------------------------------
     async def _body(self, request) -> dict:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadRequest(f"the request body is not JSON ({e}).") from None
+        body = await guard.read_json(request, self.max_body)
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object.")
         model = body.get("model", self.model_id)
         if model != self.model_id:
-            raise BadRequest(f"model {model!r} is not served here; this server has "
+            raise BadRequest(f"model {guard.show(model)} is not served here; this server has "
                              f"{self.model_id!r} (GET /v1/models).", "model", status=404)
         return body
 
     def _sampling(self, body, n_prompt: int, stop_ids: tuple):
-        n = _num(body, "n", 1, 1, self.engine.lay.slots, integer=True)
+        n = guard.num(body, "n", 1, 1, self.engine.lay.slots, integer=True)
         room = self.engine.lay.max_len - bucket_length(max(n_prompt, 1))
         if room < 1:
             raise BadRequest(f"the prompt is {n_prompt} tokens; this server's slots hold "
                              f"{self.engine.lay.max_len} (rossjax serve --max_len).", "messages")
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
         name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        max_new = _num({name: limit}, name, min(_MAX_TOKENS_DEFAULT, room), 1, room, integer=True)
-        temperature = _num(body, "temperature", 1.0, 0, 2)
-        top_p = _num(body, "top_p", 1.0, 0, 1, lo_open=True)
-        top_k = _num(body, "top_k", 0, 0, 1 << 30, integer=True)
+        max_new = guard.num({name: limit}, name, min(_MAX_TOKENS_DEFAULT, room), 1, room,
+                            integer=True)
+        temperature = guard.num(body, "temperature", 1.0, 0, 2)
+        top_p = guard.num(body, "top_p", 1.0, 0, 1, lo_open=True)
+        top_k = guard.num(body, "top_k", 0, 0, 1 << 30, integer=True)
         seed = body.get("seed")
         if seed is None:
             seed = secrets.randbits(63)
         elif isinstance(seed, bool) or not isinstance(seed, int):
-            raise BadRequest(f"'seed' must be an integer, got {seed!r}.", "seed")
+            raise BadRequest(f"'seed' must be an integer, got {guard.show(seed)}.", "seed")
         stop = body.get("stop")
         stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or len(stops) > 4 or not all(
                 isinstance(s, str) and s for s in stops):
             raise BadRequest("'stop' must be a non-empty string or a list of at most 4 of them.",
                              "stop")
+        for s in stops:
+            guard.text(s, "stop")
+        if not isinstance(body.get("stream", False), (bool, type(None))):
+            raise BadRequest("'stream' must be true or false.", "stream")
         sp = SamplingParams(int(max_new), float(temperature), float(top_p), int(top_k),
                             stop_ids, int(seed))
         return sp, int(n), stops
@@ -133,11 +120,15 @@ class Server:
                 if not all(isinstance(p, dict) and p.get("type") == "text" for p in c):
                     raise BadRequest(f"messages[{i}].content holds a non-text part; only text is "
                                      f"served.", f"messages[{i}].content")
-                c = "".join(p.get("text", "") for p in c)
+                for k, p in enumerate(c):
+                    if not isinstance(p.get("text"), str):
+                        raise BadRequest(f"messages[{i}].content[{k}].text must be a string.",
+                                         f"messages[{i}].content[{k}].text")
+                c = "".join(p["text"] for p in c)
             if not isinstance(c, str):
                 raise BadRequest(f"messages[{i}].content must be a string.", f"messages[{i}].content")
             role = "system" if m["role"] == "developer" else m["role"]
-            clean.append({"role": role, "content": c})
+            clean.append({"role": role, "content": guard.text(c, f"messages[{i}].content")})
         try:
             text = render_prompt(clean, self.template, self.tok)
         except InputError as e:
@@ -149,7 +140,8 @@ class Server:
     async def chat(self, request):
         try:
             body = await self._body(request)
-            lp = body.get("logprobs", False)
+            lp = body.get("logprobs")
+            lp = False if lp is None else lp         # null is false, as OpenAI's
             if not isinstance(lp, bool):
                 raise BadRequest("'logprobs' must be true or false.", "logprobs")
             if body.get("top_logprobs"):
@@ -158,7 +150,7 @@ class Server:
             ids = self._chat_prompt(body)
             sp, n, stops = self._sampling(body, len(ids), self.chat_stop_ids)
         except BadRequest as e:
-            return _error(e)
+            return guard.error(e)
         return await self._run(request, body, ids, sp, n, stops, chat=True, logprobs=lp)
 
     async def completions(self, request):
@@ -168,7 +160,7 @@ class Server:
             if isinstance(prompt, list) and len(prompt) == 1:
                 prompt = prompt[0]
             if isinstance(prompt, str):
-                ids = self.tok.encode(prompt)
+                ids = self.tok.encode(guard.text(prompt, "'prompt'"))
             elif isinstance(prompt, list) and prompt and all(
                     isinstance(t, int) and not isinstance(t, bool) for t in prompt):
                 ids = prompt
@@ -186,7 +178,7 @@ class Server:
                                  "log-prob is kept).", "logprobs")
             sp, n, stops = self._sampling(body, len(ids), self.text_stop_ids)
         except BadRequest as e:
-            return _error(e)
+            return guard.error(e)
         return await self._run(request, body, ids, sp, n, stops, chat=False, logprobs=bool(lp))
 
     async def _run(self, request, body, ids, sp, n, stops, *, chat: bool, logprobs: bool):
@@ -206,7 +198,7 @@ class Server:
                 lps[d.index] += d.logprobs
                 reasons[d.index] = d.finish_reason or reasons[d.index]
         except BadRequest as e:
-            return _error(e)
+            return guard.error(e)
         except asyncio.CancelledError:
             self.worker.cancel(job)     # the client went away: free its slots
             raise
