@@ -1,6 +1,7 @@
 """Hostile input to `rossjax serve` (issue 36, item 9) over real HTTP on 127.0.0.1: every bad
 request is a 4xx with a JSON error, never a 500 or a 200 on nonsense; `--api_key` refuses a
-request without `Authorization: Bearer KEY` (401) as vLLM's `--api-key` does.
+request without `Authorization: Bearer KEY` (401) as vLLM's `--api-key` does; and what a remote
+environment's worker answers in the wrong shape is one clear error, not a crash.
 
 One server for the whole module (its start-up costs compile time); most cases never reach the
 engine. This module's top level stays jax-free: env workers import it to build BadEnv."""
@@ -10,8 +11,13 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import time
+from dataclasses import dataclass, field
 
 import pytest
+
+from rossjax.agents import Environment, Observation, ToolCall
+from rossjax.verify.verdict import Verdict
 
 KEY = "sk-test-key-0123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -186,3 +192,70 @@ def test_serve_warns_on_a_public_host_without_a_key(monkeypatch, capsys):
     assert "warning" not in err and "from-env" not in err
     assert seen[-1] == ("10.0.0.5", {"api_key": "from-env"})
 
+
+# -- a remote environment whose worker answers in the wrong shape --------------------------------
+
+@dataclass
+class BadEnv(Environment):
+    """Answers by task id with something an Environment must not return."""
+
+    name: str = "bad"
+    tools: list = field(default_factory=list)
+
+    def reset(self, task):
+        self.task = task["id"]
+        return {"reset-dict": {"role": "user"}, "reset-str": "hello",
+                "reset-items": [{"role": "user", "content": 5}]}.get(
+            self.task, [{"role": "user", "content": "go"}])
+
+    def step(self, calls):
+        return {"none": None, "pair": ([], False), "str-obs": (["text"], False, None),
+                "obs-int": ([Observation(5)], False, None), "done-str": ([], "no", None),
+                "verdict-str": ([], True, "passed"), "obs-dict": ({}, False, None),
+                }.get(self.task, ([Observation("ok", calls[0].id)], False, None))
+
+    def finish(self, text):
+        return {"none": True}.get(self.task, Verdict(True, "fine"))
+
+
+def _remote():
+    from rossjax.agents.remote import RemoteEnv
+
+    @dataclass
+    class Spec:
+        env: str = "test_faults_serve:BadEnv"
+        step_timeout_s: float = 30.0
+        episode_timeout_s: float = 120.0
+
+        def kwargs(self):
+            return {}
+
+    return RemoteEnv(Spec())
+
+
+def test_a_remote_env_that_answers_in_the_wrong_shape_is_one_clear_error():
+    from rossjax.errors import InputError
+
+    env = _remote()
+    try:
+        for tid in ("reset-dict", "reset-str", "reset-items"):
+            with pytest.raises(InputError, match=f"reset of task '{tid}' returned"):
+                env.reset({"id": tid})
+        calls = [ToolCall("probe", {}, "c0")]
+        for tid in ("none", "pair", "str-obs", "obs-int", "done-str", "verdict-str", "obs-dict"):
+            assert env.reset({"id": tid}) == [{"role": "user", "content": "go"}]
+            obs, done, verdict = env.step(calls, time.monotonic() + 60)
+            assert done is True and verdict.passed is None, tid
+            assert "step returned" in verdict.evidence and len(obs) == 1, tid
+            assert isinstance(obs[0], Observation) and obs[0].tool_call_id == "c0", tid
+            assert obs[0].content.startswith("error: the environment's step returned"), tid
+        env.reset({"id": "none"})
+        v = env.finish("answer", time.monotonic() + 60)
+        assert isinstance(v, Verdict) and v.passed is None and "finish returned" in v.evidence
+        # a well-formed env through the same worker still works
+        env.reset({"id": "good"})
+        obs, done, verdict = env.step(calls, time.monotonic() + 60)
+        assert obs[0].content == "ok" and (done, verdict) == (False, None)
+        assert env.finish("answer", time.monotonic() + 60).passed is True
+    finally:
+        env.shutdown()

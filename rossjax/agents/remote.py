@@ -7,6 +7,10 @@ The env is built in the worker (rossjax.verify.pool.Worker: spawned, jax-free) b
 reset, stepped, judged and closed there; only picklable values cross. A step past its limit
 kills the worker (the episode ends failed and the caller replaces the handle); a worker that
 dies fails its episode with the reason; a tool that raises is the policy's observation.
+What the worker answers is checked for shape (the class is a user's): a reset or start-up that
+is not what Environment promises is one InputError naming the env and task; a step or finish
+answer of the wrong shape ends the episode unjudged (Verdict None) with the reason, as a raise
+does; none of them reaches the trainer as a TypeError.
 """
 
 from __future__ import annotations
@@ -17,6 +21,40 @@ from rossjax.agents.env import Observation, make_env
 from rossjax.errors import InputError
 from rossjax.verify.pool import START_TIMEOUT_S, Worker, WorkerDied, WorkerError, WorkerTimeout
 from rossjax.verify.verdict import Verdict
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 120 else r[:117] + "..."
+
+
+def _bad_messages(msgs) -> str | None:
+    """Why `msgs` is not a list of {role: str, content: str} messages (None when it is)."""
+    if not isinstance(msgs, list):
+        return f"{type(msgs).__name__} {_short(msgs)}, not a list of messages"
+    for i, m in enumerate(msgs):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)):
+            return f"message {i} {_short(m)}, not a {{role: str, content: str}} object"
+    return None
+
+
+def _bad_step(got) -> str | None:
+    """Why `got` is not step's (list of Observation, bool done, Verdict or None)."""
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        return f"{_short(got)}"
+    obs, done, verdict = got
+    if not isinstance(obs, (list, tuple)) or not all(
+            isinstance(o, Observation) and isinstance(o.content, str) for o in obs):
+        return f"observations {_short(obs)}"
+    if not isinstance(done, bool):
+        return f"done={_short(done)}"
+    if verdict is not None and not isinstance(verdict, Verdict):
+        return f"verdict={_short(verdict)}"
+    return None
+
+
+_STEP_SHAPE = "(list of Observation with str content, bool done, Verdict or None)"
 
 
 class RemoteEnv:
@@ -48,11 +86,21 @@ class RemoteEnv:
     def reset(self, task: dict) -> list:
         try:
             info = self.start()._w.info(START_TIMEOUT_S)
-            self.name, self.tools = info["name"], list(info["tools"] or [])
-            return self._w.call("reset", task, timeout=self.episode_timeout_s)
+            name, tools = info["name"], info["tools"] or []
+            if not isinstance(name, str) or not isinstance(tools, list) or not all(
+                    isinstance(t, dict) for t in tools):
+                raise InputError(f"environment {self.spec.env!r}: its name {_short(name)} must be "
+                                 f"a string and its tools {_short(tools)} a list of objects.")
+            self.name, self.tools = name, list(tools)
+            got = self._w.call("reset", task, timeout=self.episode_timeout_s)
         except (WorkerDied, WorkerError) as e:
             raise InputError(f"environment {self.spec.env!r}: reset of task {task.get('id')!r} in "
                              f"its worker process failed: {e}") from None
+        why = _bad_messages(got)
+        if why:
+            raise InputError(f"environment {self.spec.env!r}: reset of task {task.get('id')!r} "
+                             f"returned {why}.")
+        return got
 
     def step(self, calls, deadline: float):
         left = min(float(self.step_timeout_s), deadline - time.monotonic())
@@ -61,7 +109,7 @@ class RemoteEnv:
             return ([Observation("error: episode time limit reached", cid)], True,
                     Verdict(False, f"episode over its {self.episode_timeout_s:g} s limit"))
         try:
-            return tuple(self._w.call("step", calls, timeout=left))
+            got = self._w.call("step", calls, timeout=left)
         except WorkerTimeout:
             return ([Observation(f"error: tool step took longer than {left:.3g} s", cid)], True,
                     Verdict(False, f"{self.name} step over its {left:.3g} s limit; its worker "
@@ -72,15 +120,25 @@ class RemoteEnv:
         except WorkerError as e:  # a broken tool is the policy's observation, the episode ends
             return ([Observation(f"error: {e}"[:500], cid)], True,
                     Verdict(None, f"{self.name} step raised {e}"[:300]))
+        why = _bad_step(got)
+        if why:  # the env is broken, not the policy: the episode ends unjudged
+            return ([Observation(f"error: the environment's step returned {why}"[:500], cid)],
+                    True, Verdict(None, f"{self.name} step returned {why}, not "
+                                        f"{_STEP_SHAPE}"[:300]))
+        return tuple(got)
 
     def finish(self, text: str, deadline: float):
         left = min(float(self.step_timeout_s), deadline - time.monotonic())
         try:
-            return self._w.call("finish", text, timeout=max(left, 0.0))
+            got = self._w.call("finish", text, timeout=max(left, 0.0))
         except WorkerError as e:
             return Verdict(None, f"{self.name} finish raised {e}"[:300])
         except WorkerDied as e:
             return Verdict(False, f"{self.name} finish: {e}"[:300])
+        if got is not None and not isinstance(got, Verdict):
+            return Verdict(None, f"{self.name} finish returned {_short(got)}, not a Verdict or "
+                                 f"None"[:300])
+        return got
 
     def close(self):
         """env.close() in the worker, if the class has one (the worker stays, for reuse)."""
