@@ -9,16 +9,23 @@ On a network file system flock reaches other hosts where the file system support
 Lustre with `flock`); the note says when the previous holder was on another host. A `gs://`
 workdir has no file locks: it is not locked, and `acquire` says so once.
 
+No link is followed (issue 36): the lock file is opened with O_NOFOLLOW and must be a regular
+file, so a planted `run.lock -> somefile` is refused in one sentence instead of overwriting and
+truncating the file it points to. `open_nofollow`, `read_nofollow` and `write_atomic` give the
+same rule to the records and manifests other modules keep (resume.json, report.json, ...).
+
 CPU-only (no jax): the device half and the CPU half may both lock a folder.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 
 from rossjax.errors import InputError
@@ -28,6 +35,59 @@ LOCK_NAME = "run.lock"
 
 class LockHeld(InputError):
     """Another live process holds the folder's lock (one sentence naming its host and pid)."""
+
+
+class LinkRefused(InputError):
+    """A lock, record or manifest path is a symbolic link or not a regular file."""
+
+
+def open_nofollow(path: str, flags: int, mode: int = 0o644, *, what: str) -> int:
+    """os.open of a regular file that is not a symbolic link (the last component; the folders
+    above may be links, as a workdir often is). LinkRefused (one sentence) otherwise."""
+    try:  # O_NONBLOCK: a planted FIFO must not block the open; it is refused just below
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        try:
+            to = f" (to {os.readlink(path)})"
+        except OSError:
+            to = ""
+        raise LinkRefused(f"{path} is a symbolic link{to}; rossjax never follows a link for "
+                          f"{what}, since it would write the file the link points to; remove the "
+                          f"link.") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LinkRefused(f"{path} is not a regular file; rossjax keeps {what} there; remove it.")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def refuse_link(path: str, what: str) -> None:
+    """LinkRefused when `path` is a symbolic link (a folder rossjax clears or writes into)."""
+    if os.path.islink(path):
+        raise LinkRefused(f"{path} is a symbolic link (to {os.readlink(path)}); rossjax never "
+                          f"follows a link for {what}; remove the link.")
+
+
+def read_nofollow(path: str, *, what: str) -> bytes:
+    """The bytes of `path`, refusing a symbolic link (open_nofollow)."""
+    with os.fdopen(open_nofollow(path, os.O_RDONLY, what=what), "rb") as f:
+        return f.read()
+
+
+def write_atomic(path: str, data: bytes, *, what: str) -> None:
+    """Write `path` as PATH.tmp, then rename it over PATH: a link at PATH.tmp is removed, never
+    followed (O_EXCL), and the rename replaces a link at PATH itself, never its target."""
+    tmp = path + ".tmp"
+    try:
+        os.unlink(tmp)  # a stale temporary file, or a planted link (unlink never follows)
+    except FileNotFoundError:
+        pass
+    fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, what=what)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 class RunLock:
@@ -89,7 +149,7 @@ def acquire(directory: str, command: str, *, log=None) -> RunLock | None:
         return None
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT, 0o644, what="a run lock")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

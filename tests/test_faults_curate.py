@@ -61,8 +61,8 @@ def _killed_run(point, src, out, per_shard, mode="exchange", nth=1):
 
 def _state(out, old_ids, new_ids):
     """"old" or "new" when `out` holds exactly that run's complete output, else a description."""
-    if not os.path.exists(out):
-        return "missing"
+    if not os.path.exists(out) or os.listdir(out) == ["run.lock"]:
+        return "missing"  # (a first run creates OUTPUT to hold its lock there, and nothing else)
     rep = json.load(open(os.path.join(out, "report.json")))
     shards = sorted(n for n in os.listdir(out) if n.endswith(".array_record"))
     assert shards == sorted(s["path"] for s in rep["shards"]), (shards, rep["shards"])
@@ -293,3 +293,114 @@ def test_an_inner_stage_is_published_by_the_same_swap(tmp_path, monkeypatch):
     assert _state(out, old_ids, new_ids) == "new" and not os.path.exists(out + ".partial")
     assert open(os.path.join(out, "notes.txt")).read() == "mine"
     assert os.path.exists(os.path.join(out, "raw", "new.jsonl"))
+
+
+# The first of two runs into one folder (issue 36, item 6): it stops after its first example
+# until the parent says go, so the second run starts while the first is writing its stage.
+PAUSED = r"""
+import os, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
+from rossjax.curate import pipeline
+from test_faults_input import _positive
+src, out = sys.argv[2:4]
+pipeline.compile_rows = lambda ready, compiler, workers: map(compiler, ready)  # no grain/jax import
+real, paused = pipeline.ShardWriter.write, []
+def write(self, blob):
+    real(self, blob)
+    if not paused:
+        paused.append(1)
+        print("writing", flush=True)
+        sys.stdin.readline()
+pipeline.ShardWriter.write = write
+pipeline.curate(_positive(input=src, output=out, examples_per_shard=4))
+"""
+
+
+def _curate_argv(src, out):
+    return ["curate", f"--config={os.path.join(REPO, 'configs', 'curate.py')}",
+            f"--config.input={src}", f"--config.output={out}", "--config.rows=verifier_positive",
+            "--config.mask_mode=eligible", "--config.verify=stored", "--config.progress=False"]
+
+
+def test_two_curate_runs_into_one_folder_never_mix(tmp_path, capsys, monkeypatch):
+    import socket
+
+    from rossjax import cli
+
+    first = _write(tmp_path / "first.jsonl", [_row(f"a{i}", str(i)) for i in range(12)])
+    second = _write(tmp_path / "second.jsonl", [_row(f"b{i}", str(i)) for i in range(7)])
+    out = str(tmp_path / "out")
+    env = {**os.environ, "PYTHONPATH": REPO, "HF_HUB_OFFLINE": "1"}
+    p = subprocess.Popen([sys.executable, "-c", PAUSED, REPO, first, out], env=env, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == "writing", p.stderr.read()[-2000:]
+        stage = os.listdir(out + ".partial")
+        argv = _curate_argv(second, out)
+        monkeypatch.setattr(sys, "argv", ["rossjax", *argv])  # ml-collections reads overrides there
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith(f"rossjax curate: {out} is in use by `rossjax curate` (host "
+                              f"{socket.gethostname()}, pid {p.pid}, started "), err
+        assert os.listdir(out + ".partial") == stage  # the first run's stage was not touched
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.wait(120) == 0, p.stderr.read()[-2000:]
+    finally:
+        p.kill()
+        p.communicate()
+    assert _state(out, [f"a{i}" for i in range(12)], []) == "old"  # the first run's rows alone
+    assert cli.main(argv) == 0  # the folder is free again once the first run ended
+    assert _state(out, [], [f"b{i}" for i in range(7)]) == "new"
+
+
+def _flip_middle(path):
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x01
+    open(path, "wb").write(bytes(data))
+
+
+def test_readers_open_exactly_the_shards_report_json_lists(tmp_path):
+    import shutil
+
+    from rossjax.curate.packing import length_census
+    from rossjax.train.data import split_paths
+
+    src = _write(tmp_path / "r.jsonl", [_row(f"r{i}", str(i)) for i in range(12)])
+    out = tmp_path / "out"
+    rep = pipeline.curate(_positive(input=src, output=str(out), examples_per_shard=4))
+    names = [f"compiled-0000{i}.array_record" for i in range(3)]
+    assert [s["path"] for s in rep["shards"]] == names
+    for s in rep["shards"]:  # curate records each shard's size and whole-file sha256
+        assert s["bytes"] == os.path.getsize(out / s["path"])
+        assert s["sha256"] == ledger_sha(out / s["path"])
+
+    def readers():  # training's first read of a folder, and the plain reader everything else uses
+        split_paths(str(out), "data.train")
+        length_census([str(out)], 64)
+        return [ex["id"] for ex in read_compiled(str(out))]
+
+    assert readers() == [f"r{i}" for i in range(12)]
+    shutil.copy(out / names[0], out / "compiled-00003.array_record")  # another run's shard
+    with pytest.raises(InputError, match=r"compiled-00003.array_record is not one of the 3 shards "
+                                         r"its report.json lists"):
+        readers()
+    os.remove(out / "compiled-00003.array_record")
+    os.rename(out / names[2], tmp_path / "away")
+    with pytest.raises(InputError, match=r"compiled-00002.array_record is listed in its "
+                                         r"report.json but missing"):
+        readers()
+    os.rename(tmp_path / "away", out / names[2])
+    saved = (out / names[1]).read_bytes()
+    _flip_middle(out / names[1])  # same name, same size, other bytes
+    with pytest.raises(InputError, match=r"compiled-00001.array_record does not match the sha256 "
+                                         r"its report.json records"):
+        readers()
+    (out / names[1]).write_bytes(saved)
+    assert readers() == [f"r{i}" for i in range(12)]
+
+
+def ledger_sha(path):
+    import hashlib
+
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()

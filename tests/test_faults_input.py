@@ -136,7 +136,7 @@ def test_a_stopped_run_leaves_the_previous_output_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline.ShardWriter, "write", real_write)
     again = pipeline.curate(_positive(input=src, output=out, examples_per_shard=2))
     assert len(again["shards"]) == 6 and ".partial" not in os.listdir(out)
-    assert len(os.listdir(out)) == 6 + 3
+    assert len(os.listdir(out)) == 6 + 3 + 1  # shards, report and lists, run.lock
 
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather.",

@@ -34,6 +34,7 @@ report.json holds
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fnmatch
@@ -43,16 +44,16 @@ import shutil
 import stat
 from collections import Counter
 
+from rossjax import runlock
 from rossjax.curate.compiled import SHARD_GLOB
 from rossjax.errors import ConfigError
 
 
 def write_json(path: str, obj) -> None:
-    """Write JSON atomically (tmp + rename): a reader never sees a half-written report."""
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, default=str)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+    """Write JSON atomically (tmp + rename): a reader never sees a half-written report; a link
+    planted at the tmp name is removed, never written through (runlock.write_atomic)."""
+    text = json.dumps(obj, indent=2, default=str) + "\n"
+    runlock.write_atomic(path, text.encode("utf-8"), what="a report")
 
 
 LISTS = ("invalid", "withheld")
@@ -242,6 +243,9 @@ class Report:
 # parent cannot hold a sibling (not writable, or OUTPUT is a mount point), the stage is
 # OUTPUT/.partial and files are moved one by one, report.json removed first and written last:
 # a kill then can leave a folder without report.json, which `rossjax train` refuses.
+# One run at a time (issue 36): a run holds OUTPUT/run.lock (runlock.py) from its last check
+# until it has published, so a second run is refused before it can delete the first's stage;
+# publish carries run.lock into the new folder as a hard link (the same locked file).
 
 OUTPUT_NAMES = ("report.json", "invalid.jsonl", "withheld.jsonl", "data.parquet")
 STAGE_SUFFIX, PREVIOUS_SUFFIX, INNER_STAGE = ".partial", ".previous", ".partial"
@@ -290,12 +294,30 @@ def _carry(src_dir: str, dst_dir: str) -> None:
             os.rename(os.path.join(src_dir, n), os.path.join(dst_dir, n))
 
 
+@contextlib.contextmanager
+def staged(out_dir: str):
+    """A fresh stage for a run into `out_dir` (open_stage), published when the block ends and
+    removed when it raises; the run's lock (pipeline.check_config took it) released either way."""
+    try:
+        stage = open_stage(out_dir)  # also undoes what a killed run left
+        try:
+            yield stage
+        except BaseException:  # a stopped run (a kill leaves the stage; the next run removes it)
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        publish(stage, out_dir)
+    finally:
+        runlock.release(out_dir)
+
+
 def open_stage(out_dir: str) -> str:
     """A fresh, empty stage folder for a run into `out_dir`, after undoing what a killed run
     left: OUTPUT.previous put back when OUTPUT is missing (else deleted), a stale stage deleted
     (entries of OUTPUT's own it still holds carried back first)."""
     out = os.path.realpath(out_dir)
     prev, stage = out + PREVIOUS_SUFFIX, stage_path(out_dir)
+    for p in (prev, stage, os.path.join(out, INNER_STAGE)):  # clearing one would move or
+        runlock.refuse_link(p, "its stage")  # delete the files it points to
     if os.path.isdir(prev):
         if not os.path.lexists(out):
             os.rename(prev, out)

@@ -34,7 +34,8 @@ Stages, per chunk of `chunk_rows` input rows (so memory stays bounded on million
            withheld and invalid rows, with row number, id, reason code and detail, into
            DIR/withheld.jsonl and DIR/invalid.jsonl; counts into DIR/report.json (ledger.py).
            Everything is written into DIR.partial/ (created only once every input is known
-           readable) and put in place as DIR by one atomic folder swap (ledger.publish): a run
+           readable, and DIR/run.lock is held: a second run into DIR is refused naming the
+           first's host and pid) and put in place as DIR by one atomic folder swap: a run
            stopped or killed at any moment leaves the previous DIR whole or the new one
            complete; files in DIR that curate did not write are carried over. An input that
            the swap would replace (DIR/invalid.jsonl, ...) is refused before anything is read;
@@ -49,23 +50,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 
 import numpy as np
 
+from rossjax import runlock
 from rossjax.curate.compiled import ShardWriter, encode_example
 from rossjax.curate.files import check_readable, is_regular
 from rossjax.curate.grain_flags import mark_absl_parsed
-from rossjax.curate.ledger import (
-    OUTPUT_NAMES,
-    Report,
-    RowLists,
-    check_inputs_outside,
-    open_stage,
-    publish,
-)
+from rossjax.curate.ledger import OUTPUT_NAMES, Report, RowLists, check_inputs_outside, staged
 from rossjax.curate.masks import MASK_MODES, CompiledExample, compile_rollout
 from rossjax.curate.schema import chunked, expand_inputs, iter_records, verifier_positive
 from rossjax.errors import ConfigError, InputError
@@ -199,8 +193,9 @@ def has_verdict(record: dict) -> bool:
 
 
 def check_config(cfg, out_dir: str, list_inputs=expand_inputs) -> tuple[str, list[str]]:
-    """Everything that can be checked before the output dir is touched (one sentence each):
-    returns the row filter and the input files (`list_inputs(config.input)`)."""
+    """Everything that can be checked before the output dir is touched (one sentence each),
+    then the output locked for this run (runlock.LockHeld when another run holds it; `staged`
+    or `finish` releases it): returns the row filter and the input files."""
     if cfg.verify not in VERIFY_MODES:
         raise ConfigError(f"config.verify {cfg.verify!r} must be one of {', '.join(VERIFY_MODES)}")
     for key in ("undecided", "unverified"):
@@ -229,6 +224,7 @@ def check_config(cfg, out_dir: str, list_inputs=expand_inputs) -> tuple[str, lis
         load_tokenizer(cfg.tokenizer)
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"config.tokenizer {cfg.tokenizer!r} cannot be loaded: {e}") from None
+    runlock.hold(out_dir, "rossjax curate")  # both runners: before any stage is cleared
     return rows_filter, files
 
 
@@ -332,13 +328,8 @@ def curate(cfg, output: str | None = None) -> dict:
     (default config.output); returns the report."""
     out_dir = output or cfg.output
     rows_filter, files = check_config(cfg, out_dir)
-    stage = open_stage(out_dir)  # also undoes what a killed run left
-    try:
+    with staged(out_dir) as stage:  # published at the end; the lock released
         report, out = _curate_into(cfg, out_dir, stage, rows_filter, files)
-    except BaseException:  # a stopped run (a kill leaves the stage; the next run removes it)
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    publish(stage, out_dir)
     announce(report, cfg, out_dir)
     return out
 
@@ -418,11 +409,14 @@ def check_kept(report: dict, cfg, out_dir: str) -> None:
 
 def finish(cfg, report: dict, out_dir: str) -> dict:
     """After either runner: the Parquet export (config.export_format; the local runner wrote it
-    in its stage already) and the kept-nothing check."""
-    if (cfg.get("export_format", "") == "parquet" and report["buckets"]["kept"]
-            and not os.path.exists(os.path.join(out_dir, "data.parquet"))):
-        _export(out_dir, out_dir)
-    check_kept(report, cfg, out_dir)
+    in its stage already) and the kept-nothing check; then the Beam runner's lock is released."""
+    try:
+        if (cfg.get("export_format", "") == "parquet" and report["buckets"]["kept"]
+                and not os.path.exists(os.path.join(out_dir, "data.parquet"))):
+            _export(out_dir, out_dir)
+        check_kept(report, cfg, out_dir)
+    finally:
+        runlock.release(out_dir)
     return report
 
 
