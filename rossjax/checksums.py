@@ -5,7 +5,9 @@ instead of NaN weights or wrong activations.
 Used by orbax checkpoints (`train/checkpoint.py`: one manifest per step folder, written after
 the save completes) and by activation stores (`probes/store.py`: the manifest's `files`).
 Paths go through etils.epath, so a folder may be `gs://...`. Files are hashed on a few threads
-(hashlib releases the GIL), so verification runs at about disk speed. CPU-only (no jax).
+(hashlib releases the GIL), so verification runs at about disk speed. A listed file that is a
+symbolic link is refused (issue 36): a link makes the folder's bytes live elsewhere, where they
+can change without the folder changing. CPU-only (no jax).
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ def verify_folder(root, files: dict, *, what: str, threads: int = 8, extra_ok: b
     root = epath.Path(root)
     for rel, (size, _) in sorted(files.items()):
         p = root / rel
+        if "://" not in os.fspath(root) and os.path.islink(p):  # the folder's own file, or none
+            raise ChecksumError(f"{what}: {p} is a symbolic link, not the file its checksum "
+                                f"manifest lists; restore the file (rossjax never follows a link "
+                                f"it did not write).")
         if not p.exists():
             raise ChecksumError(f"{what}: {p} is missing (listed in its checksum manifest).")
         got = _size(p)

@@ -463,6 +463,64 @@ def test_data_fingerprint_names_what_changed(tmp_path):
         ("a.y", [1, 2], [1, 3]), ("a.z", "(not set)", 0)]
 
 
+def _big_shard(out, seed=0):
+    """A curated dir with one shard of ~5 MiB (more than the first and last MiB), its report
+    listing it without a hash (as the Beam runner, mix and older curates write it)."""
+    import numpy as np
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    from rossjax.curate.compiled import encode_example
+
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    w = ArrayRecordWriter(os.path.join(out, "compiled-00000.array_record"), "group_size:1")
+    for i in range(40):
+        ones = np.ones(20000, np.uint8)  # random 31-bit ids: the shard compresses to little
+        w.write(encode_example({"id": f"ex{i}", "input_ids": rng.integers(0, 2**31 - 1, 20000),
+                                "loss_mask": ones, "eligible_mask": ones}))
+    w.close()
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump({"shards": [{"path": "compiled-00000.array_record", "examples": 40}]}, f)
+    return str(out)
+
+
+def test_a_shard_whose_middle_bytes_change_is_not_resumed_silently(tmp_path):
+    """Issue 36, item 7: the fingerprint hashes whole shards (curate's recorded sha256, else the
+    whole file), so other bytes of the same size are other data."""
+    from ml_collections import ConfigDict
+
+    from rossjax.curate import pipeline
+    from rossjax.train import resume
+
+    d = _big_shard(tmp_path / "a")
+    shard = os.path.join(d, "compiled-00000.array_record")
+    before = resume.curated_fingerprint([d])
+    size = os.path.getsize(shard)
+    assert size > 3 << 20
+    data = bytearray(open(shard, "rb").read())
+    data[size // 2] ^= 0x01  # inside an example's tokens: neither the first nor the last MiB
+    open(shard, "wb").write(bytes(data))
+    assert os.path.getsize(shard) == size
+    assert resume._data_changes(before, resume.curated_fingerprint([d])) == [
+        f"{d}: shard compiled-00000.array_record holds other bytes"]
+    # a record written before whole-shard hashes (first and last MiB) still resumes its data
+    work = tmp_path / "run"
+    work.mkdir()
+    cfg = ConfigDict({"lr": 1.0, "resume_changes": ""})
+    now = resume.curated_fingerprint([d])
+    legacy = [{"path": now[0]["path"], "report_sha256": now[0]["report_sha256"],
+               "shards": {"compiled-00000.array_record": [size, resume._ends_sha256(shard)]}}]
+    (work / "resume.json").write_text(json.dumps({"config": cfg.to_dict(), "data": legacy}))
+    resume.check(str(work), cfg, "train", resuming=True, data=now, data_field="data.train", lead=True)
+    # a folder curate wrote: the fingerprint is the sha256 curate recorded while writing
+    from test_faults_input import _positive, _row, _write
+
+    out = str(tmp_path / "cur")
+    rep = pipeline.curate(_positive(input=_write(tmp_path / "r.jsonl", [_row("x")]), output=out))
+    fp = resume.curated_fingerprint([out])[0]
+    assert fp["shards"] == {s["path"]: [s["bytes"], s["sha256"]] for s in rep["shards"]}
+
+
 def test_two_trainers_on_one_workdir_never_write_the_same_steps(tmp_path, capsys):
     data = write_curated(tmp_path / "data", n=200)
     work = str(tmp_path / "run")

@@ -29,6 +29,9 @@ def split_paths(spec: str, field: str) -> list[str]:
             raise InputError(f"config.{field}: {p} holds no report.json, so it is not a complete "
                              f"curated folder (a curate run stopped before publishing it, or "
                              f"not written by rossjax curate/select/mix); curate it again")
+        from rossjax.curate.compiled import compiled_paths
+
+        compiled_paths(p)  # exactly the shards report.json lists, before any model loads
     return paths
 
 
@@ -200,12 +203,15 @@ def check_too_long(cfg, train_paths, eval_paths, workdir: str | None = None) -> 
     if workdir and long_rows:
         suffix = "" if jax.process_count() == 1 else f"-{jax.process_index()}"
         listing = os.path.join(workdir, f"too_long{suffix}.jsonl")
-        with open(listing, "w", encoding="utf-8") as f:
-            for r in long_rows:
-                what = ("dropped" if policy != "truncate" or r["truncated_unsupervised"]
-                        else "truncated")
-                f.write(json.dumps({"id": r["id"], "split": r["split"], "tokens": r["tokens"],
-                                    "seq_len": seq_len, "policy": policy, "result": what}) + "\n")
+        lines = []
+        for r in long_rows:
+            what = ("dropped" if policy != "truncate" or r["truncated_unsupervised"]
+                    else "truncated")
+            lines.append(json.dumps({"id": r["id"], "split": r["split"], "tokens": r["tokens"],
+                                     "seq_len": seq_len, "policy": policy, "result": what}) + "\n")
+        from rossjax.train.workdir import write_text  # never through a link planted there
+
+        write_text(listing, "".join(lines))
     if n and policy == "error":
         where = ",".join(list(train_paths) + list(eval_paths))
         raise InputError(

@@ -3,14 +3,16 @@
 `check` runs before a training command restores a checkpoint. It compares the config as given
 with the one saved in `WORKDIR/resume.json` by the run that wrote the checkpoints, and a
 fingerprint of the training data (curated folders: each one's report.json sha256, its timing
-fields left out so a deterministic re-curate of the same rows matches, and its shard
-files' names, sizes and a sha256 of their first and last MiB, which ArrayRecord's footer index
-makes differ for other rows even where sizes agree (its blocks pad files to 128 KiB); GRPO: the
-task file's size and sha256) with the saved one. A difference
+fields left out so a deterministic re-curate of the same rows matches, and its shard files'
+names, sizes and whole-file sha256: the one curate recorded while writing each shard, which the
+reader checks against the file, else the file hashed now; GRPO: the task file's size and sha256)
+with the saved one. A record from before whole-file hashes (`shard_hash` absent: first and last
+MiB only) is compared the old way once, and saved anew. A difference
 is refused with the changed fields listed, unless `--config.resume_changes=FIELD,...` accepts
 them (a section, e.g. `optim`, accepts every field in it; `data.train` / `data.tasks` accepts
 other data behind the same or a moved path). Accepted changes are printed and appended to
-resume.json's `accepted` list; a refused run writes nothing.
+resume.json's `accepted` list; a refused run writes nothing. resume.json is read and written without following links
+(runlock.read_nofollow / write_atomic): a planted link is refused, never written through.
 
 Some fields change without being asked:
   * where and how the run runs, not what it computes (OPERATIONAL: checkpoint and log
@@ -31,6 +33,7 @@ import sys
 
 from etils import epath
 
+from rossjax import runlock
 from rossjax.checksums import file_sha256
 from rossjax.errors import ConfigError, InputError, read_json
 
@@ -96,8 +99,8 @@ def accepted_fields(cfg, fields) -> list[str]:
 
 
 def curated_fingerprint(paths) -> list[dict]:
-    """Per training path: its report.json's sha256 and its shards' names and sizes."""
-    from rossjax.curate.compiled import compiled_paths
+    """Per training path: its report.json's sha256 and its shards' names, sizes and sha256."""
+    from rossjax.curate.compiled import shard_digests
 
     out = []
     for p in paths:
@@ -105,9 +108,24 @@ def curated_fingerprint(paths) -> list[dict]:
         out.append({"path": os.path.abspath(p),
                     "report_sha256": _report_sha256(report) if report and os.path.exists(report)
                     else None,
-                    "shards": {os.path.basename(s): [os.path.getsize(s), _ends_sha256(s)]
-                               for s in compiled_paths(p)}})
+                    "shard_hash": "sha256",
+                    "shards": {os.path.basename(s): [size, sha]
+                               for s, (size, sha) in shard_digests(p).items()}})
     return out
+
+
+def _as_saved(saved: list, now: list) -> list:
+    """`now` as an older resume.json recorded it: shards hashed by first and last MiB where the
+    saved entry has no `shard_hash`, so upgrading rossjax does not refuse the same data."""
+    out = []
+    for old, new in zip(saved, now):
+        if "shards" in new and "shard_hash" not in old:
+            root = new["path"]
+            new = {**{k: v for k, v in new.items() if k != "shard_hash"}, "shards": {
+                n: [size, _ends_sha256(os.path.join(root, n) if os.path.isdir(root) else root)]
+                for n, (size, _) in new["shards"].items()}}
+        out.append(new)
+    return out + now[len(out):]
 
 
 # report.json fields that differ between two curations of the same rows (rossjax/curate/ledger.py)
@@ -131,7 +149,8 @@ def _report_sha256(path: str) -> str:
 
 
 def _ends_sha256(path, span: int = 1 << 20) -> str:
-    """sha256 of a file's first and last `span` bytes (all of a small file): cheap at any size."""
+    """sha256 of a file's first and last `span` bytes (all of a small file): the fingerprint of
+    resume.json files written before whole-shard hashes (`_as_saved`)."""
     import hashlib
 
     size = os.path.getsize(path)
@@ -200,7 +219,7 @@ def check(workdir, cfg, command: str, *, resuming: bool, data: list, data_field:
     log = log or sys.stderr
     path = epath.Path(workdir) / FILE
     current = _as_json(cfg)
-    saved = read_json(os.fspath(path), "resume record") if resuming and path.exists() else None
+    saved = _read_record(path) if resuming and (path.exists() or path.is_symlink()) else None
     notes, record = [], {"accepted": []}
     fields = flatten(current)
     accepted = accepted_fields(cfg, list(fields) + ([] if saved is None else
@@ -212,7 +231,7 @@ def check(workdir, cfg, command: str, *, resuming: bool, data: list, data_field:
         record["accepted"] = list(saved.get("accepted") or [])
         diff = [d for d in changed_fields(saved.get("config") or {}, current)
                 if not _covers(d[0], (FIELD, "workdir") + _derived(current))]
-        data_diff = _data_changes(saved.get("data") or [], data)
+        data_diff = _data_changes(saved.get("data") or [], _as_saved(saved.get("data") or [], data))
         refused = [d for d in diff if not _covers(d[0], OPERATIONAL + LENGTH + tuple(accepted))]
         data_refused = data_diff and not _covers(data_field, accepted)
         if refused or data_refused:
@@ -251,7 +270,23 @@ def check(workdir, cfg, command: str, *, resuming: bool, data: list, data_field:
             print(f"rossjax {command}: note: {n}", file=log)
         current[FIELD] = ""  # an acceptance is for the run that gave it, not for later reruns
         record.update(config=current, data=data)
-        tmp = epath.Path(workdir) / (FILE + ".tmp")
-        tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-        tmp.replace(path)
+        text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+        if "://" in os.fspath(path):  # gs://: no links there
+            tmp = epath.Path(workdir) / (FILE + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+        else:
+            runlock.write_atomic(os.fspath(path), text.encode(), what="a resume record")
     return notes if lead else []
+
+
+def _read_record(path) -> dict:
+    """WORKDIR/resume.json; a local one is read without following a link (another run's record
+    linked in would resume against the wrong config and data)."""
+    if "://" in os.fspath(path):
+        return read_json(os.fspath(path), "resume record")
+    raw = runlock.read_nofollow(os.fspath(path), what="a resume record")
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise InputError(f"{path}: the resume record is not valid JSON ({e}).") from None

@@ -140,13 +140,22 @@ def save_config(workdir, cfg):
         d["resume_changes"] = ""
     root = epath.Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps(d, indent=1, sort_keys=True, default=str) + "\n")
-    (root / "config.py").write_text(
+    write_text(root / "config.json", json.dumps(d, indent=1, sort_keys=True, default=str) + "\n")
+    write_text(root / "config.py",
         '"""The full config of the run in this workdir (written at its start, overrides applied).\n'
         'Rerun or inspect it with --config=THIS_FILE."""\n\n'
         "import ml_collections\n\n\n"
         "def get_config():\n"
         f"    return ml_collections.ConfigDict({_literal(d)})\n")
+
+
+def write_text(path, text: str) -> None:
+    """A workdir file, replaced atomically; a local one never through a link planted there (the
+    link is replaced, its target left alone: runlock.write_atomic)."""
+    if is_remote(path):
+        epath.Path(path).write_text(text)
+    else:
+        runlock.write_atomic(os.fspath(path), text.encode("utf-8"), what="a workdir file")
 
 
 def _literal(d: dict) -> str:
