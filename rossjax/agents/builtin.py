@@ -1,7 +1,9 @@
 """Built-in environments: `python` (code in the sandbox) and `calculator` (the shipped demo).
 
 Both end an episode when the policy answers without a tool call: the final answer (the text
-after the last "Answer:", else the whole reply) is compared with the task's `answer`.
+after the last "Answer:", else the whole reply) is compared with the task's `answer`: an
+integer answer exactly, another number within the task's `tolerance` (absolute) or else
+rel/abs 1e-9, anything else as text (`_same`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import ast
 import math
 import operator
 import re
+from fractions import Fraction
 from dataclasses import dataclass, field
 
 from rossjax.agents.env import Environment, Observation, ToolCall
@@ -24,11 +27,34 @@ def final_answer(text: str) -> str:
     return (found[-1] if found else (text or "")).strip().rstrip(".")
 
 
-def _same(got: str, want) -> bool:
-    try:
-        return math.isclose(float(got), float(want), rel_tol=1e-9, abs_tol=1e-9)
-    except (TypeError, ValueError):
+REL_TOL = ABS_TOL = 1e-9  # a float answer's tolerance, unless the task states `tolerance`
+_INT = re.compile(r"[+-]?\d+")
+_DEC = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE]([+-]?\d{1,4}))?")
+
+
+def _number(x) -> Fraction | None:
+    """The exact value of an int, a finite float or a decimal literal ("1e3", "0.1", "-7"),
+    else None; exponents past 1000 are no number (10**(10**9) would hang the grader)."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return Fraction(x) if math.isfinite(x) else None
+    m = _DEC.fullmatch(x.strip()) if isinstance(x, str) and len(x) < 1000 else None
+    if m is None or (m.group(1) and abs(int(m.group(1))) > 1000):
+        return None
+    return Fraction(m.group(0))
+
+
+def _same(got: str, want, tolerance=None) -> bool:
+    """Integers exactly (isclose at rel 1e-9 took 1000000000 for 1000000001, and floats lose
+    digits past 2**53); any other number within `tolerance` (absolute, the task's, a number)
+    or REL_TOL/ABS_TOL; anything else as text, case and surrounding space ignored."""
+    g, w = _number(got), _number(want)
+    if g is None or w is None:
         return got.strip().lower() == str(want).strip().lower()
+    if isinstance(want, int) or (isinstance(want, str) and _INT.fullmatch(want.strip())):
+        return g == w
+    if tolerance is not None:
+        return abs(g - w) <= tolerance
+    return math.isclose(float(g), float(w), rel_tol=REL_TOL, abs_tol=ABS_TOL)
 
 
 class _Answered(Environment):
@@ -44,8 +70,10 @@ class _Answered(Environment):
     def finish(self, final_text: str) -> Verdict | None:
         if self.task.get("answer") is None:
             return None
-        got = final_answer(final_text)
-        ok = _same(got, self.task["answer"])
+        got, tol = final_answer(final_text), self.task.get("tolerance")
+        if tol is not None and (_number(tol) is None or _number(tol) < 0):
+            return Verdict(None, f"task.tolerance {tol!r} is not a non-negative number")
+        ok = _same(got, self.task["answer"], None if tol is None else _number(tol))
         return Verdict(ok, f"answer {got[:60]!r} {'==' if ok else '!='} {self.task['answer']!r}")
 
     def step(self, tool_calls: list[ToolCall]):
