@@ -2,8 +2,8 @@
 
     python tests/sandbox_worker.py SPEC.json OUT.json
 
-SPEC: {"attacks": {name: {"kind": "run"|"tests"|"kill_host", "program": src, "tests": src,
-"limits": {...}}}}. Programs may use {SECRET}, {VICTIM}, {VICTIM_PID}, {HOST_PID}, {SOCK}: a
+SPEC: {"attacks": {name: {"kind": "run"|"tests"|"checked"|"kill_host"|"poison"|"race"|"orphans",
+"program": src, "tests": src, "checker": src, "limits": {...}}}}. Programs may use {SECRET}, {VICTIM}, {VICTIM_PID}, {HOST_PID}, {SOCK}: a
 world-readable file holding a token, a path the attack must not create, the pid of a sleeping
 process of this worker's uid, this worker's pid and a unix socket it listens on. OUT: per attack the sandbox's verdict and
 what the host saw afterwards (token seen in the output, victim file created, victim process
@@ -63,6 +63,31 @@ def kill_host(program: str, limits: dict, want: int) -> dict:
     return {"seen": len(seen), "left": len(left)}
 
 
+WRONG = "def add(a, b):\n    return 0\n"
+ADD_TESTS = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+
+
+def wrong_passes_in_new_process() -> bool | None:
+    """run_tests of a wrong program in a fresh host process (a poisoned cache would show there)."""
+    code = ("import sys\nfrom rossjax.verify import sandbox\n"
+            f"print(sandbox.run_tests({WRONG!r}, {ADD_TESTS!r}, 'add').passed)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return {"True": True, "False": False}.get(out.stdout.strip().splitlines()[-1:][0]
+                                              if out.stdout.strip() else "", None)
+
+
+def race(program: str, limits: Limits, rounds: int = 10) -> list:
+    """`program` runs in one sandbox (for a few seconds) while this process checks a wrong
+    program `rounds` times in others: what those verdicts were."""
+    t = threading.Thread(target=sandbox.run, args=(program,), kwargs={"timeout_s": 6,
+                                                                       "limits": limits})
+    t.start()
+    time.sleep(0.5)
+    got = [sandbox.run_tests(WRONG, ADD_TESTS, "add").passed for _ in range(rounds)]
+    t.join()
+    return got
+
+
 def main(spec_path: str, out_path: str):
     with open(spec_path) as f:
         spec = json.load(f)
@@ -97,6 +122,26 @@ def main(spec_path: str, out_path: str):
         lim = Limits(**a.get("limits", {}))
         if a["kind"] == "kill_host":
             res = kill_host(src, a.get("limits", {}), a.get("want", 3))
+        elif a["kind"] == "checked":
+            r, reports = sandbox.run_checked(src, a["checker"], a.get("entry", "add"),
+                                             timeout_s=a.get("timeout", 5), limits=lim)
+            res = {"ok": r.ok, "reason": r.reason, "reports": reports}
+        elif a["kind"] == "poison":  # a run that tries to poison what later runs trust
+            r = sandbox.run(src, timeout_s=a.get("timeout", 5), limits=lim)
+            res = {"ok": r.ok, "reason": r.reason, "stdout": r.stdout[-2000:],
+                   "wrong_passes": sandbox.run_tests(WRONG, ADD_TESTS, "add").passed,
+                   "wrong_passes_new_process": wrong_passes_in_new_process()}
+        elif a["kind"] == "race":
+            res = {"verdicts": race(src, lim)}
+        elif a["kind"] == "orphans":  # processes of the run still alive once run() returned
+            r = sandbox.run(src, timeout_s=a.get("timeout", 5), limits=lim)
+            marker = os.path.join(sandbox.get_host().base, "run-")
+            time.sleep(0.5)
+            left = sandbox_pids(marker)
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+            res = {"ok": r.ok, "reason": r.reason, "stdout": r.stdout[-2000:],
+                   "isolation": r.isolation, "left": len(left)}
         elif a["kind"] == "tests":
             v = sandbox.run_tests(src, a["tests"], a.get("entry", "add"), timeout_s=a.get("timeout", 5),
                                   limits=lim)

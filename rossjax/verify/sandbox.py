@@ -57,6 +57,7 @@ adversaries with kernel exploits.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -64,10 +65,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 
 from rossjax.errors import InputError
-from rossjax.verify.sandbox_host import _outermost, get_host
+from rossjax.verify.sandbox_host import _outermost, get_host, sealed
 from rossjax.verify.sandbox_outcome import (
     _MARK,
     RunResult,
@@ -96,6 +98,34 @@ class Limits:
     audit: bool = True  # False only to test the other layers on their own
     landlock: bool = True  # False forces Landlock off (the rlimits-only mode, for tests)
     namespaces: bool = True  # False: no namespaces either (tests of the other layers)
+    # "landlock": refuse to run without a kernel file wall (Landlock, or the root mode's own
+    # root); "namespaces": without pid/mount namespaces. Default: $ROSSJAX_SANDBOX_REQUIRE.
+    require: str | None = field(
+        default_factory=lambda: os.environ.get("ROSSJAX_SANDBOX_REQUIRE") or None)
+
+    def __post_init__(self):
+        if self.require not in (None, "landlock", "namespaces"):
+            raise InputError(f"sandbox require {self.require!r} must be 'landlock', "
+                             "'namespaces' or unset")
+
+
+class SandboxUnavailable(InputError):
+    """The machine cannot give the isolation `Limits.require` asks for (one sentence)."""
+
+
+_warned = []
+
+
+def _warn_hook_only(layers: str):
+    """Once per process: a run whose files only the audit hook guards says so, loudly."""
+    if "hook-only" in layers.split(",") and not _warned:
+        _warned.append(1)
+        msg = ("rossjax sandbox: no kernel file wall here (hook-only: neither Landlock nor "
+               "namespaces with the root mode's own root): files are confined by the audit hook "
+               "alone, which a Python-level bypass defeats; "
+               "set ROSSJAX_SANDBOX_REQUIRE=landlock (or Limits(require=...)) to refuse such runs")
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        logging.getLogger("rossjax.sandbox").warning(msg)
 
 
 def _check_timeout(timeout_s, lim: Limits) -> float:
@@ -217,19 +247,20 @@ def _run(program, stdin, timeout_s, lim, checker, entry, prefix, shell=None, sui
     try:
         work = os.path.join(tmp, "work")
         os.mkdir(work, 0o700)
-        with open(os.path.join(tmp, "main.py"), "w", encoding="utf-8",
-                  errors="surrogateescape") as f:
-            f.write(program)
+        # The program, its stdin and the checker's spec reach the sandbox in sealed memfds,
+        # never as files in the run's folder, which other runs of this uid could rewrite.
+        fds.append(sealed(program.encode("utf-8", "surrogateescape")))
+        program_fd = fds[-1]
+        spec_fd = -1
         if checker is not None:
-            with open(os.path.join(tmp, "checker.bin"), "wb") as f:
-                f.write(wire_enc(suite["spec"] if suite else (checker, prefix or "")))
+            fds.append(sealed(wire_enc(suite["spec"] if suite else (checker, prefix or ""))))
+            spec_fd = fds[-1]
+        fds.append(sealed(stdin.encode("utf-8", "surrogateescape")))
+        stdin_fd = fds[-1]
         if suite:
             os.chmod(tmp, 0o711)  # the checker's uid reaches its test dir (modes keep the rest)
             _write_tests(suite["tests"], os.path.join(tmp, "checker"))
             ro_dirs = _outermost(set(ro_dirs) | set(suite["site"]))
-        with open(os.path.join(tmp, "stdin.txt"), "w", encoding="utf-8",
-                  errors="surrogateescape") as f:
-            f.write(stdin)
         status_r, status_w = os.pipe()
         fds += [status_r, status_w]
         report_r, report_w = os.pipe() if checker is not None else (-1, -1)
@@ -240,8 +271,10 @@ def _run(program, stdin, timeout_s, lim, checker, entry, prefix, shell=None, sui
             "ro_dirs": ro_dirs, "links": links, "read_roots": read_roots,
             "hook_reads": host.hook_reads, "allow_fork": lim.allow_fork, "audit": lim.audit,
             "landlock": lim.landlock, "namespaces": lim.namespaces, "host_pid": os.getpid(),
+            "require": lim.require,
             "hidden": host.hidden,
             "status_fd": status_w, "report_fd": report_w, "checked": checker is not None,
+            "program_fd": program_fd, "spec_fd": spec_fd,
             "entry": entry, "cap": _REPLY_CAP, "shell": bool(shell),
             "repo": shell and shell["repo"], "shell_env": None,
             "suite": suite and {"dir": os.path.join(tmp, "checker"),
@@ -258,13 +291,13 @@ def _run(program, stdin, timeout_s, lim, checker, entry, prefix, shell=None, sui
             params["shell_env"] = {**env, "USER": "sandbox", **shell["env"]}
             if uid is not None:
                 _own_tree(shell["repo"], uid)
-        with open(os.path.join(tmp, "stdin.txt"), "rb") as stdin_f:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", host.boot, repr(params)],
-                stdin=stdin_f, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp, env=env,
-                start_new_session=True, close_fds=True,
-                pass_fds=[fd for fd in (status_w, report_w) if fd >= 0])
-        for fd in (status_w, report_w):
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", *host.boot_argv(), repr(params)],
+            stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp, env=env,
+            start_new_session=True, close_fds=True,
+            pass_fds=[fd for fd in (status_w, report_w, program_fd, spec_fd, host.boot_fd)
+                      if fd >= 0])
+        for fd in (status_w, report_w, program_fd, spec_fd, stdin_fd):
             if fd >= 0:
                 os.close(fd)
                 fds.remove(fd)
@@ -280,6 +313,9 @@ def _run(program, stdin, timeout_s, lim, checker, entry, prefix, shell=None, sui
         if shell and uid is not None:
             _own_tree(shell["repo"], os.geteuid())
         shutil.rmtree(tmp, ignore_errors=True)
+    if "refused" in status:
+        raise SandboxUnavailable(status["refused"][0].upper() + status["refused"][1:] + ".")
+    _warn_hook_only(status.get("layers", ""))
     res = _judge(got, status, killed, wall, timeout_s, lim, checker is not None)
     reports = got.get("report", b"").decode("utf-8", "replace").splitlines()
     return res, [line[2:] for line in reports if line.startswith("r ")]

@@ -1,6 +1,6 @@
-"""Bootstrap of a sandbox: `python -I -S BOOT.pyc <params dict literal>`, where BOOT.pyc is the
+"""Bootstrap of a sandbox: `python -I -S -c LOADER <params dict literal>`, where LOADER runs the
 texts of sandbox_wire, sandbox_harness, sandbox_pytest, sandbox_hook, sandbox_kernel and this
-file, compiled once by the host (sandbox_host.BOOT_PARTS).
+file, compiled once by the host into a sealed memfd (sandbox_host.BOOT_PARTS, sealed).
 
 Trusted code only, before any untrusted code runs; stdlib only, no rossjax import (startup
 matters). Processes (see sandbox.py for what each mode guarantees):
@@ -59,7 +59,7 @@ REFUSED = 113  # exit status of a process the audit hook ended (sandbox_hook.py)
 SETUP_FAILED = 114  # a child could not build its walls (sandbox_outcome.py: sandbox_error)
 
 
-def _confine(uid, keep, write, ns, ll_abi, reads=None):
+def _confine(uid, keep, write, ns, ll_abi, reads=None, no_fork=False):
     """A child's own walls, in an order where each step still has the rights it needs."""
     _keep_fds(keep)
     if ll_abi:  # before the uid change: the rules' paths are opened with the current rights
@@ -70,7 +70,7 @@ def _confine(uid, keep, write, ns, ll_abi, reads=None):
     _limit(P["limits"], uid)
     if ns == "user":
         _drop_caps()
-    _seccomp()
+    _seccomp(no_fork)
     _prctl(PR_SET_PDEATHSIG, 9)  # after the uid change, which clears it
 
 
@@ -87,9 +87,9 @@ def _p0():
     if pid == 0:
         _p1(ns)
         os._exit(0)
-    os.close(P["status_fd"])
-    if P["report_fd"] >= 0:
-        os.close(P["report_fd"])
+    for fd in (P["status_fd"], P["report_fd"], P["program_fd"], P["spec_fd"]):
+        if fd >= 0:
+            os.close(fd)
     _, st = os.waitpid(pid, 0)
     os._exit(min(255, max(0, os.waitstatus_to_exitcode(st))))
 
@@ -102,9 +102,10 @@ def _p1(ns):
     if ns:
         layers += ["userns"] if ns == "user" else []
         layers += ["netns", "pidns", "ipcns"]
-    with open(os.path.join(P["tmp"], "main.py"), "rb") as f:
-        program = f.read()
-    spec_fd = os.open(os.path.join(P["tmp"], "checker.bin"), os.O_RDONLY) if P["checked"] else -1
+    # The host's sealed memfds: no file another run could have rewritten (sandbox_host.sealed)
+    program = os.pread(P["program_fd"], os.fstat(P["program_fd"]).st_size, 0)
+    os.close(P["program_fd"])
+    spec_fd = P["spec_fd"]
     uid, cuid = P["uid"], P["cuid"]
     if ns == "root":
         scratch = _build_root(P, program, uid)
@@ -132,7 +133,15 @@ def _p1(ns):
     allow_fork = P["allow_fork"] and uid is not None
     if P["audit"] and not P.get("shell"):
         layers.append("audit")
+    if not (ns == "root" or ll_abi):
+        layers.append("hook-only")  # no kernel file wall: files are the audit hook's alone
     _status(status_fd, "layers " + ",".join(layers))
+    need = P.get("require")
+    if need == "landlock" and not (ns == "root" or ll_abi) or need == "namespaces" and not ns:
+        _status(status_fd, f"refused the sandbox requires {need} (Limits.require, "
+                           f"ROSSJAX_SANDBOX_REQUIRE) and this machine or these Limits give "
+                           f"only {','.join(layers)}")
+        os._exit(0)
     kids = {}
     req_r = req_w = rep_r = rep_w = -1
     if P["checked"]:
@@ -148,8 +157,8 @@ def _p1(ns):
     if pid == 0 and P.get("shell"):
         _shell(program, scratch, uid, ns, ll_abi)
     if pid == 0:
-        _program(scratch, uid, {req_r, rep_w} - {-1}, ns, ll_abi, allow_fork, req_r, rep_w,
-                 capped)
+        _program(program, scratch, uid, {req_r, rep_w} - {-1}, ns, ll_abi, allow_fork, req_r,
+                 rep_w, capped)
     kids[pid] = "program"
     if not P["checked"] and report_fd >= 0:
         os.close(report_fd)
@@ -194,7 +203,7 @@ def _supervise(kids, status_fd):
     while len(done) < len(kids):
         flags = os.WNOHANG if deadline else 0
         try:
-            pid, st = os.waitpid(-1, flags)
+            pid, st, ru = os.wait4(-1, flags)
         except ChildProcessError:
             break
         if pid == 0:
@@ -208,7 +217,8 @@ def _supervise(kids, status_fd):
             continue
         if pid in kids:
             done[kids[pid]] = os.waitstatus_to_exitcode(st)
-            _status(status_fd, f"{kids[pid]} {done[kids[pid]]}")
+            # the CPU time it used tells RLIMIT_CPU's SIGKILL from any other (sandbox_outcome)
+            _status(status_fd, f"{kids[pid]} {done[kids[pid]]} {ru.ru_utime + ru.ru_stime:.3f}")
             if kids[pid] == "checker" and "program" not in done:
                 deadline = time.monotonic() + 0.5
 
@@ -239,10 +249,10 @@ def _shell(command, scratch, uid, ns, ll_abi):
         os._exit(SETUP_FAILED)
 
 
-def _program(scratch, uid, keep, ns, ll_abi, allow_fork, req_r, rep_w, capped):
+def _program(program, scratch, uid, keep, ns, ll_abi, allow_fork, req_r, rep_w, capped):
     global P
     try:
-        _confine(uid, keep, scratch, ns, ll_abi)
+        _confine(uid, keep, scratch, ns, ll_abi, no_fork=not allow_fork)
     except BaseException as e:
         os.write(2, f"sandbox setup failed: {e}\n".encode())
         os._exit(SETUP_FAILED)
@@ -257,8 +267,10 @@ def _program(scratch, uid, keep, ns, ll_abi, allow_fork, req_r, rep_w, capped):
     main = type(sys)("__main__")  # user code gets a fresh __main__, not the bootstrap's namespace
     main.__file__ = "main.py"
     sys.modules["__main__"] = main
-    with open("main.py", encoding="utf-8") as f:
-        code = compile(f.read(), "main.py", "exec")
+    # The bytes P1 read from the host's memfd (main.py, which others might rewrite in a mode
+    # without kernel file walls, is only there for tracebacks)
+    code = compile(program.decode("utf-8"), "main.py", "exec")
+    del program
     try:
         exec(code, main.__dict__)
     except SystemExit:

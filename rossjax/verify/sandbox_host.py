@@ -1,13 +1,16 @@
 """The host side's per-process state for sandbox.py: its base dir, the bootstrap compiled once,
 which host dirs the sandbox may see, and the throw-away uids (two per run, program and checker)
 held with flock so concurrent processes never share one.
+
+Nothing a sandboxed process could have written is trusted: the bootstrap is compiled from the
+installed package's source into a sealed memfd of this process (`sealed`: no process, this one
+included, can change its bytes), never cached on disk where a run without kernel file walls
+could overwrite it (issue 36: a poisoned `boot-*.pyc` passed every later run of the user).
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import importlib.util
 import marshal
 import os
 import shutil
@@ -62,24 +65,18 @@ class _Host:
         for name in BOOT_PARTS:
             with open(os.path.join(_HERE, name), encoding="utf-8") as f:
                 parts.append(f.read())
-        self.boot = self._compiled("\n".join(parts + [boot]))
+        code = marshal.dumps(compile("\n".join(parts + [boot]), "sandbox_boot", "exec"))
+        self.boot_fd, self.boot_len = sealed(code), len(code)
         self.free: list[int] = []
         self.held: dict[int, int] = {}
         self.next_slot = (os.getpid() * 7919) % _UID_SLOTS
 
-    def _compiled(self, text: str) -> str:
-        """The bootstrap as a .pyc the child runs directly: compiling its text would cost every
-        sandbox start more than the interpreter's own startup."""
-        code = compile(text, "sandbox_boot", "exec")
-        key = hashlib.sha256(text.encode() + importlib.util.MAGIC_NUMBER).hexdigest()[:16]
-        path = os.path.join(self.base, f"boot-{key}.pyc")
-        if not os.path.exists(path):
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
-            with open(tmp, "wb") as f:
-                f.write(importlib.util.MAGIC_NUMBER + bytes(12) + marshal.dumps(code))
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        return path
+    def boot_argv(self) -> list[str]:
+        """`python -c` that runs the compiled bootstrap from the sealed memfd (compiling its
+        text would cost every start more than the interpreter's own startup) and closes it."""
+        fd = self.boot_fd
+        return ["-c", f"import marshal, posix\nc = marshal.loads(posix.pread({fd}, "
+                      f"{self.boot_len}, 0))\nposix.close({fd})\ndel marshal, posix\nexec(c)\n"]
 
     def acquire_uid(self) -> int | None:
         """The program uid of a free slot (the checker's is the next one), or None (not root)."""
@@ -113,6 +110,23 @@ class _Host:
             with self.lock:
                 self.free.append(uid)
         # else: processes of this uid outlived SIGKILL; the slot stays held, never reused.
+
+
+def sealed(data: bytes) -> int:
+    """A memfd holding `data`, sealed against any write, growth or shrinking: what a sandbox
+    reads from it is what the host wrote, whoever else holds the descriptor."""
+    fd = os.memfd_create("rossjax-sandbox", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW
+                    | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _hidden_ancestor(path: str) -> str | None:

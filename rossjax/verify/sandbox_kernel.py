@@ -185,6 +185,8 @@ def _landlock(abi, read, write, devices, execute=False):
         allow(w, fs)
     for d in devices:
         allow(d, (_LL_FILE & fs) & ~1)
+    if not execute:  # the audit hook lists its own descriptors (dir_fd resolution), no more
+        allow("/proc/self/fd", (1 << 3) & fs)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     if _libc.syscall(446, rfd, 0) != 0:
         raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
@@ -199,20 +201,27 @@ def _drop_caps():
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
-# audit arch, then the numbers of socket, unshare, clone, clone3
-_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 272, 56, 435),
-                 "aarch64": (0xC00000B7, 198, 97, 220, 435)}
+# audit arch, then the numbers of socket, unshare, clone, clone3, then syscalls refused outright
+# (mknod, mknodat: no audit event sees a fifo or node made with dir_fd) and refused without
+# fork (fork, vfork; aarch64 has only clone)
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 272, 56, 435, (133, 259), (57, 58)),
+                 "aarch64": (0xC00000B7, 198, 97, 220, 435, (33,), ())}
+CLONE_THREAD = 0x00010000
 
 
-def _seccomp():
+def _seccomp(no_fork=False):
     """A seccomp filter: socket(AF_UNIX) fails with EPERM (namespaces and Landlock leave the host
     user's pathname unix sockets reachable; socketpair still works); so do unshare() and clone()
     with CLONE_NEWUSER (a nested user namespace gives a program capabilities over new namespaces:
-    kernel attack surface it never needs); clone3 answers ENOSYS (its flags sit in memory a
-    filter cannot read; libc falls back to clone). False when this architecture has no entry."""
+    kernel attack surface it never needs), mknod/mknodat, and with `no_fork` fork, vfork and
+    clone without CLONE_THREAD (threads only: the kernel, not the audit hook, refuses new
+    processes in every mode, whatever module makes them); clone3 answers ENOSYS (its flags sit
+    in memory a filter cannot read; libc falls back to clone). False when this architecture has
+    no entry."""
     if _ARCH not in _SECCOMP_ARCH:
         return False
-    arch, nr_socket, nr_unshare, nr_clone, nr_clone3 = _SECCOMP_ARCH[_ARCH]
+    arch, nr_socket, nr_unshare, nr_clone, nr_clone3, refused, forks = _SECCOMP_ARCH[_ARCH]
+    refused = refused + (forks if no_fork else ())
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, kill = 0x7FFF0000, 0x80000000  # SECCOMP_RET_ALLOW, SECCOMP_RET_KILL_PROCESS
     eperm, enosys = 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
@@ -222,12 +231,15 @@ def _seccomp():
     if _ARCH == "x86_64":  # x32 numbers (bit 30) reach the same kernel code: refuse them
         prog.append(("", jge, "deny", None, 0x40000000))
     prog += [("", jeq, "sock", None, nr_socket), ("", jeq, "deny", None, nr_unshare),
-             ("", jeq, "clone", None, nr_clone), ("", jeq, "enosys", None, nr_clone3),
-             ("", ret, None, None, allow),
+             ("", jeq, "clone", None, nr_clone), ("", jeq, "enosys", None, nr_clone3)]
+    prog += [("", jeq, "deny", None, nr) for nr in refused]
+    prog += [("", ret, None, None, allow),
              ("sock", ld, None, None, 16), ("", jeq, "deny", None, 1),  # args[0] == AF_UNIX
              ("", ret, None, None, allow),
-             ("clone", ld, None, None, 16), ("", jset, "deny", None, 0x10000000),
-             ("", ret, None, None, allow),  # (classic BPF jumps only forward)
+             ("clone", ld, None, None, 16), ("", jset, "deny", None, 0x10000000)]
+    if no_fork:  # clone's flags (args[0]) must make a thread
+        prog += [("", jset, None, "deny", CLONE_THREAD)]
+    prog += [("", ret, None, None, allow),  # (classic BPF jumps only forward)
              ("deny", ret, None, None, eperm), ("enosys", ret, None, None, enosys)]
     where = {label: i for i, (label, *_) in enumerate(prog) if label}
 

@@ -104,16 +104,19 @@ def _kill_group(proc):
         pass
 
 
-def _exit_reason(rc, last, wall, timeout_s, lim) -> str | None:
-    """Why a process with exit status `rc` (and `last` its last stderr line) failed."""
+def _exit_reason(rc, last, wall, timeout_s, lim, cpu=None) -> str | None:
+    """Why a process with exit status `rc` (and `last` its last stderr line, `cpu` the CPU
+    seconds it used) failed."""
     if rc is None:
         return None
     if rc < 0:
         sig = -rc
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        if sig in (signal.SIGXCPU, signal.SIGKILL) and wall < timeout_s:
-            return (f"cpu_limit: killed by {name} after the {lim.cpu_s or math.ceil(timeout_s)} s "
-                    "CPU limit")
+        cpu_s = lim.cpu_s or math.ceil(timeout_s)
+        # SIGXCPU is the soft CPU limit; SIGKILL is the hard one (cpu_s + 1) only when the CPU
+        # time says so: any other SIGKILL (the OOM killer, the program's own) is a kill
+        if sig == signal.SIGXCPU or sig == signal.SIGKILL and cpu is not None and cpu >= cpu_s:
+            return f"cpu_limit: killed by {name} after the {cpu_s} s CPU limit"
         if sig == signal.SIGXFSZ:
             return f"file_size_limit: a file grew past {lim.file_mb} MB"
         return f"signal: killed by {name}"
@@ -128,6 +131,16 @@ def _exit_reason(rc, last, wall, timeout_s, lim) -> str | None:
     return None
 
 
+def _exit_of(value: str):
+    """A status line's 'EXIT CPU_S' as (int exit status or None, float CPU seconds or None)."""
+    parts = value.split()
+    rc = int(parts[0]) if parts and parts[0].lstrip("-").isdigit() else None
+    try:
+        return rc, float(parts[1]) if len(parts) > 1 else None
+    except ValueError:
+        return rc, None
+
+
 def _judge(got, status, killed, wall, timeout_s, lim, checked) -> RunResult:
     stdout = got["out"].decode("utf-8", "replace")
     lines, refusals = [], []
@@ -139,8 +152,8 @@ def _judge(got, status, killed, wall, timeout_s, lim, checked) -> RunResult:
     stderr = "\n".join(lines)
     last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
     layers = status.get("layers")
-    prog = int(status["program"]) if status.get("program", "").lstrip("-").isdigit() else None
-    chk = int(status["checker"]) if status.get("checker", "").lstrip("-").isdigit() else None
+    prog, prog_cpu = _exit_of(status.get("program", ""))
+    chk, chk_cpu = _exit_of(status.get("checker", ""))
     reports = got.get("report", b"").decode("utf-8", "replace").splitlines()
     final = reports[-1] if reports else ""
     if killed == "output_limit":
@@ -161,7 +174,7 @@ def _judge(got, status, killed, wall, timeout_s, lim, checked) -> RunResult:
         if prog is None:
             reason = "sandbox_error: the sandbox ended without the program's exit status"
         else:
-            reason = _exit_reason(prog, last, wall, timeout_s, lim)
+            reason = _exit_reason(prog, last, wall, timeout_s, lim, prog_cpu)
     elif final == "done":
         reason = None
     elif final.startswith("error "):
@@ -169,9 +182,9 @@ def _judge(got, status, killed, wall, timeout_s, lim, checked) -> RunResult:
     else:
         why = final[len("fail "):] if final.startswith("fail ") else "the checker did not finish"
         if "the program exited" in why and prog not in (None, 0):
-            why = _exit_reason(prog, last, wall, timeout_s, lim) or why
+            why = _exit_reason(prog, last, wall, timeout_s, lim, prog_cpu) or why
         elif chk not in (None, 0):
-            why += f" (checker {_exit_reason(chk, last, wall, timeout_s, lim)})"
+            why += f" (checker {_exit_reason(chk, last, wall, timeout_s, lim, chk_cpu)})"
         reason = why if why.split(":")[0] in _CODES else f"check_failed: {why}"
     rc = prog
     return RunResult(reason is None, stdout, stderr, reason, rc, wall, layers or "")
