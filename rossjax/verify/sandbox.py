@@ -37,14 +37,19 @@ Confinement, by mode (`RunResult.isolation` names the active layers):
     prefix, library dirs and zoneinfo, writes only below the scratch dir; no TCP (ABI >= 4);
     signals and abstract unix sockets scoped to the sandbox (ABI >= 6). Where unprivileged user
     namespaces work (also here): network, pid and IPC namespaces, their own /proc and a
-    size-capped tmpfs scratch dir. os.fork stays refused (RLIMIT_NPROC would count the user's
-    processes everywhere).
-  - rlimits only (`Limits(landlock=False)`, or neither of the above): rlimits and the audit
-    hook, plus the user namespaces if available; files are confined by the hook alone (it resolves
-    links like the kernel, but a racing thread can still swap a link between check and use).
-In every mode: a seccomp filter refusing socket(AF_UNIX) (Landlock up to ABI 7 and namespaces
-leave the host user's pathname unix sockets reachable; socketpair still works) and nested user
-namespaces (unshare, clone with CLONE_NEWUSER; clone3 answers ENOSYS); a noexec scratch
+    size-capped tmpfs scratch dir.
+  - rlimits only (`Limits(landlock=False)`, or neither of the above; isolation "hook-only", and
+    a warning): rlimits and the audit hook, plus the user namespaces if available; files are
+    confined by the hook alone (it resolves links, dir_fd and descriptor paths like the kernel,
+    but a racing thread can still swap a link between check and use). `Limits.require` (or
+    $ROSSJAX_SANDBOX_REQUIRE) refuses such a run: SandboxUnavailable.
+In every mode: the bootstrap, the program, its stdin and the checker's spec come from sealed
+memfds (sandbox_host.sealed), never from a file a run could rewrite; a seccomp filter refusing
+socket(AF_UNIX) (Landlock up to ABI 7 and namespaces leave the host user's pathname unix
+sockets reachable; socketpair still works), nested user namespaces (unshare, clone with
+CLONE_NEWUSER; clone3 answers ENOSYS), mknod/mknodat and, unless `allow_fork`, every new
+process (fork, vfork, clone without CLONE_THREAD: RLIMIT_NPROC could not, without a private
+uid, as it counts the user's processes everywhere); a noexec scratch
 dir where it is a tmpfs; rlimits on CPU, address space, file size and core dumps; an audit hook
 as a second line (sockets, process creation, signals, ctypes, files outside the scratch dir
 and the stdlib), whose refusal ends the process at once (it cannot be caught or hidden); every
@@ -94,7 +99,7 @@ class Limits:
     files: int = 512  # files and dirs of one run (tmpfs inodes, else counted by the audit hook)
     output_bytes: int = 4 << 20  # stdout + stderr
     max_timeout_s: float = 60.0  # a longer timeout_s is refused (rows carry their own)
-    allow_fork: bool = False  # the audit hook refuses os.fork unless set (needs the uid layer)
+    allow_fork: bool = False  # seccomp and the hook refuse new processes unless set (uid layer)
     audit: bool = True  # False only to test the other layers on their own
     landlock: bool = True  # False forces Landlock off (the rlimits-only mode, for tests)
     namespaces: bool = True  # False: no namespaces either (tests of the other layers)
