@@ -18,7 +18,7 @@ import warnings
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_faults_sandbox import GOOD, MODES, REPO, ROOT, TESTS, WRONG, _as_nobody  # noqa: E402
+from test_faults_sandbox import GOOD, MODES, REPO, ROOT, _as_nobody  # noqa: E402
 
 from rossjax.verify import sandbox  # noqa: E402
 from rossjax.verify.sandbox import Limits  # noqa: E402
