@@ -219,7 +219,8 @@ def check(workdir, cfg, command: str, *, resuming: bool, data: list, data_field:
     log = log or sys.stderr
     path = epath.Path(workdir) / FILE
     current = _as_json(cfg)
-    saved = _read_record(path) if resuming and (path.exists() or path.is_symlink()) else None
+    there = path.exists() if "://" in os.fspath(path) else os.path.lexists(path)  # a link too
+    saved = _read_record(path) if resuming and there else None
     notes, record = [], {"accepted": []}
     fields = flatten(current)
     accepted = accepted_fields(cfg, list(fields) + ([] if saved is None else
