@@ -12,8 +12,8 @@ import ast
 import math
 import operator
 import re
-from fractions import Fraction
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from rossjax.agents.env import Environment, Observation, ToolCall
 from rossjax.verify import sandbox
