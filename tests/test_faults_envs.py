@@ -7,9 +7,18 @@
     package inside the venv) nor in this editable one, as root and as uid 65534 (Landlock).
 """
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
 import pytest
 
 from rossjax.agents import make_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("env_name", ["python", "calculator"])
@@ -42,3 +51,121 @@ def test_answers_that_are_no_number_or_a_huge_one():
     assert env.finish("Answer: 5e0").passed is True and env.finish("Answer: inf").passed is False
     env.reset({"prompt": "p", "answer": 5, "tolerance": "wide"})
     assert env.finish("Answer: 5").passed is None
+
+
+_WORKER = r"""
+import json, os, shutil, sys
+sys.path.insert(0, os.environ["RJ_REPO"])
+from rossjax.agents import ToolCall
+from rossjax.agents.bash import BashEnv
+from rossjax.verify import repo as rrepo, sandbox, swe
+tmp, out_path, mode = sys.argv[1:4]
+CORE = "textkit/core.py"
+clean = os.path.join(os.environ["RJ_REPO"], "rossjax", "data", "swe", "textkit")  # editable
+ver = "python%d.%d" % sys.version_info[:2]
+venv = os.path.join(tmp, "venv")  # a wheel install: the package and its data inside the venv
+wheel = os.path.join(venv, "lib", ver, "site-packages", "rossjax", "data", "swe", "textkit")
+shutil.copytree(clean, wheel)
+with open(os.path.join(venv, "pyvenv.cfg"), "w") as f:
+    f.write("home = /usr/bin\n")
+base = swe.baseline(clean)
+sys.prefix = venv  # what the bash env's read root used to be
+bug = dict(base.files)
+bug[CORE] = bug[CORE].replace("    if len(text) <= width:\n", "    if len(text) < width:\n")
+src = os.path.join(tmp, "buggy")
+rrepo.write_tree(bug, src)
+kw = {}
+if mode == "rlimits":  # no kernel file wall: the bash env refuses to run anything
+    kw["limits"] = sandbox.Limits(procs=64, memory_mb=2048, output_bytes=1 << 20,
+                                  landlock=False, namespaces=False)
+env = BashEnv(step_timeout_s=10,
+              grader=lambda wd, t: swe.check_fix(base, bug, wd, timeout_s=20), **kw)
+def sh(cmd):
+    return env.step([ToolCall("bash", {"command": cmd}, "c")])[0][0].content
+res = {}
+for where, root in (("wheel", wheel), ("editable", clean)):
+    core = os.path.join(root, CORE)
+    for how, cmd in (("cp", f"cp {core} {CORE}; echo rc=$?"),
+                     ("python", f"python -c \"import shutil; shutil.copy('{core}', '{CORE}')\""),
+                     ("pyread", f"python -c \"print(open('{core}').read())\" > {CORE}.new; "
+                                f"mv {CORE}.new {CORE}")):
+        env.reset({"prompt": "fix the bug", "repo": src})
+        out = sh(cmd)
+        with open(os.path.join(env.workdir, CORE)) as f:
+            res[f"{where}_{how}"] = [f.read() == base.files[CORE], out]
+env.reset({"prompt": "fix the bug", "repo": src})  # the buggy copy, untouched
+res["import_rossjax"] = sh("python -c 'import rossjax; print(rossjax.__file__)'")
+res["pytest"] = sh("python -m pytest -q -p no:cacheprovider 2>&1 | tail -2")
+res["tmp"] = sh("echo x > /tmp/x && cat /tmp/x")
+res["verdict"] = list(env.finish("done"))
+res["isolation"] = env.run("true").isolation
+env.close()
+with open(out_path, "w") as f:
+    json.dump(res, f)
+"""
+
+ROOT = os.geteuid() == 0
+MODES = ["root", "landlock", "rlimits"] if ROOT else ["landlock", "rlimits"]
+
+
+@pytest.fixture(scope="module", params=MODES)
+def episode(request):
+    mode = request.param
+    if ROOT and mode != "root" and not (shutil.which("unshare") and shutil.which("setpriv")):
+        pytest.skip("unshare/setpriv (util-linux) are needed to run the host side unprivileged")
+    tmp = tempfile.mkdtemp(prefix="rj-faults-env-", dir="/tmp")
+    os.chmod(tmp, 0o777)
+    try:
+        script, out = os.path.join(tmp, "w.py"), os.path.join(tmp, "out.json")
+        with open(script, "w") as f:
+            f.write(_WORKER)
+        os.chmod(script, 0o644)
+        argv = [sys.executable, script, tmp, out, mode]
+        if ROOT and mode != "root":
+            sys.path.insert(0, os.path.dirname(__file__))
+            from test_faults_sandbox import _as_nobody
+            argv = _as_nobody(argv, tmp)
+            argv[-1] = argv[-1].replace(" env -i ", f" env -i RJ_REPO='{REPO}' ")
+        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "TMPDIR": tmp, "RJ_REPO": REPO})
+        assert proc.returncode == 0 and os.path.exists(out), proc.stderr[-3000:]
+        with open(out) as f:
+            return mode, json.load(f)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("attack", ["wheel_cp", "wheel_python", "wheel_pyread", "editable_cp",
+                                    "editable_python", "editable_pyread"])
+def test_an_episode_cannot_copy_the_clean_source(episode, attack):
+    mode, res = episode
+    copied, out = res[attack]
+    assert copied is False, (mode, attack, out)
+
+
+def test_the_episode_runtime_holds_pytest_not_rossjax(episode):
+    mode, res = episode
+    if mode == "rlimits":
+        assert "sandbox_error" in res["pytest"] and res["verdict"][0] is False, res
+        return
+    layers = res["isolation"]
+    assert ("rootfs" in layers) if mode == "root" else ("landlock" in layers), (mode, layers)
+    assert "No module named 'rossjax'" in res["import_rossjax"], (mode, res["import_rossjax"])
+    assert "failed" in res["pytest"] and "passed" in res["pytest"], (mode, res["pytest"])
+    assert res["verdict"][0] is False and "tests_fail" in res["verdict"][1], (mode, res)
+    if mode == "root":  # the runtime is outside /tmp: /tmp stays the sandbox's own scratch
+        assert res["tmp"].startswith("exit code: 0") and "x" in res["tmp"], res["tmp"]
+
+
+def test_a_read_root_holding_the_package_is_refused(tmp_path):
+    """An install where the sandbox could read the package (a read root above it, as the
+    interpreter's own prefix is in a non-venv install) refuses to start an episode."""
+    from rossjax.agents.bash import BashEnv
+    from rossjax.errors import InputError
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    (repo / "a.py").write_text("x = 1\n")
+    env = BashEnv(read_roots=(os.path.dirname(REPO),))
+    with pytest.raises(InputError, match="clean SWE sources"):
+        env.reset({"prompt": "p", "repo": str(repo)})

@@ -8,7 +8,9 @@
 scratch directory; the original is never handed to the sandbox, so nothing can write it. Each
 call runs one command with `rossjax.verify.sandbox.run_shell`: the scratch copy is the writable
 cwd, the rest is as confined as a program (no network, no host files outside the interpreter,
-/usr/bin and `read_roots`: by default the running venv, so `python -m pytest` works), under a
+/usr/bin and `read_roots`: by default the episode runtime of rossjax.verify.repo, a venv of
+only pytest and its requirements, so `python -m pytest` works; never the running venv, which in
+a wheel install holds rossjax's clean data/swe sources, an episode's answer), under a
 per-step timeout the kernel enforces (every process of the step dies with it). The observation
 is the exit code, stdout and stderr, cut to `max_output_chars` with a note saying how much.
 
@@ -31,7 +33,8 @@ from rossjax.agents.builtin import _schema
 from rossjax.agents.env import Environment, Observation, ToolCall
 from rossjax.errors import InputError
 from rossjax.verify import sandbox
-from rossjax.verify.repo import copy_tree, default_read_roots, shell_env
+from rossjax.verify.repo import copy_tree, default_read_roots, package_exposed, shell_env
+from rossjax.verify.sandbox_host import get_host
 from rossjax.verify.verdict import Verdict
 
 _MARGIN_S = 0.3  # the sandbox's own start and teardown, inside the thread deadline of timed_step
@@ -84,6 +87,11 @@ class BashEnv(Environment):
         if not isinstance(repo, str) or not os.path.isdir(repo):
             raise InputError(f"bash task {task.get('id', '')!r}: field 'repo' must name a "
                              f"directory, got {repo!r:.120}")
+        where = package_exposed([*self.read_roots, *get_host().ro_dirs, "/usr/bin", "/bin"])
+        if where:  # e.g. rossjax installed into the interpreter's own prefix, not a venv
+            raise InputError(f"bash environment: the sandbox may read {where}, which holds the "
+                             "rossjax package and its clean SWE sources (an episode's answer); "
+                             "install rossjax in a venv, or grant read roots that exclude it")
         self.close()
         self._scratch = tempfile.mkdtemp(prefix="rossjax-bash-")
         os.chmod(self._scratch, 0o711)  # a sandbox uid on the host's tree must reach the copy

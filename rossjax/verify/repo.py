@@ -10,11 +10,15 @@ not UTF-8 text (a diff of it would not round-trip). Caches (`__pycache__`, `.pyt
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import os
 import shutil
 import stat
 import sys
+import tempfile
+import threading
+import warnings
 
 from rossjax.errors import InputError
 
@@ -130,10 +134,124 @@ def changed(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
 
 
 def default_read_roots() -> tuple[str, ...]:
-    """What a command over a repository may read besides the interpreter and /usr/bin: the
-    running venv (its site-packages hold pytest), when there is one."""
-    same = os.path.realpath(sys.prefix) == os.path.realpath(sys.base_prefix)
-    return () if same else (sys.prefix,)
+    """What a command over a repository may read besides the interpreter and /usr/bin: an
+    episode runtime (`runtime_root`) holding only pytest and what it needs. Never the running
+    venv: in a wheel install that holds rossjax itself and its data/swe clean sources, which an
+    episode would copy over its bug (`cp .../data/swe/textkit/textkit/core.py ...`)."""
+    return (runtime_root(),)
+
+
+PYTEST_DISTS = ("pytest",)  # the runtime's distributions (with their requirements' closure)
+_RT_LOCK = threading.Lock()
+_RT: dict = {}  # "path", "pid", "sig" of this process's runtime
+
+
+def runtime_root() -> str:
+    """A minimal venv the host builds once per process in a fresh private folder outside /tmp
+    (the root mode keeps /tmp the sandbox's own): `bin/python` (links to the base interpreter),
+    `pyvenv.cfg`, `bin/pytest`, and copies of the files of pytest's distributions and their
+    requirements, nothing else. It is read-only to every sandbox (a bind or Landlock read rule;
+    no write rule), and the run_suite checker imports pytest from it, so every call checks
+    that no file of it changed (inode, size, mtime, ctime: no unprivileged process can reset a
+    ctime) and builds a fresh one if one did."""
+    with _RT_LOCK:
+        if _RT.get("pid") == os.getpid():
+            if _signature(_RT["path"]) == _RT["sig"]:
+                return _RT["path"]
+            warnings.warn(f"rossjax: the episode runtime {_RT['path']} changed after it was "
+                          "built; building a fresh one", RuntimeWarning, stacklevel=2)
+        path = _build_runtime()
+        _RT.update(path=path, pid=os.getpid(), sig=_signature(path))
+        atexit.register(_remove_runtime, path, os.getpid())
+        return path
+
+
+def _remove_runtime(path: str, pid: int):
+    if os.getpid() == pid:  # never a forked child's exit
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _signature(root: str) -> dict:
+    out = {}
+    for d, dirs, files in os.walk(root, followlinks=False):
+        for name in [""] + dirs + files:
+            p = os.path.join(d, name)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            out[p] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode,
+                      st.st_uid)
+    return out
+
+
+def _closure(names) -> list:
+    """The installed distributions `names` and, recursively, the requirements they need here."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    seen, todo, out = set(), list(names), []
+    while todo:
+        key = todo.pop().lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = metadata.distribution(key)
+        except metadata.PackageNotFoundError:
+            continue  # an optional or platform-only requirement that is not installed
+        out.append(dist)
+        for r in dist.requires or ():
+            req = Requirement(r)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return out
+
+
+def _build_runtime() -> str:
+    base = "/var/tmp" if os.access("/var/tmp", os.W_OK | os.X_OK) else tempfile.gettempdir()
+    root = tempfile.mkdtemp(prefix="rossjax-runtime-", dir=base)
+    ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    site = os.path.join(root, "lib", ver, "site-packages")
+    os.makedirs(site)
+    os.makedirs(os.path.join(root, "bin"))
+    exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    for name in ("python", "python3", ver):
+        os.symlink(exe, os.path.join(root, "bin", name))
+    with open(os.path.join(root, "pyvenv.cfg"), "w") as f:
+        f.write(f"home = {os.path.dirname(exe)}\ninclude-system-site-packages = false\n"
+                f"version = {'.'.join(map(str, sys.version_info[:3]))}\n")
+    with open(os.path.join(root, "bin", "pytest"), "w") as f:
+        f.write(f"#!{root}/bin/python\nimport sys\nfrom pytest import console_main\n"
+                "sys.exit(console_main())\n")
+    os.chmod(os.path.join(root, "bin", "pytest"), 0o755)
+    for dist in _closure(PYTEST_DISTS):
+        src = os.path.realpath(str(dist.locate_file("")))
+        for rel in dist.files or ():
+            path = os.path.realpath(os.path.join(src, str(rel)))
+            if not path.startswith(src + os.sep) or not os.path.isfile(path):
+                continue  # a console script in ../../bin, a file that is gone
+            target = os.path.join(site, os.path.relpath(path, src))
+            os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+            shutil.copy2(path, target)  # keeps mtimes: the copied .pyc stay valid
+            os.chmod(target, 0o644)
+    for d, dirs, _ in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(d, name), 0o755)
+    os.chmod(root, 0o755)
+    return root
+
+
+def package_exposed(roots) -> str | None:
+    """The first of `roots` (folders a sandbox may read) holding this package, whose data/swe
+    clean sources an episode would copy over its bug; None when none does."""
+    pkg = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for r in roots:
+        r = os.path.realpath(r)
+        if pkg == r or pkg.startswith(r.rstrip(os.sep) + os.sep):
+            return r
+    return None
 
 
 def shell_env(read_roots=()) -> dict:
