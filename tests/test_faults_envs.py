@@ -169,3 +169,26 @@ def test_a_read_root_holding_the_package_is_refused(tmp_path):
     env = BashEnv(read_roots=(os.path.dirname(REPO),))
     with pytest.raises(InputError, match="clean SWE sources"):
         env.reset({"prompt": "p", "repo": str(repo)})
+
+
+def test_a_changed_runtime_is_rebuilt_never_reused():
+    """run_suite's checker imports pytest from the runtime: a file of it that changed after the
+    build (a run without kernel file walls could write it) is never used again."""
+    from rossjax.verify import repo as rrepo
+
+    first = rrepo.runtime_root()
+    assert rrepo.runtime_root() == first
+    assert not os.path.exists(os.path.join(first, "lib", "python%d.%d" % sys.version_info[:2],
+                                           "site-packages", "rossjax"))
+    init = os.path.join(first, "lib", "python%d.%d" % sys.version_info[:2], "site-packages",
+                        "_pytest", "reports.py")
+    st = os.stat(init)
+    with open(init, "r+") as f:  # same size, same mtime afterwards: only the ctime tells
+        text = f.read()
+        f.seek(0)
+        f.write(text.replace("passed", "PASSED", 1))
+    os.utime(init, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.warns(RuntimeWarning, match="changed after it was built"):
+        fresh = rrepo.runtime_root()
+    assert fresh != first and rrepo.default_read_roots() == (fresh,)
+    shutil.rmtree(first, ignore_errors=True)
