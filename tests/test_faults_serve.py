@@ -193,6 +193,30 @@ def test_serve_warns_on_a_public_host_without_a_key(monkeypatch, capsys):
     assert seen[-1] == ("10.0.0.5", {"api_key": "from-env"})
 
 
+
+def test_a_local_server_never_inherits_the_users_api_key(monkeypatch, tmp_path):
+    """LocalServer's clients send no key, so the server it starts must not take one from the
+    user's ROSSJAX_API_KEY (every :runlocal run would wait for a 401 until its start-up limit)."""
+    from rossjax.reconstruct import local
+
+    envs = []
+
+    class Proc:
+        returncode = 3
+
+        def __init__(self, cmd, env, **kw):
+            envs.append(env)
+
+        def poll(self):
+            return 3
+
+    monkeypatch.setenv("ROSSJAX_API_KEY", "users-key")
+    monkeypatch.setattr(local.subprocess, "Popen", Proc)
+    with pytest.raises(Exception):
+        with local.LocalServer("m", str(tmp_path / "log"), max_len=64, slots=1, where="t"):
+            pass
+    assert envs and "ROSSJAX_API_KEY" not in envs[0]
+
 # -- a remote environment whose worker answers in the wrong shape --------------------------------
 
 @dataclass

@@ -51,6 +51,9 @@ class LocalServer:
                "--host=127.0.0.1", f"--port={self.port}", f"--max_len={self.max_len}",
                f"--slots={self.slots}", f"--model_id={self.model_id}"]
         env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+        # A user's ROSSJAX_API_KEY (meant for a server they expose) would make this loopback
+        # server answer 401 to its own clients, which send no key.
+        env.pop("ROSSJAX_API_KEY", None)
         self._log = open(self.log_path, "w", encoding="utf-8")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      stdin=subprocess.DEVNULL)
