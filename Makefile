@@ -39,11 +39,18 @@ lint: $(STAMP)
 	@echo "complexity report (not a failure):"
 	@$(PY) -m ruff check --select C901 --exit-zero --output-format concise . | grep C901 || true
 
-# The whole suite (what CI runs): lint first, then pytest with two xdist workers (one per core).
-# The beam tests skip in the first run (no apache_beam in .venv) and run in the second.
+# The whole suite (what CI runs): lint first, then pytest with two xdist workers (one per core),
+# slowest modules first (tests/suite_plugin.py). The beam tests skip in the first run (no
+# apache_beam in .venv) and run in the second. Both share JAX's compilation cache in
+# build/jax-cache (tests/conftest.py); the last line says how long it took and on what CPU.
+CPU := $$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), \
+  $$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || (grep -qw avx2 /proc/cpuinfo && echo AVX2 \
+  || echo no AVX2)), $$(nproc) cores
 test: lint $(BEAM)
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=20 tests
-	$(BEAMENV) $(PY) -m pytest -q -n 0 tests/test_curate_beam.py
+	@start=$$(date +%s); \
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=20 tests && \
+	$(BEAMENV) $(PY) -m pytest -q -n 0 tests/test_curate_beam.py; rc=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s on $(CPU), exit $$rc"; exit $$rc
 
 # Inner loop: skip tests marked slow.
 test-fast: $(STAMP) $(BEAM)
@@ -54,4 +61,4 @@ bench: $(STAMP)
 	$(PY) -m rossjax.cli bench model
 
 clean:
-	rm -rf .venv .beam runs
+	rm -rf .venv .beam runs build

@@ -1,8 +1,20 @@
-"""Test set-up: 8 simulated CPU devices (set before jax is imported anywhere), offline hub."""
+"""Test set-up: 8 simulated CPU devices (set before jax is imported anywhere), offline hub, and
+JAX's persistent compilation cache shared by every test process and the CLI subprocesses they
+start (the suite compiles the same tiny programs in many processes; a fresh clone starts empty)."""
 
 import os
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Environment variables, not jax.config: subprocesses (`python -m rossjax.cli ...`) inherit them.
+# Every program is cached (no minimum compile time or size): most of the suite's programs compile
+# in well under jax's default 1 s threshold, yet there are thousands of them.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_ROOT, "build", "jax-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+pytest_plugins = ["suite_plugin"]  # slowest modules first; XLA compile counts in the summary
