@@ -17,6 +17,7 @@ grpo_config = defaults.grpo_config
 optim_config = defaults.optim_config
 lora_config = defaults.lora_config
 distributed_config = defaults.distributed_config
+sandbox_config = defaults.sandbox_config
 
 # The folder that holds configs/ and data/: the checkout, or the installed rossjax package.
 ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))

@@ -86,4 +86,5 @@ def get_config():
     c.beam_args = ("--runner=DirectRunner --direct_num_workers=2 "
                    "--direct_running_mode=multi_processing")
     c.beam_retries = 1  # runner=beam: reruns of a failed pipeline (the DirectRunner retries no bundle)
+    c.sandbox = common.sandbox_config()
     return c

@@ -79,4 +79,5 @@ def get_config(arg: str | None = None):
         c.num_tasks = 16
         c.max_new_tokens = 48
         c.workers = 1
+    c.sandbox = common.sandbox_config()
     return c

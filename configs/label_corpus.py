@@ -36,6 +36,8 @@ CPU.
 
 import ml_collections
 
+from rossjax.configs import common
+
 
 def solver_config(kind: str = "model"):
     """A solver section (shared with configs/eval_generator.py)."""
@@ -69,4 +71,5 @@ def get_config():
     c.max_new_tokens = 768
     c.temperature = 1.0
     c.seed = 0
+    c.sandbox = common.sandbox_config()
     return c

@@ -71,6 +71,13 @@ def distributed_config() -> mlc.ConfigDict:
     ))
 
 
+def sandbox_config() -> mlc.ConfigDict:
+    """The `config.sandbox` section of every command that runs model-written code. `require`:
+    "" runs in the strongest mode the machine offers (a hook-only run warns), "landlock" or
+    "namespaces" refuses to start unless the kernel enforces that wall (verify/sandbox.py)."""
+    return mlc.ConfigDict(dict(require=""))
+
+
 def optim_config() -> mlc.ConfigDict:
     """The `config.optim` section: the ROSS relearning recipe (rossjax/train/optim.py says why)."""
     return mlc.ConfigDict(dict(
@@ -110,6 +117,7 @@ def grpo_config() -> mlc.ConfigDict:
     c.data = mlc.ConfigDict(dict(tasks="gen:arith", seed=0))
     # gen:induction (PROPEL/AZR): inputs per task, how many the solver sees, which ones
     c.data.induction = mlc.ConfigDict(dict(n_inputs=10, n_visible=5, split="first"))
+    c.sandbox = sandbox_config()
     c.grpo = mlc.ConfigDict(dict(
         steps=200, contexts=16, group_size=8, max_new_tokens=512, temperature=1.0, top_p=1.0,
         top_k=0, num_iterations=1, minibatch=0, minibatches=1, micro_batches=1,

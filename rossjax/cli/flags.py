@@ -68,7 +68,20 @@ def _parse(argv, default_config, extra_flags):
         path = str(fv["config"].config_filename if hasattr(fv["config"], "config_filename")
                    else default_config)
         raise UsageError(f"--config={path}: the config file could not be loaded (does it exist?).")
+    if cfg is not None and "sandbox" in cfg:
+        _require_sandbox(cfg.sandbox.require)
     return cfg, fv, rest
+
+
+def _require_sandbox(require: str) -> None:
+    """config.sandbox.require reaches every sandbox the command starts, in its worker processes
+    too, through the environment they inherit (verify/sandbox.Limits reads it there)."""
+    if not require:
+        return
+    if require not in ("landlock", "namespaces"):
+        raise UsageError(f"--config.sandbox.require={require!r}: must be '', 'landlock' or "
+                         "'namespaces'.")
+    os.environ["ROSSJAX_SANDBOX_REQUIRE"] = require
 
 
 def _unknown_field(e: Exception, argv) -> str:

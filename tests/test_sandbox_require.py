@@ -1,0 +1,35 @@
+"""config.sandbox.require: every command that runs model-written code can refuse a machine whose
+kernel does not enforce the wall it asks for (issue 36, item 2)."""
+
+import os
+
+import pytest
+
+from rossjax.cli.flags import parse_config
+from rossjax.errors import UsageError
+from rossjax.verify import sandbox
+
+CODE_RUNNING = ["curate", "grpo_verifier", "grpo_agentic", "label_corpus", "propel_azr",
+                "propel_math", "propel_sil", "propel_swe", "eval_generator"]
+
+
+@pytest.mark.parametrize("name", CODE_RUNNING)
+def test_every_config_that_runs_code_has_the_section(name):
+    cfg, _, _ = parse_config([f"--config=configs/{name}.py"])
+    assert cfg.sandbox.require == ""
+
+
+def test_require_reaches_the_sandbox_and_a_bad_value_is_one_sentence(monkeypatch):
+    monkeypatch.delenv("ROSSJAX_SANDBOX_REQUIRE", raising=False)
+    parse_config(["--config=configs/curate.py"])
+    assert "ROSSJAX_SANDBOX_REQUIRE" not in os.environ and sandbox.Limits().require is None
+    parse_config(["--config=configs/curate.py", "--config.sandbox.require=namespaces"])
+    assert sandbox.Limits().require == "namespaces"
+    with pytest.raises(UsageError, match="sandbox.require='kernel'"):
+        parse_config(["--config=configs/curate.py", "--config.sandbox.require=kernel"])
+
+
+def test_a_required_mode_the_limits_switch_off_refuses_to_run(monkeypatch):
+    monkeypatch.setenv("ROSSJAX_SANDBOX_REQUIRE", "landlock")
+    with pytest.raises(sandbox.SandboxUnavailable):
+        sandbox.run("print(1)", limits=sandbox.Limits(landlock=False, namespaces=False))
