@@ -5,6 +5,8 @@
 
 `parse_tool_calls(text, style)` returns (calls, errors): a malformed call is an error sentence
 the rollout hands back to the policy as an observation, never an exception.
+`parse_structured` reads an endpoint's structured `tool_calls` the same way; `parser(style)`
+is the (text, n0) -> (calls, errors) an episode uses (a style or a user's module:function).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import re
 
 from rossjax.agents.env import ToolCall
+from rossjax.verify.base import load_fn
 
 STYLES = ("hermes", "react")
 _HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
@@ -80,3 +83,28 @@ def parse_tool_calls(text: str, style: str = "hermes", n0: int = 0, arg_name: st
     if style == "react":
         return _react(text or "", n0, arg_name)
     raise ValueError(f"tool-call style {style!r} is not one of {', '.join(STYLES)}")
+
+
+def parse_structured(tool_calls: list, n0: int = 0):
+    """(calls, errors) of an OpenAI message's `tool_calls` (arguments an object or JSON text);
+    a call without an id gets call_<n0 + k>."""
+    calls, errors = [], []
+    for k, tc in enumerate(tool_calls):
+        fn = tc.get("function", {}) if isinstance(tc, dict) else {}
+        args = fn.get("arguments", {})
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except json.JSONDecodeError:
+            args = None
+        if not isinstance(fn.get("name"), str) or not isinstance(args, dict):
+            errors.append(f"tool call {k + 1}: needs a name and object arguments")
+            continue
+        calls.append(ToolCall(fn["name"], args, tc.get("id") or f"call_{n0 + len(calls)}"))
+    return calls, errors
+
+
+def parser(style: str, field: str = "style"):
+    """(text, n0) -> (calls, errors) for one of STYLES or a user's module:function."""
+    if style in STYLES:
+        return lambda text, n0: parse_tool_calls(text, style, n0)
+    return load_fn(style, field)

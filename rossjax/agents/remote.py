@@ -1,7 +1,10 @@
 """An environment in a CPU worker process of its own: what agentic rollouts step.
 
-    env = RemoteEnv(spec)   # spec: env (a registry name or module:Class), kwargs(), timeouts
+    env = RemoteEnv(spec)   # spec: an agents.EnvSpec (env, kwargs(), limits)
     messages = env.reset(task); obs, done, verdict = env.step(calls, deadline)
+
+RemoteEnv is an agents.EnvHandle, as LocalEnv (an env in process) is: episodes step either
+the same way, and both end a failed step with env.py's observations and verdicts.
 
 The env is built in the worker (rossjax.verify.pool.Worker: spawned, jax-free) by make_env,
 reset, stepped, judged and closed there; only picklable values cross. A step past its limit
@@ -15,9 +18,16 @@ does; none of them reaches the trainer as a TypeError.
 
 from __future__ import annotations
 
-import time
-
-from rossjax.agents.env import Observation, make_env
+from rossjax.agents.env import (
+    EnvSpec,
+    Observation,
+    episode_over,
+    failed_step,
+    make_env,
+    step_limit,
+    step_overran,
+    step_raised,
+)
 from rossjax.errors import InputError
 from rossjax.verify.pool import START_TIMEOUT_S, Worker, WorkerDied, WorkerError, WorkerTimeout
 from rossjax.verify.verdict import Verdict
@@ -58,10 +68,10 @@ _STEP_SHAPE = "(list of Observation with str content, bool done, Verdict or None
 
 
 class RemoteEnv:
-    """An environment of `spec` in its own worker process. Its methods mirror
-    Environment's; `step` takes the episode's deadline and never raises or hangs."""
+    """An environment of `spec` in its own worker process: an agents.EnvHandle (`step` and
+    `finish` take the episode's deadline and never raise or hang)."""
 
-    def __init__(self, spec):  # rossjax.train.agentic.AgentSpec, or anything with its fields
+    def __init__(self, spec: EnvSpec):  # its env, kwargs() and limits are read
         self.spec, self.name, self.tools = spec, spec.env, []
         self.step_timeout_s, self.episode_timeout_s = spec.step_timeout_s, spec.episode_timeout_s
         self._w = None
@@ -103,32 +113,25 @@ class RemoteEnv:
         return got
 
     def step(self, calls, deadline: float):
-        left = min(float(self.step_timeout_s), deadline - time.monotonic())
-        cid = calls[0].id if calls else ""
+        left = step_limit(self.step_timeout_s, deadline)
         if left <= 0:
-            return ([Observation("error: episode time limit reached", cid)], True,
-                    Verdict(False, f"episode over its {self.episode_timeout_s:g} s limit"))
+            return episode_over(calls, self.episode_timeout_s)
         try:
             got = self._w.call("step", calls, timeout=left)
         except WorkerTimeout:
-            return ([Observation(f"error: tool step took longer than {left:.3g} s", cid)], True,
-                    Verdict(False, f"{self.name} step over its {left:.3g} s limit; its worker "
-                                   "was killed"))
+            return step_overran(self.name, calls, left, "; its worker was killed")
         except WorkerDied as e:
-            return ([Observation("error: the environment's process died", cid)], True,
-                    Verdict(False, f"{self.name}: {e}"[:300]))
+            return failed_step(calls, "error: the environment's process died", f"{self.name}: {e}")
         except WorkerError as e:  # a broken tool is the policy's observation, the episode ends
-            return ([Observation(f"error: {e}"[:500], cid)], True,
-                    Verdict(None, f"{self.name} step raised {e}"[:300]))
+            return step_raised(self.name, calls, str(e))
         why = _bad_step(got)
         if why:  # the env is broken, not the policy: the episode ends unjudged
-            return ([Observation(f"error: the environment's step returned {why}"[:500], cid)],
-                    True, Verdict(None, f"{self.name} step returned {why}, not "
-                                        f"{_STEP_SHAPE}"[:300]))
+            return failed_step(calls, f"error: the environment's step returned {why}",
+                               f"{self.name} step returned {why}, not {_STEP_SHAPE}", None)
         return tuple(got)
 
     def finish(self, text: str, deadline: float):
-        left = min(float(self.step_timeout_s), deadline - time.monotonic())
+        left = step_limit(self.step_timeout_s, deadline)
         try:
             got = self._w.call("finish", text, timeout=max(left, 0.0))
         except WorkerError as e:
