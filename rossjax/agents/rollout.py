@@ -20,14 +20,12 @@ of the whole history; see docs/agents.md.
 from __future__ import annotations
 
 import json
-import threading
 import time
-import urllib.parse
 
 from rossjax.agents.env import Environment, Observation, ToolCall, timed_step
 from rossjax.agents.parse import parse_tool_calls
 from rossjax.errors import InputError
-from rossjax.review.transport import Connection
+from rossjax.openai_api import ChatClient, ChatError
 
 
 class PolicyError(InputError):
@@ -35,43 +33,33 @@ class PolicyError(InputError):
 
 
 class OpenAIPolicy:
+    """The policy behind an OpenAI-compatible endpoint, through rossjax.openai_api's ChatClient
+    (one kept-alive connection per thread: concurrent episodes, agents/swe.py, share a policy;
+    no retries: a failed turn is the trial's failure)."""
+
     def __init__(self, base_url: str, model: str, api_key: str = "EMPTY", timeout_s: float = 60.0,
                  max_bytes: int = 8 << 20, **sampling):
-        p = urllib.parse.urlsplit(base_url)
-        if p.scheme not in ("http", "https") or not p.hostname:
-            raise InputError(f"policy base_url {base_url!r} is not an http(s) URL")
-        self.path = p.path.rstrip("/") + "/chat/completions"
-        self._where = (p.scheme, p.hostname, p.port, timeout_s, max_bytes)
-        # one kept-alive connection per thread: concurrent episodes (agents/swe.py) share a policy
-        self._local = threading.local()
-        self.model, self.api_key, self.sampling = model, api_key, sampling
-
-    @property
-    def conn(self) -> Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = Connection(*self._where)
-        return conn
+        self.client = ChatClient(base_url, model, api_key=api_key, timeout_s=timeout_s,
+                                 max_retries=0, max_response_bytes=max_bytes, name="policy")
+        self.model, self.sampling = model, sampling
 
     def __call__(self, messages: list[dict], tools: list) -> dict:
         body = {"model": self.model, "messages": messages, "logprobs": True,
                 "return_tokens_as_token_ids": True, **self.sampling}  # vLLM; others ignore it
         if tools:
             body["tools"] = tools
-        headers = {"Content-Type": "application/json",
-                   "Authorization": f"Bearer {self.api_key}"}
         try:
-            status, raw, _, _ = self.conn.post(self.path, json.dumps(body).encode(), headers)
-        except OSError as e:
-            raise PolicyError(f"policy endpoint: {type(e).__name__}: {e}") from None
-        if status != 200:
-            raise PolicyError(f"policy endpoint answered HTTP {status}: {raw[:200]!r}")
+            raw = self.client.post(body, stage="policy")
+        except ChatError as e:
+            raise PolicyError(str(e)) from None
         try:
-            choice = json.loads(raw)["choices"][0]
+            choice = raw["choices"][0]
             msg = choice["message"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise PolicyError(f"policy endpoint answered no chat completion: {raw[:200]!r}"
-                              ) from None
+            if not isinstance(msg, dict):
+                raise TypeError(msg)
+        except (KeyError, IndexError, TypeError):
+            raise PolicyError(f"policy endpoint answered no chat completion: "
+                              f"{json.dumps(raw, default=str)[:200]}") from None
         lp = (choice.get("logprobs") or {}).get("content") or []
         toks = [t.get("token") for t in lp if isinstance(t, dict)]
         # vLLM with return_tokens_as_token_ids writes each token as "token_id:N": the ids the

@@ -19,7 +19,7 @@
             and the episodes that opened the vault are printed per step.
 7. serve    `rossjax serve` on the GRPO-trained vault model (exported as a Hugging Face folder)
             as a subprocess on a free 127.0.0.1 port, one chat request through the project's
-            own OpenAI-compatible client (rossjax.review.ReviewerClient), then the server stops.
+            own OpenAI-compatible client (rossjax.openai_api.ChatClient), then the server stops.
 
 Each step is the real command, run through the dispatcher; the pieces that are not commands
 live in rossjax/demo.py.
@@ -125,15 +125,15 @@ def main(argv) -> int:
     _run(["export", f"--checkpoint={vgrpo}", "--format=hf", served])
 
     print("== 7/7 rossjax serve the vault model and ask it through the OpenAI-compatible client")
+    from rossjax.openai_api import ChatClient
     from rossjax.reconstruct.local import LocalServer
-    from rossjax.review import ReviewerClient
 
     log, question, name = os.path.join(wd, "serve.log"), vault.PROMPT, os.path.basename(served)
     # the server process is stopped however this block ends (LocalServer.__exit__)
     with LocalServer(served, log, max_len=256, slots=1, model_id=name, startup_s=120,
                      where="rossjax demo") as srv:
         url = srv.url
-        client = ReviewerClient(url, model=name, temperature=0, max_tokens=32, max_retries=0)
+        client = ChatClient(url, model=name, temperature=0, max_tokens=32, max_retries=0)
         try:
             reply = client.ask([{"role": "user", "content": question}], stage="demo").text
         finally:

@@ -1,14 +1,14 @@
 """One checked request of a reconstruction stage, and how an artifact ends when a stage fails.
 
-`Asker.ask(stage, messages, check)` asks through the review client (its cache makes a rerun ask
-nothing twice), reads the answer's one JSON object (review.answers.read_answer), runs the stage's
-`check(obj)`, and on a failure asks again with the failing check quoted, `retries` times. Every
-request and answer is logged into the artifact's transcript. An artifact ends early by raising
-`Settled(status, code, detail)`: invalid for a model answer no retry fixed (model_unparseable,
-model_truncated, model_oversized, model_malformed: the detail names the stage and the field),
-withheld for a judged failure (task_leak, failed_retrieval, step_cap, ...), for a request the
-endpoint refused (endpoint_refused: HTTP 400/413/422, e.g. a prompt over the model's context) or
-for an endpoint that did not answer (endpoint_error, which a rerun asks again).
+`Asker.ask(stage, messages, check)` asks through rossjax.openai_api's ChatClient (its cache makes a
+rerun ask nothing twice), reads the answer's one JSON object (review.answers.read_answer), runs the
+stage's `check(obj)`, and on a failure asks again with the failing check quoted, `retries` times.
+Every request and answer is logged into the artifact's transcript. An artifact ends early by
+raising `Settled(status, code, detail)`: invalid for a model answer no retry fixed
+(model_unparseable, model_truncated, model_oversized, model_malformed: the detail names the stage
+and the field), withheld for a judged failure (task_leak, failed_retrieval, step_cap, ...), for a
+request the endpoint refused (endpoint_refused: HTTP 400/413/422, e.g. a prompt over the model's
+context) or for an endpoint that did not answer (endpoint_error, which a rerun asks again).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from rossjax.openai_api import ChatError
 from rossjax.review.answers import BadAnswer, read_answer
-from rossjax.review.client import ReviewerError
 from rossjax.review.prompts import retry
 
 # HTTP statuses that mean the setup is wrong (key, model name, URL): the run stops, one sentence.
@@ -92,7 +92,7 @@ def want_items(obj, key: str, where: str, lo: int = 1, hi: int = 10_000) -> list
 
 @dataclass
 class Asker:
-    client: object  # review.client.ReviewerClient
+    client: object  # rossjax.openai_api.ChatClient
     artifact_id: str
     where: str  # "FILE row N (artifact ID)": how every detail names the artifact
     retries: int = 1
@@ -113,7 +113,7 @@ class Asker:
             try:
                 reply = self.client.ask(messages, stage=stage,
                                         response_format=self.response_format)
-            except ReviewerError as e:
+            except ChatError as e:
                 if e.status in SETUP_STATUS:
                     raise
                 if e.code != "reviewer_not_text":

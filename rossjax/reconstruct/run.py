@@ -31,12 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rossjax.curate.ledger import Report, RowLists, write_json
 from rossjax.errors import ConfigError, InputError
+from rossjax.openai_api import REASK
 from rossjax.reconstruct import prompts
 from rossjax.reconstruct.asking import LONE_SURROGATE, NOT_TEXT, Asker, Settled
 from rossjax.reconstruct.baselines import METHODS, run_artifact
 from rossjax.reconstruct.trace import Tools
 from rossjax.reconstruct.verify import SIGNALS
-from rossjax.review.client import REASK
 from rossjax.review.run import make_client, public_config
 
 JOURNAL = "journal.jsonl"

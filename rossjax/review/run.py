@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 
 from rossjax.curate.ledger import Report, RowLists, write_json
 from rossjax.errors import ConfigError, InputError
+from rossjax.openai_api.transport import display_url
 from rossjax.review.agentic import review_agentic
 from rossjax.review.client import REASK, ReviewerClient, ReviewerError
 from rossjax.review.prompts import PROMPT_VERSION, response_format
@@ -47,7 +48,6 @@ from rossjax.review.render import MODES, review_mode
 from rossjax.review.single_turn import review_single_turn
 from rossjax.review.steps import Row, RowWithheld
 from rossjax.review.transcripts import TRANSCRIPTS
-from rossjax.review.transport import display_url
 
 ROW_FILTERS = ("verifier_positive", "all")
 SHARD_PREFIX = "reviewed-"

@@ -5,7 +5,7 @@ Kinds (`section.kind`):
   model     a local rossjax checkpoint (`path`, or a `preset` sized to the tokenizer) sampled on
             the rollout engine (rossjax.sample.generate), all of a batch's K answers at once;
   endpoint  an OpenAI-compatible chat-completions endpoint (`section.endpoint`: base_url, model,
-            api_key_env, temperature, max_tokens, ...) through rossjax.review's client
+            api_key_env, temperature, max_tokens, ...) through rossjax.openai_api's client
             (retries, one deadline per request, credentials scrubbed, optional cache); trial j
             sends `seed + j`, so K trials are K different requests (and cache entries);
   fn        a Python callable `module:function` (`section.fn`), `(task, k, seed) -> [k texts]`;
@@ -117,17 +117,17 @@ class Solver:
             self._client(seed)  # a bad URL or setting fails here, before any model loads
 
     def _client(self, seed: int):
-        from rossjax.review.client import ReviewerClient
+        from rossjax.openai_api import ChatClient
 
         if seed not in self._clients:
             e = self.section.endpoint
-            self._clients[seed] = ReviewerClient(
+            self._clients[seed] = ChatClient(
                 base_url=e.get("base_url") or None, model=e.model,
                 api_key=os.environ.get(e.get("api_key_env") or "OPENAI_API_KEY", ""),
                 timeout_s=e.get("timeout_s", 300), max_retries=e.get("max_retries", 4),
                 temperature=e.get("temperature", 1.0), max_tokens=e.get("max_tokens", 4096),
                 cache_dir=e.get("cache_dir") or None,
-                extra_body={**_extra(e, self.field), "seed": int(seed)})
+                extra_body={**_extra(e, self.field), "seed": int(seed)}, name="solver")
         return self._clients[seed]
 
     def answers(self, tasks: list[dict], k: int, seed: int) -> list[list[str | None]]:
@@ -168,7 +168,7 @@ class Solver:
         return list(got)
 
     def _endpoint_answers(self, tasks, k, seed):
-        from rossjax.review.client import ReviewerError
+        from rossjax.openai_api import ChatError
 
         system = self.section.get("system", "")
 
@@ -176,7 +176,7 @@ class Solver:
             i, j = job
             try:
                 reply = self._client(seed + j).ask(_messages(tasks[i], system), stage="solver")
-            except ReviewerError as err:  # this trial has no answer; the run goes on
+            except ChatError as err:  # this trial has no answer; the run goes on
                 if len(self.errors) < 5:
                     self.errors.append(f"task {tasks[i].get('id')!r} trial {j + 1}: {err}")
                 return None
@@ -204,7 +204,7 @@ class Solver:
 
 
 def _extra(e, field) -> dict:
-    from rossjax.review.client import parse_extra_body
+    from rossjax.openai_api import parse_extra_body
 
     try:
         return parse_extra_body(e.get("extra_body"))
