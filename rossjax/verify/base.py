@@ -14,10 +14,9 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
-import os
-import sys
 
 from rossjax.errors import InputError
+from rossjax.plugins import load_callable
 from rossjax.verify.verdict import Verdict, Verifier
 
 # name -> "module:function" (loaded on first use, so `import rossjax.verify` does not
@@ -81,30 +80,10 @@ def verify_one(record: dict, name: str | None = None) -> Verdict:
         return Verdict(None, f"verifier {name} error: {type(e).__name__}: {e}"[:300])
 
 
-_FNS: dict = {}
-
-
 def load_fn(spec: str, field: str = "config.verify_fn"):
-    """The callable `spec` ("module:function") names, imported once per process; one sentence
-    (InputError) when it cannot be found."""
-    if spec in _FNS:
-        return _FNS[spec]
-    mod_name, _, fn_name = str(spec).partition(":")
-    if not mod_name or not fn_name:
-        raise InputError(f"{field} {spec!r} is not module:function.")
-    try:
-        mod = importlib.import_module(mod_name)
-    except ModuleNotFoundError as e:
-        if os.getcwd() in sys.path or e.name != mod_name.split(".")[0]:
-            raise InputError(f"{field} {spec!r}: module {mod_name!r} cannot be imported ({e}); "
-                             f"put its folder on PYTHONPATH.") from None
-        sys.path.append(os.getcwd())  # the working directory, as `python -m` would have it
-        return load_fn(spec, field)
-    fn = getattr(mod, fn_name, None)
-    if not callable(fn):
-        raise InputError(f"{field} {spec!r}: {mod_name} has no function {fn_name!r}.")
-    _FNS[spec] = fn
-    return fn
+    """The callable `spec` ("module:function") names: rossjax.plugins.load_callable (imported
+    once per process; one ConfigError sentence when it cannot be found)."""
+    return load_callable(spec, field)
 
 
 def _prompt_completion(record: dict) -> tuple[str, str]:

@@ -15,38 +15,22 @@ weigh it with others.
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 
 from rossjax.errors import ConfigError, InputError
+from rossjax.plugins import load_callable
 from rossjax.verify.base import verifier_name, verify_one
 from rossjax.verify.induction_task import check_task, parse_generated_task, protocol_from
 from rossjax.verify.math_task import check_problem, parse_generated_problem
 
 CPU_REWARDS = ("verifier", "contains", "validity", "math_validity", "fn")
 
-_CUSTOM: dict = {}
-
 
 def load_custom(spec: str, field: str = "config.reward.fn"):
-    """The callable `config.reward.fn` names ("module:function"), imported once per process.
-    `field` names the config field in errors (the GRPO loss registries load through here too)."""
-    if spec in _CUSTOM:
-        return _CUSTOM[spec]
-    mod_name, _, fn_name = spec.partition(":")
-    if not mod_name or not fn_name:
-        raise ConfigError(f"{field} {spec!r} is not module:function.")
-    try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ConfigError(f"{field} {spec!r}: module {mod_name!r} cannot be imported "
-                          f"({e}); put its folder on PYTHONPATH.") from None
-    fn = getattr(mod, fn_name, None)
-    if not callable(fn):
-        raise ConfigError(f"{field} {spec!r}: {mod_name} has no function {fn_name!r}.")
-    _CUSTOM[spec] = fn
-    return fn
+    """The callable `config.reward.fn` names ("module:function"): rossjax.plugins.load_callable,
+    the loader every `module:function` field goes through."""
+    return load_callable(spec, field)
 
 
 def check_custom(reward_cfg):
