@@ -21,7 +21,7 @@ import numpy as np
 
 from rossjax.train.registry import Registry
 
-ESTIMATORS = Registry("advantage estimator", "config.grpo.advantages")
+ADVANTAGE_REGISTRY = Registry("advantage estimator", "config.grpo.advantages")
 
 
 def _count_mean(r, ok):
@@ -30,13 +30,13 @@ def _count_mean(r, ok):
     return n, total, total / jnp.maximum(n, 1.0)
 
 
-@ESTIMATORS.register("mean")
+@ADVANTAGE_REGISTRY.register("mean")
 def mean_baseline(r, ok, eps):
     """r - mean of the group (Dr. GRPO)."""
     return r - _count_mean(r, ok)[2]
 
 
-@ESTIMATORS.register("grpo")
+@ADVANTAGE_REGISTRY.register("grpo")
 def std_normalized(r, ok, eps):
     """(r - mean) / (std + eps), the population std of the scorable members (GRPO)."""
     n, _, mean = _count_mean(r, ok)
@@ -44,7 +44,7 @@ def std_normalized(r, ok, eps):
     return (r - mean) / (jnp.sqrt(var) + eps)
 
 
-@ESTIMATORS.register("rloo")
+@ADVANTAGE_REGISTRY.register("rloo")
 def leave_one_out(r, ok, eps):
     """r - mean of the *other* scorable members; a lone scorable row has no baseline (0)."""
     n, total, _ = _count_mean(r, ok)
@@ -55,7 +55,7 @@ def leave_one_out(r, ok, eps):
 def group_advantages(rewards, group_size: int, method: str = "mean", eps: float = 1e-6):
     """Group-relative advantages of `rewards` ([n * G] or [n, G]; same shape back) with the
     estimator `method` names (a registered name or module:function)."""
-    fn = ESTIMATORS.get(method)
+    fn = ADVANTAGE_REGISTRY.get(method)
     r = jnp.asarray(rewards, jnp.float32)
     shape = r.shape
     if r.size % group_size:

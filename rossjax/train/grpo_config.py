@@ -9,7 +9,14 @@ import os
 from rossjax import defaults
 from rossjax.errors import ConfigError
 from rossjax.probes import reward as reward_lib
-from rossjax.train import advantages, agentic_grpo, grpo_losses, kl as kl_lib, policy_losses
+from rossjax.train import (
+    advantages,
+    agentic_grpo,
+    aggregation,
+    grpo_losses,
+    kl as kl_lib,
+    policy_losses,
+)
 from rossjax.verify import rewards
 
 # Every field, as plain data (no jax, so config files read it without loading the trainer).
@@ -19,8 +26,8 @@ default_config = defaults.grpo_config
 def check_config(cfg):
     """One-sentence ValueErrors for a GRPO config, before any model is loaded."""
     g, r = cfg.grpo, cfg.reward
-    for registry in (advantages.ESTIMATORS, grpo_losses.AGGREGATION_FNS,
-                     policy_losses.POLICY_LOSSES, kl_lib.ESTIMATORS):
+    for registry in (advantages.ADVANTAGE_REGISTRY, aggregation.AGGREGATION_REGISTRY,
+                     policy_losses.POLICY_LOSS_REGISTRY, kl_lib.KL_REGISTRY):
         registry.get(g[registry.field.rpartition(".")[2]])  # a user's module:function imports here
     names = {"is_mode": ("none", *grpo_losses.IS_MODES), "is_how": grpo_losses.IS_HOW}
     for field, allowed in names.items():

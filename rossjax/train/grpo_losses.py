@@ -1,79 +1,40 @@
 """The GRPO loss as pure functions of arrays: a policy loss, a KL estimator and a loss
-aggregation, each picked by name from a registry (rossjax.train.policy_losses, .kl, and
-AGGREGATION_FNS here; advantages in rossjax.train.advantages), plus truncated importance
-sampling between sampler and trainer log-probabilities.
+aggregation, each picked by name from its registry (rossjax.train.policy_losses
+POLICY_LOSS_REGISTRY, .kl KL_REGISTRY, .aggregation AGGREGATION_REGISTRY; advantages in
+rossjax.train.advantages ADVANTAGE_REGISTRY), plus truncated importance sampling between sampler
+and trainer log-probabilities. The tuples here (POLICY_LOSSES, KL_ESTIMATORS, AGGREGATIONS,
+ADVANTAGES) are the built-in names.
 
 Shapes: completions are rows of a [B, T] array (token t of row b is the t-th *generated* token),
 `mask [B, T]` marks real completion tokens (1) against padding (0), and a GRPO group is G
 consecutive rows (row i * G + j is sample j of context i, the sampler's layout).
-
-An aggregation is `Aggregation(reduce, denominator)`: `denominator(mask, max_len)` of the whole
-batch, and `reduce(x, mask, denom)`, a sum over rows divided by it, so micro-batches that each
-divide by the whole batch's denominator add up to the whole-batch loss and gradient.
-
-Deviation, and why: `seq_mean_token_mean` averages over rows that hold at least one token (an
-all-padding row has no per-token mean; counting it as 0 would shrink the loss of the others).
 """
 
 from __future__ import annotations
-
-import dataclasses
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
 from rossjax.errors import ConfigError
-from rossjax.train import kl as kl_lib, policy_losses
-from rossjax.train.advantages import ESTIMATORS as ADVANTAGE_ESTIMATORS, group_advantages  # noqa: F401
-from rossjax.train.registry import Registry
+from rossjax.train.advantages import ADVANTAGE_REGISTRY, group_advantages  # noqa: F401
+from rossjax.train.aggregation import (  # noqa: F401
+    AGGREGATION_REGISTRY,
+    Aggregation,
+    masked as _masked,
+    normalizers,
+)
+from rossjax.train.kl import KL_REGISTRY
+from rossjax.train.policy_losses import POLICY_LOSS_REGISTRY
 
 IS_MODES = ("token", "sequence")
 IS_HOW = ("truncate", "mask")
 
 
-@dataclasses.dataclass(frozen=True)
-class Aggregation:
-    """How per-token terms become one loss (see module doc)."""
-    reduce: Callable        # (x [B, T], mask [B, T], denom) -> scalar
-    denominator: Callable   # (mask [B, T] of the whole batch, max_len or None) -> scalar
-
-    def __call__(self, x, mask, denom):
-        return self.reduce(x, mask, denom)
-
-
-AGGREGATION_FNS = Registry("loss aggregation", "config.grpo.agg",
-                           check=lambda o: None if isinstance(o, Aggregation) else
-                           "it must be a rossjax.train.grpo_losses.Aggregation(reduce, denominator).")
-
-
-def _masked(x, mask):
-    return jnp.where(mask != 0, x * mask, 0.0)  # where(): inf/NaN at padding cannot leak
-
-
-def _token_sum(x, mask, denom):
-    return _masked(x, mask).sum() / denom
-
-
-def _row_means(x, mask, denom):
-    return (_masked(x, mask).sum(axis=1) / jnp.maximum(mask.sum(axis=1), 1.0)).sum() / denom
-
-
-AGGREGATION_FNS.register("token_mean", Aggregation(
-    _token_sum, lambda mask, max_len: jnp.maximum(mask.sum(), 1.0)))
-AGGREGATION_FNS.register("seq_mean_token_mean", Aggregation(
-    _row_means, lambda mask, max_len: jnp.maximum((mask.sum(axis=1) > 0).sum()
-                                                  .astype(jnp.float32), 1.0)))
-# Dr. GRPO: every row divided by the same L_max (max_len; default the batch's T)
-AGGREGATION_FNS.register("seq_mean_token_sum_norm", Aggregation(
-    _token_sum, lambda mask, max_len: jnp.asarray(
-        mask.shape[0] * (mask.shape[1] if max_len is None else max_len), jnp.float32)))
-
 # The built-in names (a config may also name a module:function of its own).
-ADVANTAGES = ADVANTAGE_ESTIMATORS.names()
-AGGREGATIONS = AGGREGATION_FNS.names()
-POLICY_LOSSES = policy_losses.POLICY_LOSSES.names()
-KL_ESTIMATORS = kl_lib.ESTIMATORS.names()
+ADVANTAGES = ADVANTAGE_REGISTRY.names()
+AGGREGATIONS = AGGREGATION_REGISTRY.names()
+POLICY_LOSSES = POLICY_LOSS_REGISTRY.names()
+KL_ESTIMATORS = KL_REGISTRY.names()
 
 
 def importance_weights(trainer_logp, sampler_logp, mask, *, mode: str = "token",
@@ -104,14 +65,6 @@ def importance_weights(trainer_logp, sampler_logp, mask, *, mode: str = "token",
     return w_out, metrics
 
 
-def normalizers(mask, agg: str, max_len=None):
-    """(aggregation denominator, masked-token count) of a whole batch: a micro-batch's loss
-    divided by these is its additive share of the batch's loss (exact gradient accumulation)."""
-    mask = jnp.asarray(mask, jnp.float32)
-    return (AGGREGATION_FNS.get(agg).denominator(mask, max_len),
-            jnp.maximum(mask.sum(), 1.0))
-
-
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, eps_low: float = 0.2,
               eps_high: float = 0.2, beta: float = 0.0, agg: str = "token_mean", *,
               is_weights=None, max_len: int | None = None, norm=None,
@@ -124,13 +77,13 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, eps_low: float = 0.2,
     beta == 0. `is_weights` [B, T] (from `importance_weights`) multiply the policy term.
     `max_len` is Dr. GRPO's L_max (default T). `norm` = `normalizers(...)` of an enclosing batch:
     this batch is then one micro-batch of it, and loss and metrics are its additive share.
-    `policy_loss`, `kl`, `agg`: registered names (policy_losses, kl, AGGREGATION_FNS) or
+    `policy_loss`, `kl`, `agg`: registered names (policy_losses, kl, aggregation) or
     module:function. Returns (loss, metrics) with pg_loss, kl (token mean of the estimator),
     clip fractions (low/high), ratio mean.
     """
-    aggregate = AGGREGATION_FNS.get(agg)
-    policy = policy_losses.POLICY_LOSSES.get(policy_loss)
-    estimator = kl_lib.ESTIMATORS.get(kl)
+    aggregate = AGGREGATION_REGISTRY.get(agg)
+    policy = POLICY_LOSS_REGISTRY.get(policy_loss)
+    estimator = KL_REGISTRY.get(kl)
     logp = jnp.asarray(logp, jnp.float32)
     old_logp = jax.lax.stop_gradient(jnp.asarray(old_logp, jnp.float32))
     mask = jnp.asarray(mask, jnp.float32)

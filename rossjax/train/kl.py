@@ -14,29 +14,29 @@ import jax.numpy as jnp
 
 from rossjax.train.registry import Registry
 
-ESTIMATORS = Registry("KL estimator", "config.grpo.kl")
+KL_REGISTRY = Registry("KL estimator", "config.grpo.kl")
 
 
-@ESTIMATORS.register("k1")
+@KL_REGISTRY.register("k1")
 def k1(logp, ref_logp, old_logp):
     """log pi / pi_ref: unbiased for KL(pi || pi_ref) on pi's samples, high variance, can be < 0."""
     return logp - ref_logp
 
 
-@ESTIMATORS.register("k2")
+@KL_REGISTRY.register("k2")
 def k2(logp, ref_logp, old_logp):
     """(log pi - log pi_ref)^2 / 2: biased but >= 0; its gradient is the KL's (verl `mse`)."""
     return 0.5 * (logp - ref_logp) ** 2
 
 
-@ESTIMATORS.register("k3")
+@KL_REGISTRY.register("k3")
 def k3(logp, ref_logp, old_logp):
     """pi_ref / pi - log(pi_ref / pi) - 1: unbiased on pi's own samples, >= 0, low variance."""
     d = ref_logp - logp
     return jnp.exp(d) - d - 1.0
 
 
-@ESTIMATORS.register("k3_unbiased")
+@KL_REGISTRY.register("k3_unbiased")
 def k3_importance_corrected(logp, ref_logp, old_logp):
     """(pi / pi_old) x k3: the importance-corrected estimator (DeepSeek-V3.2; TRL's
     `use_bias_correction_kl`). The tokens were drawn from pi_old, so weighting k3 by the ratio

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from rossjax.train.registry import Registry
 
-POLICY_LOSSES = Registry("policy loss", "config.grpo.policy_loss")
+POLICY_LOSS_REGISTRY = Registry("policy loss", "config.grpo.policy_loss")
 
 
 class PolicyTerms(NamedTuple):
@@ -46,14 +46,14 @@ def _clipped_surrogate(ratio, adv, eps_low, eps_high) -> PolicyTerms:
                        ((ratio > 1.0 + eps_high) & (adv > 0)).astype(jnp.float32))
 
 
-@POLICY_LOSSES.register("ppo_clip")
+@POLICY_LOSS_REGISTRY.register("ppo_clip")
 def ppo_clip(logp, old_logp, adv, mask, eps_low, eps_high):
     """-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) with the token ratio r = pi / pi_old
     (PPO; GRPO; DAPO's clip-higher with eps_high > eps_low)."""
     return _clipped_surrogate(_exp(log_ratio(logp, old_logp, mask)), adv, eps_low, eps_high)
 
 
-@POLICY_LOSSES.register("gspo")
+@POLICY_LOSS_REGISTRY.register("gspo")
 def gspo(logp, old_logp, adv, mask, eps_low, eps_high):
     """GSPO: the clipped surrogate on the sequence ratio s = exp(mean over the row's tokens of
     log pi / pi_old), one value for the whole row, clipped as a whole (TRL's
@@ -66,7 +66,7 @@ def gspo(logp, old_logp, adv, mask, eps_low, eps_high):
     return _clipped_surrogate(s, adv, eps_low, eps_high)
 
 
-@POLICY_LOSSES.register("cispo")
+@POLICY_LOSS_REGISTRY.register("cispo")
 def cispo(logp, old_logp, adv, mask, eps_low, eps_high):
     """CISPO (MiniMax-M1): -sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi. The weight is
     clipped, never the token dropped: every token keeps a gradient, -w A d log pi. The paper

@@ -1,10 +1,12 @@
 """Named implementations of one kind (policy loss, advantage estimator, KL estimator, loss
 aggregation), chosen by a config field instead of if/elif over a tuple of strings.
 
-A config value is a registered name ("gspo") or `module:function` (the same loader, and the same
-errors, as `config.reward.fn`): the callable is imported once, checked, and registered under that
-spec, so `--config.grpo.policy_loss=mylosses:my_loss` runs a user's loss without editing
-rossjax. In Python, `POLICY_LOSSES.register("name")` as a decorator does the same.
+A config value is a registered name ("gspo") or `module:function` (rossjax.plugins, the loader
+and the error of every such field): the callable is imported once, checked, and registered under
+that spec, so `--config.grpo.policy_loss=mylosses:my_loss` runs a user's loss without editing
+rossjax. In Python, `POLICY_LOSS_REGISTRY.register("name")` as a decorator does the same. Each
+registry is named for its kind (KL_REGISTRY, ADVANTAGE_REGISTRY, POLICY_LOSS_REGISTRY,
+AGGREGATION_REGISTRY); grpo_losses' tuples of the same kinds hold the built-in names.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rossjax.errors import ConfigError
-from rossjax.verify import rewards
+from rossjax.plugins import load_callable
 
 
 class Registry:
@@ -43,7 +45,7 @@ class Registry:
         if name in self._items:
             return self._items[name]
         if isinstance(name, str) and ":" in name:
-            obj = rewards.load_custom(name, field=self.field)
+            obj = load_callable(name, field=self.field)
             why = self._check(obj) if self._check else None
             if why:
                 raise ConfigError(f"{self.field} {name!r}: {why}")
