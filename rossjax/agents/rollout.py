@@ -2,12 +2,13 @@
 
     row = run_episode(env, task, OpenAIPolicy("http://127.0.0.1:8000/v1", "model"), rid="r0")
 
-Each turn the policy's reply is parsed for tool calls (the endpoint's structured `tool_calls`,
-else the text as the template writes them: hermes or react, parse.py), the environment's
-observations are appended as tool messages, until the env says done, the policy answers without
-a call (then `env.finish` judges it), `max_turns`, or the character budget of the history
-(`max_chars`; `window` keeps only the opening messages and the last `window` messages in what
-is SENT, the row keeps everything). A malformed call is an observation naming the fault.
+Each turn is agents/episode.py's: the policy's reply is parsed for tool calls (the endpoint's
+structured `tool_calls`, else the text as the template writes them: hermes or react), the
+environment's observations are appended as tool messages, until the env says done, the policy
+answers without a call (then `env.finish` judges it), `max_turns`, or the character budget of
+the history (`max_chars`; `window` keeps only the opening messages and the last `window`
+messages in what is SENT, the row keeps everything). A malformed call is an observation
+naming the fault. This module is the transport: the POST, the window, the log-probs.
 
 Per-token sampler log-probs are kept per assistant message when the endpoint returns them
 (`logprobs: true`), under `agent.logprobs`, and the sampled ids under `agent.token_ids` when
@@ -22,8 +23,9 @@ from __future__ import annotations
 import json
 import time
 
-from rossjax.agents.env import Environment, Observation, ToolCall, timed_step
-from rossjax.agents.parse import parse_tool_calls
+from rossjax.agents.env import EnvHandle, Environment, as_handle
+from rossjax.agents.episode import Episode, Reply, play
+from rossjax.agents.parse import STYLES, parser
 from rossjax.errors import InputError
 from rossjax.openai_api import ChatClient, ChatError
 
@@ -71,74 +73,53 @@ class OpenAIPolicy:
                 "token_ids": ids if toks and len(ids) == len(toks) else None}
 
 
-def _structured(tcs, n0: int):
-    calls, errors = [], []
-    for k, tc in enumerate(tcs):
-        fn = tc.get("function", {}) if isinstance(tc, dict) else {}
-        args = fn.get("arguments", {})
-        try:
-            args = json.loads(args) if isinstance(args, str) else args
-        except json.JSONDecodeError:
-            args = None
-        if not isinstance(fn.get("name"), str) or not isinstance(args, dict):
-            errors.append(f"tool call {k + 1}: needs a name and object arguments")
-            continue
-        calls.append(ToolCall(fn["name"], args, tc.get("id") or f"call_{n0 + len(calls)}"))
-    return calls, errors
-
-
 def _sent(messages: list[dict], window: int | None, n_open: int) -> list[dict]:
     if not window or len(messages) <= n_open + window:
         return messages
     return messages[:n_open] + messages[-window:]
 
 
-def run_episode(env: Environment, task: dict, policy, rid: str, style: str = "hermes",
-                max_turns: int = 8, max_chars: int = 200_000, window: int | None = None) -> dict:
+class _Transport:
+    """The HTTP driver's model call: what is sent (the window), and the per-message log-probs
+    and sampled ids the endpoint returned, keyed by the index the reply's message will take."""
+
+    def __init__(self, policy, tools: list, window: int | None, n_open: int):
+        self.policy, self.tools, self.window, self.n_open = policy, tools, window, n_open
+        self.logprobs: dict[str, list] = {}
+        self.token_ids: dict[str, list] = {}  # message index -> the sampler's ids, when known
+
+    def __call__(self, ep: Episode) -> Reply:
+        reply = self.policy(_sent(ep.messages, self.window, self.n_open), self.tools)
+        at = str(len(ep.messages))
+        if reply.get("logprobs"):
+            self.logprobs[at] = reply["logprobs"]
+        if reply.get("token_ids"):
+            self.token_ids[at] = reply["token_ids"]
+        return Reply(reply["content"], reply["tool_calls"])
+
+
+def run_episode(env: Environment | EnvHandle, task: dict, policy, rid: str,
+                style: str = "hermes", max_turns: int = 8, max_chars: int = 200_000,
+                window: int | None = None) -> dict:
     """One episode as a rollout row (docs/data.md): id, task, tools, messages with tool calls
     and tool results, verifier (the env's verdict), reward, and `agent` (turns, stop reason,
-    per-message log-probs)."""
+    per-message log-probs). `policy(messages, tools)` answers a chat completion's message."""
+    if style not in STYLES:
+        raise ValueError(f"tool-call style {style!r} is not one of {', '.join(STYLES)}")
+    env = as_handle(env)
     messages = env.reset(task)
-    n_open, n_calls, verdict, stop = len(messages), 0, None, "max_turns"
-    logprobs: dict[str, list] = {}
-    token_ids: dict[str, list] = {}  # message index -> the sampler's ids, when the server says
-    deadline = time.monotonic() + float(env.episode_timeout_s)
-    turns = 0
-    for turns in range(1, max_turns + 1):
-        reply = policy(_sent(messages, window, n_open), env.tools)
-        text = reply["content"]
-        calls, errors = (_structured(reply["tool_calls"], n_calls) if reply["tool_calls"]
-                         else parse_tool_calls(text, style, n_calls))
-        n_calls += len(calls)
-        msg = {"role": "assistant", "content": text}
-        if calls:
-            msg["tool_calls"] = [c.to_message() for c in calls]
-        if reply.get("logprobs"):
-            logprobs[str(len(messages))] = reply["logprobs"]
-        if reply.get("token_ids"):
-            token_ids[str(len(messages))] = reply["token_ids"]
-        messages.append(msg)
-        if not calls and not errors:
-            verdict, stop = env.finish(text), "answered"
-            break
-        obs = [Observation("error: malformed tool call: " + e) for e in errors]
-        done = False
-        if calls:
-            got, done, verdict = timed_step(env, calls, deadline)
-            obs = list(got) + obs
-        messages += [o.to_message() for o in obs]
-        if done:
-            stop = "done"
-            break
-        if sum(len(m.get("content") or "") for m in messages) > max_chars:
-            stop = "context_budget"
-            break
+    ep = Episode(env=env, messages=messages, max_turns=max_turns, parse=parser(style),
+                 deadline=time.monotonic() + float(env.episode_timeout_s))
+    call = _Transport(policy, env.tools, window, len(messages))
+    stop = play(ep, call, lambda e: sum(len(m.get("content") or "") for m in e.messages)
+                <= max_chars)
+    verdict = ep.verdict
     passed = verdict.passed if verdict else None
     return {"id": rid, "task": {"id": str(task.get("id", rid)), "domain": env.name,
                                 "prompt": task["prompt"]},
-            "tools": env.tools, "messages": messages,
+            "tools": env.tools, "messages": ep.messages,
             "verifier": {"name": f"agents.{env.name}", "passed": passed,
                          "evidence": verdict.evidence if verdict else f"no verdict ({stop})"},
             "reward": 1.0 if passed else 0.0,
-            "agent": {"turns": turns, "stop": stop, "style": style, "logprobs": logprobs,
-                      "token_ids": token_ids}}
+            "agent": {"turns": ep.turns, "stop": str(stop), "style": style,
+                      "logprobs": call.logprobs, "token_ids": call.token_ids}}
