@@ -22,6 +22,7 @@ import pytest
 
 from rossjax import models
 from rossjax.agents import Environment, Observation, ToolCall
+from rossjax.agents.env import LocalEnv
 from rossjax.curate import compile_rollout
 from rossjax.tokenizers import load_tokenizer
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
@@ -175,10 +176,10 @@ def test_malformed_calls_are_observations_not_crashes(tiny):
         reward, verdict = agentic_grpo.verdict_of(t)
         assert reward == 0.0 and verdict["passed"] is False and "max_turns" in verdict["evidence"]
     # hermes: an unclosed call and non-JSON are parsed into error observations too
-    turns = agentic._Turns(_spec(style="hermes"), tok, "chatml", tok.eos_id)
-    t = agentic.Trajectory({"id": "x"}, 0, EchoEnv(), [{"role": "user", "content": "q"}], [])
-    t.ids = tok.encode(agentic.prompt_text(t.messages, "chatml", tok, []))
-    t.logprobs, t.policy = [0.0] * len(t.ids), [False] * len(t.ids)
+    turns = agentic.TokenTurns(_spec(style="hermes"), tok, "chatml")
+    opening = [{"role": "user", "content": "q"}]
+    t = turns.start({"id": "x"}, 0, LocalEnv(EchoEnv()), opening, [],
+                    tok.encode(agentic.prompt_text(opening, "chatml", tok, [])))
     t.deadline = time.monotonic() + 10
     sampled = tok.encode("<tool_call>{nope</tool_call><tool_call>{") + [tok.eos_id]
     nxt = turns.after_turn(t, sampled, [-1.0] * len(sampled), "stop")

@@ -1,5 +1,5 @@
 """Agent environments on CPU worker processes: agentic rollouts step each episode's env in its own
-worker (rossjax.train.agentic.RemoteEnv over rossjax.verify.pool.Worker); a hung step is
+worker (rossjax.agents.remote.RemoteEnv over rossjax.verify.pool.Worker); a hung step is
 killed and fails only its episode, a worker that dies fails only its episode.
 
 This module's top level must stay jax-free: the workers import it to build PoolEnv."""
@@ -72,10 +72,11 @@ def _alive(pid) -> bool:
 
 
 def test_env_lives_and_steps_in_a_jax_free_worker(tmp_path):
+    from rossjax.agents.remote import RemoteEnv
     from rossjax.train import agentic
 
     log = tmp_path / "close.log"
-    env = agentic.RemoteEnv(_spec(agentic, str(log)))
+    env = RemoteEnv(_spec(agentic, str(log)))
     assert env.reset({"id": "ok", "prompt": "p"}) == [{"role": "user", "content": "p"}]
     assert env.name == "pool" and env.pid != os.getpid()
     obs, done, verdict = env.step([ToolCall("probe", {}, "c0")], time.monotonic() + 30)

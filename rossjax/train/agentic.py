@@ -5,8 +5,9 @@
 
 Each task's `group` candidates are live engine sequences (one shared prefill, `hold=True`).
 When a candidate's turn ends (the end-of-turn token, or the turn's token budget), its sampled
-text is parsed for tool calls (rossjax.agents.parse; `style` hermes | react | module:function),
-the environment steps (in its own CPU worker process: rossjax.agents.remote.RemoteEnv), and the
+text is taken by the one agent turn (rossjax.agents.episode: tool calls parsed by `style`
+hermes | react | module:function, the env stepped in its own CPU worker process through
+rossjax.agents.remote.RemoteEnv, an agents.EnvHandle), and the
 observations, rendered as tool messages by the chat template, are tokenized and APPENDED to the
 live sequence (Engine.extend: the history is never prefilled again) up to where the next
 assistant turn starts. An episode ends when the policy answers without a call (`env.finish`
@@ -34,34 +35,30 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import json
 import time
 
 import numpy as np
 
 from rossjax import sharding
-from rossjax.agents import Environment, Observation, make_env, timed_step
-from rossjax.agents.parse import STYLES, parse_tool_calls
+from rossjax.agents.env import EnvSpec
+from rossjax.agents.episode import Episode, Reply, StopReason
+from rossjax.agents.parse import parser
 from rossjax.agents.remote import RemoteEnv
 from rossjax.engine import Engine, SamplingParams, bucket_length
 from rossjax.errors import ConfigError, InputError
-from rossjax.templates import render_chat
+from rossjax.templates import render_chat, render_prompt
 from rossjax.tokenizers import byte_to_char_offsets
-from rossjax.verify.base import load_fn
-from rossjax.verify.verdict import Verdict
 
 
 @dataclasses.dataclass(frozen=True)
-class AgentSpec:
-    env: str = "calculator"
-    env_kwargs: str = "{}"          # JSON object of keyword arguments for the env class
+class AgentSpec(EnvSpec):
+    """config.agent: the environment (agents.EnvSpec's fields) and the episode's budgets."""
+
     style: str = "hermes"           # hermes | react | module:function (text, n0) -> (calls, errors)
     max_turns: int = 4
     max_tokens: int = 1024          # context budget of a trajectory, in tokens
     max_new_tokens: int = 64        # per policy turn
     tools_in_prompt: bool = True    # render the env's tools into the prompt (and the row)
-    step_timeout_s: float = 10.0
-    episode_timeout_s: float = 120.0
 
     @classmethod
     def from_config(cls, a, max_new_tokens: int) -> AgentSpec:
@@ -69,55 +66,44 @@ class AgentSpec:
         return cls(**{k: v for k, v in a.to_dict().items() if k in fields},
                    max_new_tokens=int(max_new_tokens))
 
-    def kwargs(self) -> dict:
-        try:
-            kw = json.loads(self.env_kwargs or "{}")
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"config.agent.env_kwargs is not JSON ({e.msg}).") from None
-        if not isinstance(kw, dict):
-            raise ConfigError("config.agent.env_kwargs must be a JSON object.")
-        return kw
-
-    def make_env(self) -> Environment:
-        return make_env(self.env, step_timeout_s=self.step_timeout_s,
-                        episode_timeout_s=self.episode_timeout_s, **self.kwargs())
-
     def parser(self):
-        if self.style in STYLES:
-            return lambda text, n0: parse_tool_calls(text, self.style, n0)
-        return load_fn(self.style, "config.agent.style")
+        return parser(self.style, "config.agent.style")
+
+    def env_spec(self) -> EnvSpec:
+        """The env part alone: handles are reused across specs that differ only in budgets."""
+        return EnvSpec(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EnvSpec)})
 
     def cache_len(self) -> int:
         """Slot columns: prompt and observations round up to engine buckets (at most 2x, or 16)."""
         return 2 * self.max_tokens + 16 * (self.max_turns + 1)
 
 
-@dataclasses.dataclass
-class Trajectory:
+@dataclasses.dataclass(kw_only=True)
+class Trajectory(Episode):
+    """An episode (agents.Episode: env, messages, turns, stop, verdict, calls) on the engine,
+    with the exact tokens: `ids`, the sampler's `logprobs`, `policy` (bool per token)."""
+
     task: dict
     sample: int
-    env: object                 # RemoteEnv (rollouts), or an in-process Environment
-    messages: list
     tools: list
     ids: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
     policy: list = dataclasses.field(default_factory=list)     # bool per token
-    calls: dict = dataclasses.field(default_factory=dict)      # message index -> parsed calls
-    turns: int = 0
-    n_calls: int = 0
-    stop: str = ""
-    verdict: object = None
     truncated: bool = False     # the last policy turn ran out of tokens
-    timed_out: bool = False     # a step overran its limit
     spans: list = dataclasses.field(default_factory=list)
     note: str = ""              # why the stored ids do not spell the rendering, if they do not
-    deadline: float = 0.0
     n_prompt: int = 0
     closed: bool = False        # env.close() was called (the episode ended)
 
     @property
     def policy_tokens(self) -> int:
         return int(sum(self.policy))
+
+    def add(self, ids: list, logprobs: list | None = None):
+        """Append tokens: sampled ones with their log-probs, else context (log-prob 0)."""
+        self.ids += ids
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.policy += [logprobs is not None] * len(ids)
 
 
 def render(messages, template, tok, tools):
@@ -126,8 +112,7 @@ def render(messages, template, tok, tools):
 
 def prompt_text(messages, template, tok, tools) -> str:
     """The rendering of `messages` up to where the next assistant turn's content starts."""
-    r = render(messages + [{"role": "assistant", "content": ""}], template, tok, tools)
-    return r.text[:r.part(len(messages), "content").start]
+    return render_prompt(messages, template, tok, tools)
 
 
 def assistant_message(history, text, calls, template, tok, tools) -> dict:
@@ -146,77 +131,73 @@ def assistant_message(history, text, calls, template, tok, tools) -> dict:
     return msg if same else raw
 
 
-def _budget(spec, eng, traj, seq_id, n_next: int) -> int:
-    """Tokens the next turn may sample after `n_next` more context tokens (< 1: no room)."""
-    col = eng.result(seq_id).col
-    room_tok = spec.max_tokens - len(traj.ids) - n_next
-    room_col = eng.lay.max_len - col - bucket_length(max(n_next, 1))
-    return min(spec.max_new_tokens, room_tok, room_col)
+class TokenTurns:
+    """The token side of the engine's episodes: each finished turn is decoded and taken by
+    agents.Episode.turn (the one agent turn); what it appends is kept as exact ids."""
 
-
-class _Turns:
-    """The host side of one batch of rollouts: what each finished turn does next."""
-
-    def __init__(self, spec, tok, template, eos):
-        self.spec, self.tok, self.template, self.eos = spec, tok, template, eos
+    def __init__(self, spec: AgentSpec, tok, template: str):
+        self.spec, self.tok, self.template = spec, tok, template
         self.parse = spec.parser()
+
+    def start(self, task: dict, sample: int, env, opening: list, tools: list,
+              prompt: list) -> Trajectory:
+        """A trajectory whose context so far is `prompt` (the ids of `opening`'s rendering)."""
+        t = Trajectory(env=env, messages=[dict(m) for m in opening], tools=tools, task=task,
+                       sample=sample, max_turns=self.spec.max_turns, parse=self.parse,
+                       n_prompt=len(prompt))
+        t.add(list(prompt))
+        return t
 
     def after_turn(self, traj: Trajectory, toks, lps, finish: str):
         """Append the turn, step the env; returns the observation text to append, or None when
         the episode ended (traj.stop set)."""
-        spec, tok = self.spec, self.tok
-        traj.ids += toks
-        traj.logprobs += lps
-        traj.policy += [True] * len(toks)
+        traj.add(list(toks), list(lps))
         stopped = finish == "stop"
         traj.truncated = not stopped
-        traj.turns += 1
+        text = self._text(traj, toks, stopped)
+        if text is None or traj.turn(Reply(text), self._message(traj)) is not None:
+            return None
+        return self.delta(traj, prompt_text(traj.messages, self.template, self.tok, traj.tools))
+
+    def _text(self, traj: Trajectory, toks, stopped: bool) -> str | None:
+        """The turn's text, or None when no text spells its tokens (the episode ended)."""
+        tok = self.tok
         bad = [t for t in toks if t >= tok.vocab_size]
         if bad:  # a model vocabulary padded past the tokenizer's: an id with no text
             traj.note = (f"the policy sampled token id {bad[0]}, which the tokenizer's "
                          f"{tok.vocab_size} tokens have no text for")
-            traj.messages.append({"role": "assistant", "content": tok.decode(
-                [t for t in toks[:-1 if stopped else None] if t < tok.vocab_size])})
-            traj.verdict, traj.stop = Verdict(False, traj.note), "unknown_token"
+            traj.unreadable(tok.decode([t for t in toks[:-1 if stopped else None]
+                                        if t < tok.vocab_size]), StopReason.UNKNOWN_TOKEN,
+                            traj.note)
             return None
         raw = tok.decode_bytes(toks[:-1] if stopped else toks)
         try:
-            text = raw.decode("utf-8")
+            return raw.decode("utf-8")
         except UnicodeDecodeError as e:  # no text spells these bytes: nothing to render
-            traj.note = f"the policy's turn {traj.turns} is not UTF-8 ({e.reason} at byte {e.start})"
-            traj.messages.append({"role": "assistant", "content": raw.decode("utf-8", "replace")})
-            traj.verdict, traj.stop = Verdict(False, traj.note), "invalid_utf8"
+            traj.note = (f"the policy's turn {traj.turns + 1} is not UTF-8 ({e.reason} at byte "
+                         f"{e.start})")
+            traj.unreadable(raw.decode("utf-8", "replace"), StopReason.INVALID_UTF8, traj.note)
             return None
-        try:
-            calls, errors = self.parse(text, traj.n_calls)
-        except Exception as e:  # a user's parser that raises: the policy's observation
-            calls, errors = [], [f"the tool-call parser raised {type(e).__name__}: {e}"[:300]]
-        traj.n_calls += len(calls)
-        msg = assistant_message(traj.messages, text, calls, self.template, tok, traj.tools)
-        if calls and "tool_calls" not in msg:
-            traj.calls[str(len(traj.messages))] = [c.to_message() for c in calls]
-        traj.messages.append(msg)
-        if not calls and not errors:
-            traj.verdict, traj.stop = _finish(traj, text), "answered"
+
+    def _message(self, traj: Trajectory):
+        return lambda history, text, calls: assistant_message(history, text, calls,
+                                                              self.template, self.tok, traj.tools)
+
+    def observe(self, traj: Trajectory, text: str | None, room) -> tuple | None:
+        """(context ids of `text`, the next turn's token budget), appended to traj; None when
+        the episode ended (CONTEXT_BUDGET when nothing fits). `room(n)`: the cache columns
+        left for sampling after n more context tokens."""
+        if text is None:
             return None
-        obs = [Observation("error: malformed tool call: " + e) for e in errors]
-        done = False
-        if calls:
-            t0 = time.monotonic()
-            limit = min(float(traj.env.step_timeout_s), traj.deadline - t0)
-            got, done, traj.verdict = (traj.env.step(calls, traj.deadline)
-                                       if isinstance(traj.env, RemoteEnv)
-                                       else timed_step(traj.env, calls, traj.deadline))
-            traj.timed_out = time.monotonic() - t0 >= limit
-            obs = list(got) + obs
-        traj.messages += [o.to_message() for o in obs]
-        if done:
-            traj.stop = "done"
+        ids = self.tok.encode(text)
+        spec = self.spec
+        budget = min(spec.max_new_tokens, spec.max_tokens - len(traj.ids) - len(ids),
+                     room(len(ids)))
+        if not ids or budget < 1:
+            traj.end(StopReason.CONTEXT_BUDGET)
             return None
-        if traj.turns >= spec.max_turns:
-            traj.stop = "max_turns"
-            return None
-        return self.delta(traj, prompt_text(traj.messages, self.template, tok, traj.tools))
+        traj.add(ids)
+        return ids, budget
 
     def delta(self, traj: Trajectory, full: str):
         """The text after what traj.ids spell, or None (traj.note says why) when the template
@@ -227,11 +208,11 @@ class _Turns:
             k = next((i for i, (a, b) in enumerate(zip(head, body)) if a != b), len(body))
             traj.note = (f"the template's rendering of the history differs from the tokens so far "
                          f"at byte {k}; the episode stops")
-            traj.stop = "template_mismatch"
+            traj.end(StopReason.TEMPLATE_MISMATCH)
             return None
         return body[len(head):].decode("utf-8")
 
-    def finish(self, traj: Trajectory):
+    def close_record(self, traj: Trajectory):
         """Close the record: the rendering's tail (the last observations, a truncated turn's end
         marker) as context tokens, then the per-message span map."""
         tok = self.tok
@@ -240,17 +221,8 @@ class _Turns:
             tail = self.delta(traj, full)
             if tail:
                 tail = tail[:-1] if tail.endswith("\n") else tail  # as single-turn rows end
-                ids = tok.encode(tail)
-                traj.ids += ids
-                traj.logprobs += [0.0] * len(ids)
-                traj.policy += [False] * len(ids)
+                traj.add(tok.encode(tail))
         traj.spans = message_spans(traj, full, tok, self.template)
-
-
-def _finish(traj: Trajectory, text: str):
-    if isinstance(traj.env, RemoteEnv):
-        return traj.env.finish(text, traj.deadline)
-    return traj.env.finish(text)
 
 
 def message_spans(traj: Trajectory, full: str, tok, template) -> list:
@@ -282,58 +254,68 @@ def rollouts(model_cfg, params, tok, tasks, spec: AgentSpec, *, group: int, temp
     `threads`: env steps waited on at once (default: one per episode; a step's limit is counted
     from when it is sent). `envs`: RemoteEnv handles to reuse (their workers keep the env
     between episodes, reset per episode: a corpus env indexes once), extended in place to one
-    per episode; a handle of another spec, or whose worker was lost, is replaced."""
+    per episode; a handle of another env spec, or whose worker was lost, is replaced."""
     if tok.eos_id is None:
         raise ConfigError("the tokenizer has no end-of-turn token (eos) to end a policy turn.")
-    turns = _Turns(spec, tok, template, tok.eos_id)
+    turns = TokenTurns(spec, tok, template)
     part = sharding.as_partitioner(partitioner)
     mult = 1 if part is None else part.batch_size_multiple()
     n = len(tasks) * group
-    envs = [] if envs is None else envs
-    envs += [RemoteEnv(spec) for _ in range(n - len(envs))]
-    for k, e in enumerate(envs[:n]):
-        if not isinstance(e, RemoteEnv) or e.spec != spec or e.lost:
-            envs[k] = RemoteEnv(spec)
-        envs[k].start()  # the workers boot while the engine builds
+    envs = _handles([] if envs is None else envs, spec.env_spec(), n)
     eng = Engine(model_cfg, params, slots=-(-n // mult) * mult, max_len=spec.cache_len(),
                  partitioner=part, n_stop=1, chunk=min(spec.max_new_tokens, 16))
     trajs, by_seq = [], {}
     for i, task in enumerate(tasks):
-        group_envs = envs[i * group:(i + 1) * group]
-        opening = [e.reset(task) for e in group_envs]
-        if any(m != opening[0] for m in opening):
-            raise InputError(f"environment {spec.env!r}: reset of task {task.get('id')!r} gave "
-                             f"different messages for candidates of one group; it must be "
-                             f"deterministic (the group shares one prefill).")
-        tools = list(group_envs[0].tools) if spec.tools_in_prompt else []
-        prompt = tok.encode(prompt_text(opening[0], template, tok, tools))
-        group_trajs = [Trajectory(task, j, e, [dict(m) for m in opening[0]], tools,
-                                  n_prompt=len(prompt)) for j, e in enumerate(group_envs)]
-        for t in group_trajs:
-            t.ids, t.logprobs, t.policy = list(prompt), [0.0] * len(prompt), [False] * len(prompt)
-        budget = min(spec.max_new_tokens, spec.max_tokens - len(prompt),
-                     eng.lay.max_len - bucket_length(max(len(prompt), 1)))
-        if budget < 1:
-            raise ConfigError(f"task {task.get('id')!r}: its {len(prompt)}-token prompt leaves no "
-                              f"room in config.agent.max_tokens ({spec.max_tokens}).")
-        sp = SamplingParams(budget, float(temperature), float(top_p), int(top_k), (tok.eos_id,),
+        sp = SamplingParams(1, float(temperature), float(top_p), int(top_k), (tok.eos_id,),
                             (int(seed) % (1 << 32)) << 32 | i)
-        for t, sid in zip(group_trajs, eng.submit(prompt, sp, n=group, hold=True)):
-            t.deadline = time.monotonic() + float(spec.episode_timeout_s)
-            by_seq[sid] = t
+        group_trajs = _start_group(eng, turns, task, envs[i * group:(i + 1) * group], sp, by_seq)
         trajs += group_trajs
     try:
-        _drive(eng, turns, spec, tok, by_seq, threads)
+        _drive(eng, turns, by_seq, threads)
         for t in trajs:
-            turns.finish(t)
+            turns.close_record(t)
     finally:  # an env holding resources (bash's scratch copy) lets them go
         for t in trajs:
             _close(t)
     for k, t in enumerate(trajs):
         if t.timed_out or t.env.lost:  # an overrun step may still run: that env is not reused
             t.env.shutdown()
-            envs[k] = RemoteEnv(spec)
+            envs[k] = RemoteEnv(spec.env_spec())
     return trajs
+
+
+def _handles(envs: list, env_spec: EnvSpec, n: int) -> list:
+    """`envs` extended in place to `n` started RemoteEnvs of `env_spec` (others replaced)."""
+    envs += [RemoteEnv(env_spec) for _ in range(n - len(envs))]
+    for k, e in enumerate(envs[:n]):
+        if not isinstance(e, RemoteEnv) or e.spec != env_spec or e.lost:
+            envs[k] = RemoteEnv(env_spec)
+        envs[k].start()  # the workers boot while the engine builds
+    return envs
+
+
+def _start_group(eng, turns: TokenTurns, task: dict, group_envs: list, sp: SamplingParams,
+                 by_seq: dict) -> list:
+    """Reset the group's envs and submit their one shared prompt (`sp` with its budget set)."""
+    spec, tok, template = turns.spec, turns.tok, turns.template
+    opening = [e.reset(task) for e in group_envs]
+    if any(m != opening[0] for m in opening):
+        raise InputError(f"environment {spec.env!r}: reset of task {task.get('id')!r} gave "
+                         f"different messages for candidates of one group; it must be "
+                         f"deterministic (the group shares one prefill).")
+    tools = list(group_envs[0].tools) if spec.tools_in_prompt else []
+    prompt = tok.encode(prompt_text(opening[0], template, tok, tools))
+    budget = min(spec.max_new_tokens, spec.max_tokens - len(prompt),
+                 eng.lay.max_len - bucket_length(max(len(prompt), 1)))
+    if budget < 1:
+        raise ConfigError(f"task {task.get('id')!r}: its {len(prompt)}-token prompt leaves no "
+                          f"room in config.agent.max_tokens ({spec.max_tokens}).")
+    group = [turns.start(task, j, e, opening[0], tools, prompt) for j, e in enumerate(group_envs)]
+    sp = dataclasses.replace(sp, max_new_tokens=budget)
+    for t, sid in zip(group, eng.submit(prompt, sp, n=len(group), hold=True)):
+        t.deadline = time.monotonic() + float(spec.episode_timeout_s)
+        by_seq[sid] = t
+    return group
 
 
 def _close(traj: Trajectory):
@@ -343,7 +325,7 @@ def _close(traj: Trajectory):
         traj.env.close()
 
 
-def _drive(eng, turns, spec, tok, by_seq, threads):
+def _drive(eng, turns: TokenTurns, by_seq: dict, threads):
     """Decode until every episode ended, stepping envs as turns end."""
     with cf.ThreadPoolExecutor(max_workers=max(1, threads or len(by_seq))) as pool:
         while eng.busy:
@@ -355,19 +337,19 @@ def _drive(eng, turns, spec, tok, by_seq, threads):
                                            *_turn_of(eng, u.seq_id, by_seq[u.seq_id]),
                                            u.finish_reason)) for u in ended]
             for sid, fut in sorted(jobs, key=lambda x: x[0]):
-                traj, text = by_seq[sid], fut.result()
-                ids = tok.encode(text) if text else []
-                b = _budget(spec, eng, traj, sid, len(ids)) if text is not None else 0
-                if text is not None and (not ids or b < 1):
-                    traj.stop = "context_budget"
-                if traj.stop:
+                traj = by_seq[sid]
+                nxt = turns.observe(traj, fut.result(), lambda n, sid=sid: _room(eng, sid, n))
+                if nxt is None:
                     eng.release(sid)
                     _close(traj)
                     continue
-                traj.ids += ids
-                traj.logprobs += [0.0] * len(ids)
-                traj.policy += [False] * len(ids)
-                eng.extend(sid, ids, max_new_tokens=b)
+                ids, budget = nxt
+                eng.extend(sid, ids, max_new_tokens=budget)
+
+
+def _room(eng, seq_id, n_next: int) -> int:
+    """Cache columns the sequence may still sample into after `n_next` more context tokens."""
+    return eng.lay.max_len - eng.result(seq_id).col - bucket_length(max(n_next, 1))
 
 
 def _turn_of(eng, seq_id, traj):

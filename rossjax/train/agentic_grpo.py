@@ -127,7 +127,7 @@ def make_record(traj, *, run: str, step: int, style: str) -> dict:
            "messages": traj.messages,
            "token_ids": [int(t) for t in traj.ids],
            "logprobs": [float(x) for x, p in zip(traj.logprobs, traj.policy) if p],
-           "agent": {"env": traj.env.name, "turns": traj.turns, "stop": traj.stop,
+           "agent": {"env": traj.env.name, "turns": traj.turns, "stop": str(traj.stop),
                      "style": style, "policy_spans": _runs(traj.policy),
                      "message_spans": traj.spans, "calls": traj.calls, "note": traj.note,
                      "reward": reward, "verdict": verdict}}
