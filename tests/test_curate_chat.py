@@ -220,3 +220,22 @@ def test_tokenizer_template_refusals():
     assert e.value.code == "template_unavailable"
     with pytest.raises(ValueError, match="not one of"):
         render_chat(AGENT, "vicuna")
+
+
+@pytest.mark.parametrize("template", ["chatml", "llama3", "mistral"])
+def test_render_prompt_is_the_rendering_up_to_the_answer(template):
+    """templates.render_prompt (the one copy: GRPO prompts, serve, generate, agentic turns):
+    prompt + answer is the finished conversation's rendering up to the answer's end."""
+    from rossjax.templates import render_prompt
+    from rossjax.train import rollout
+
+    msgs = AGENT[:2]
+    full = render_chat(msgs + [{"role": "assistant", "content": "Sure."}], template)
+    answer = full.part(2, "content")
+    assert render_prompt(msgs, template) + "Sure." == full.text[:answer.end]
+    assert rollout.render_prompt is render_prompt  # the old import path still works
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+    assert render_prompt(msgs, template, tools=tools) == render_chat(
+        msgs + [{"role": "assistant", "content": ""}], template, tools=tools).text[
+            :render_chat(msgs + [{"role": "assistant", "content": ""}], template,
+                         tools=tools).part(2, "content").start]

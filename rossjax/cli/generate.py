@@ -91,10 +91,9 @@ def main(argv=None) -> int:
              for i, m in enumerate(fv.message)]
 
     from rossjax.sample import generate
-    from rossjax.templates import TEMPLATES
+    from rossjax.templates import TEMPLATES, render_prompt
     from rossjax.tokenizers import load_tokenizer
     from rossjax.train.export import load_model_dir
-    from rossjax.train.rollout import render_prompt
 
     cfg, params, spec, run_template, what = load_model_dir(fv.model, fv.step, fv.dtype)
     spec = fv.tokenizer or spec

@@ -103,7 +103,7 @@ class Server:
         return sp, int(n), stops
 
     def _chat_prompt(self, body) -> list[int]:
-        from rossjax.train.rollout import render_prompt
+        from rossjax.templates import render_prompt
 
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:

@@ -34,7 +34,8 @@ from rossjax.templates.jinja import render_jinja
 from rossjax.templates.spans import Part, Rendered, TemplateError, tool_call_fields
 
 TEMPLATES = ("chatml", "llama3", "mistral", "tokenizer")
-__all__ = ["Part", "Rendered", "TEMPLATES", "TemplateError", "render_chat", "tool_call_fields"]
+__all__ = ["Part", "Rendered", "TEMPLATES", "TemplateError", "render_chat", "render_prompt",
+           "tool_call_fields"]
 
 
 _BUILTIN = {"chatml": chatml, "llama3": llama3, "mistral": mistral}
@@ -59,3 +60,12 @@ def render_chat(messages, template: str = "chatml", tokenizer=None, tools=None,
     except (KeyError, TypeError, AttributeError, ValueError) as e:  # a row the template cannot take
         raise TemplateError("template_error", f"template {template} cannot render this row: "
                                               f"{type(e).__name__}: {e}") from None
+
+
+def render_prompt(messages, template: str = "chatml", tokenizer=None, tools=None) -> str:
+    """The rendering of `messages` up to where the next assistant turn's content starts (its
+    header included): what a sampler continues, so prompt + completion + end marker spell what
+    `render_chat` renders for the finished conversation."""
+    r = render_chat(list(messages) + [{"role": "assistant", "content": ""}], template, tokenizer,
+                    tools=tools or None)
+    return r.text[:r.part(len(messages), "content").start]

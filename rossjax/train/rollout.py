@@ -29,7 +29,7 @@ import random
 import numpy as np
 
 from rossjax.errors import ConfigError, InputError
-from rossjax.templates import render_chat
+from rossjax.templates import render_prompt  # noqa: F401 (imported from here too)
 from rossjax.verify import generator_context, induction_task, math_task
 
 _LETTERS = "abcdefgh"
@@ -121,12 +121,6 @@ def prompt_messages(task: dict, system: str = "") -> list[dict]:
         return [dict(m) for m in task["messages"]]
     msgs = [{"role": "system", "content": system}] if system else []
     return msgs + [{"role": "user", "content": task["prompt"]}]
-
-
-def render_prompt(messages: list[dict], template: str = "chatml", tokenizer=None) -> str:
-    """The text up to where the assistant's answer starts (its header included)."""
-    r = render_chat(messages + [{"role": "assistant", "content": ""}], template, tokenizer)
-    return r.text[:r.part(len(messages), "content").start]
 
 
 def task_for_record(task: dict) -> dict:

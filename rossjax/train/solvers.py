@@ -61,9 +61,9 @@ def sample_texts(mc, params, tok, prompts_msgs, n, c, seed, template="chatml"):
     """n answers per prompt (chat-rendered) from a model, decoded without the end marker; one
     that reached max_new_tokens without it is a Truncated text."""
     from rossjax import sample
-    from rossjax.train import rollout
+    from rossjax.templates import render_prompt
 
-    prompts = [tok.encode(rollout.render_prompt(m, template, tok)) for m in prompts_msgs]
+    prompts = [tok.encode(render_prompt(m, template, tok)) for m in prompts_msgs]
     gen = sample.generate(mc, params, prompts, c.max_new_tokens, temperature=c.temperature,
                           stop_ids=(tok.eos_id,), num_samples=n, seed=seed)
     texts = [tok.decode([t for t in s if t != tok.eos_id]) for s in gen.sequences()]
