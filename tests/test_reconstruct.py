@@ -568,3 +568,35 @@ def test_retrogen_sft_trains_on_the_serialized_rows_with_left_truncation(tmp_pat
     assert "6 of 6 rows longer than data.seq_len=256" in err and "truncated" in err
     rows = [json.loads(x) for x in open(tmp_path / "w" / "too_long.jsonl")]
     assert len(rows) == 6 and {r["result"] for r in rows} == {"truncated"}
+
+
+def test_a_served_run_passes_what_it_derives_and_never_writes_the_config(tmp_path, monkeypatch):
+    """config.serve.model: the run serves it (here a stand-in LocalServer on the scripted
+    endpoint) and passes the served URL and id to its client, fingerprint and report as
+    arguments; the config is as it was given, and a rerun, all journaled, serves nothing."""
+    from rossjax.reconstruct import local
+
+    started = []
+    with serve() as srv:
+        class Fake:
+            def __init__(self, model, log, **kw):
+                started.append(model)
+                self.url, self.model_id = srv.url, kw["model_id"]
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        monkeypatch.setattr(local, "LocalServer", Fake)
+        c = config("http://unused.invalid/v1", tmp_path, **{"serve.model": "/models/m",
+                                                             "serve.model_id": "served"})
+        before = c.to_dict()
+        rep = rc_run.run(c, str(tmp_path / "w"))
+        assert c.to_dict() == before and started == ["/models/m"]
+        assert rep["buckets"]["kept"] == 6 and rep["model"]["model"] == "served"
+        assert rep["config"]["endpoint"]["base_url"] == srv.url.rstrip("/")
+        again = rc_run.run(c, str(tmp_path / "w"), serve_model="/models/m")
+    assert c.to_dict() == before and started == ["/models/m"]  # all journaled: nothing served
+    assert again["resumed"] == 6 and again["requests"]["requests"] == 0

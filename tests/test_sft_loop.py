@@ -195,3 +195,17 @@ def test_recipe_check_compares_mask_mode_and_rows(tmp_path):
             loop.check_recipe(cfg(recipe), [d])
     notes = loop.check_recipe(cfg("positive_sft"), [old])
     assert len(notes) == 1 and "'rows'" in notes[0] and "verifier_positive" in notes[0]
+
+
+def test_a_derived_model_path_goes_into_the_runs_config_not_the_callers():
+    """train.loop.with_model_path: the exported params of a run workdir given as the model are
+    named in a copy (what the run checks, saves and trains from); the caller's config is read
+    only."""
+    import ml_collections
+
+    cfg = ml_collections.ConfigDict({"model": {"path": "RUN"}, "train": {"seed": 0}})
+    cfg.lock()
+    assert loop.with_model_path(cfg, "RUN") is cfg
+    out = loop.with_model_path(cfg, "RUN/init_params")
+    assert out.model.path == "RUN/init_params" and cfg.model.path == "RUN"
+    assert out.train.seed == 0 and out.is_locked

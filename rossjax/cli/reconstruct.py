@@ -32,13 +32,13 @@ def main(argv=None) -> int:
     out_dir = fv.workdir or cfg.output
     if not out_dir:
         raise ConfigError("reconstruct needs --workdir=DIR (or --config.output=DIR).")
+    serve_model = None  # the config stays as parsed: the built folder is passed along
     if cfg.serve.model == "tiny":
-        with cfg.unlocked():
-            cfg.serve.model = tiny_model(os.path.join(out_dir, "tiny_model"))
+        serve_model = tiny_model(os.path.join(out_dir, "tiny_model"))
     elif not cfg.serve.model and not cfg.endpoint.model:
         raise ConfigError("config.endpoint.model is empty: name the model the endpoint serves "
                           "(or set config.serve.model to a checkpoint to serve it locally).")
-    report = run(cfg, out_dir)
+    report = run(cfg, out_dir, serve_model=serve_model)
     b = report["buckets"]
     why = {**report["reasons"]["withheld"], **report["reasons"]["invalid"]}
     print(json.dumps({"artifacts": report["input_rows"], **b, "resumed": report["resumed"],

@@ -32,16 +32,13 @@ from concurrent.futures import ThreadPoolExecutor
 from rossjax.curate.ledger import Report, RowLists, write_json
 from rossjax.errors import ConfigError, InputError
 from rossjax.openai_api import REASK
-from rossjax.reconstruct import prompts
+from rossjax.reconstruct import journal as journal_lib, prompts
 from rossjax.reconstruct.asking import LONE_SURROGATE, NOT_TEXT, Asker, Settled
 from rossjax.reconstruct.baselines import METHODS, run_artifact
 from rossjax.reconstruct.trace import Tools
 from rossjax.reconstruct.verify import SIGNALS
 from rossjax.review.run import make_client, public_config
 
-JOURNAL = "journal.jsonl"
-_ENTRY = ("row", "id", "sha", "status", "reason", "stage", "detail", "record", "failed_checks",
-          "transcript")
 OUTPUTS = ("trajectories.jsonl", "transcripts.jsonl", "report.json")
 
 
@@ -127,10 +124,21 @@ def read_artifacts(path: str, min_chars: int, max_chars: int = 20_000):
             yield line.row, art, rid, None, f"{where} (artifact {rid})"
 
 
-def fingerprint(cfg) -> str:
+def config_view(cfg, derived: dict | None = None) -> dict:
+    """The config as a dict with the values the run derived (`{"endpoint.model": ...}`: the
+    served model's URL and id, the model folder it built) in place: what the run fingerprints
+    and reports. The config itself is never written."""
+    d = cfg.to_dict()
+    for key, value in (derived or {}).items():
+        section, field = key.split(".")
+        d.setdefault(section, {})[field] = value
+    return d
+
+
+def fingerprint(cfg, derived: dict | None = None) -> str:
     """What an artifact's outcome depends on: settings, prompts, model (not the URL: `:runlocal`
     serves on a fresh port each run; not concurrency, progress or where outputs go)."""
-    d = cfg.to_dict()
+    d = config_view(cfg, derived)
     for k in ("output", "progress", "cache_dir"):
         d.pop(k, None)
     d["serve"] = {k: d.get("serve", {}).get(k) for k in ("model", "model_id", "max_len")}
@@ -147,58 +155,26 @@ def _sha(art: dict) -> str:
     return hashlib.sha256(json.dumps(art, sort_keys=True).encode()).hexdigest()[:16]
 
 
-class Journal:
-    def __init__(self, workdir: str, fp: str):
-        self.path = os.path.join(workdir, JOURNAL)
-        self.done: dict = {}
-        if os.path.exists(self.path):
-            with open(self.path, encoding="utf-8") as f:
-                lines = f.read().splitlines()
-            try:
-                head = json.loads(lines[0]) if lines else {}
-            except ValueError:
-                head = {}
-            if isinstance(head, dict) and head.get("fingerprint") == fp:
-                for ln in lines[1:]:
-                    try:
-                        e = json.loads(ln)
-                        self.done[(e["row"], e["id"])] = {k: e[k] for k in _ENTRY}
-                    except (ValueError, KeyError, TypeError):
-                        break  # a line cut off by a kill: that artifact is asked again
-            else:
-                print(f"reconstruct: {self.path} was written with other settings; starting over",
-                      file=sys.stderr)
-        self.f = open(self.path + ".tmp", "w", encoding="utf-8")
-        self.f.write(json.dumps({"fingerprint": fp}) + "\n")
-        for e in self.done.values():
-            self.f.write(json.dumps(e, ensure_ascii=False) + "\n")
-        self.f.flush()
-        os.replace(self.path + ".tmp", self.path)
-
-    def add(self, entry: dict):
-        self.f.write(json.dumps(entry, ensure_ascii=False) + "\n")
-        self.f.flush()
-        os.fsync(self.f.fileno())
-
-    def close(self):
-        self.f.close()
-
-
 class ReconstructRun:
-    def __init__(self, cfg, workdir: str):
+    """One run over `cfg`; `derived` holds the values it derived instead of configured
+    (config_view): the endpoint it serves itself, the model folder it built."""
+
+    def __init__(self, cfg, workdir: str, derived: dict | None = None):
         from rossjax.agents.corpus import CorpusEnv
 
         check_config(cfg)
-        self.cfg, self.workdir = cfg, workdir
+        self.cfg, self.workdir, derived = cfg, workdir, dict(derived or {})
         os.makedirs(workdir, exist_ok=True)
         for name in OUTPUTS:  # a killed run leaves no report of an earlier run behind
             if os.path.isfile(os.path.join(workdir, name)):
                 os.remove(os.path.join(workdir, name))
         env = CorpusEnv(path=cfg.corpus, k=cfg.search_k)
         self.index, self.tools = env.index, Tools(env)
-        self.client = make_client(cfg, cfg.cache_dir or os.path.join(workdir, "cache"))
-        self.ledger = Report(public_config(cfg))
-        self.journal = Journal(workdir, fingerprint(cfg))
+        self.client = make_client(cfg, cfg.cache_dir or os.path.join(workdir, "cache"),
+                                  base_url=derived.get("endpoint.base_url"),
+                                  model=derived.get("endpoint.model"))
+        self.ledger = Report(public_config(config_view(cfg, derived)))
+        self.journal = journal_lib.Journal(workdir, fingerprint(cfg, derived))
         self.lists = RowLists(workdir, self.ledger)
         self.response_format = ({"type": "json_object"}
                                 if cfg.endpoint.response_format == "json_object" else None)
@@ -342,70 +318,59 @@ class ReconstructRun:
         }
 
 
-def run(cfg, workdir: str) -> dict:
+def run(cfg, workdir: str, serve_model: str | None = None) -> dict:
     """Reconstruct the artifacts of an ml-collections config (configs/reconstruct.py) into
-    `workdir`; serves config.serve.model itself when set. Returns report.json's content. One run
-    per workdir (its run.lock, rossjax/runlock.py): a second one would rewrite the journal and
+    `workdir`; serves config.serve.model itself when set (`serve_model`: the folder to serve in
+    its place, one the caller built for 'tiny'). Returns report.json's content. One run per
+    workdir (its run.lock, rossjax/runlock.py): a second one would rewrite the journal and
     outputs of the first."""
     from rossjax import runlock
 
-    if cfg.serve.model == "tiny":
+    if (serve_model or cfg.serve.model) == "tiny":
         raise ConfigError("config.serve.model='tiny' is built by `rossjax reconstruct` "
                           "(rossjax/cli/reconstruct.py tiny_model); give run() a model folder")
     check_config(cfg)
     lock = runlock.acquire(workdir, "rossjax reconstruct")
     try:
-        return _served(cfg, workdir)
+        return _served(cfg, workdir, {"serve.model": serve_model} if serve_model else {})
     finally:
         if lock is not None:
             lock.release()
 
 
-def _served(cfg, workdir: str) -> dict:
-    if cfg.serve.model and not _pending(cfg, workdir):
+def _served(cfg, workdir: str, derived: dict) -> dict:
+    model = derived.get("serve.model", cfg.serve.model)
+    if not model:
+        return _run(cfg, workdir, derived)
+    # the served run names the model by its id; the URL is not fingerprinted
+    derived = {**derived, "endpoint.model": cfg.serve.model_id}
+    if not _pending(cfg, workdir, derived):
         # every artifact is journaled: nothing will be asked, so nothing is served
-        with cfg.unlocked():
-            cfg.endpoint.base_url, cfg.endpoint.model = "http://127.0.0.1:9/v1", cfg.serve.model_id
-        return _run(cfg, workdir)
-    if cfg.serve.model:
-        from rossjax.reconstruct.local import LocalServer
+        return _run(cfg, workdir, {**derived, "endpoint.base_url": "http://127.0.0.1:9/v1"})
+    from rossjax.reconstruct.local import LocalServer
 
-        os.makedirs(workdir, exist_ok=True)
-        with LocalServer(cfg.serve.model, os.path.join(workdir, "serve.log"),
-                         max_len=cfg.serve.max_len, slots=cfg.serve.slots,
-                         model_id=cfg.serve.model_id, startup_s=cfg.serve.startup_s) as srv:
-            with cfg.unlocked():
-                cfg.endpoint.base_url, cfg.endpoint.model = srv.url, srv.model_id
-            return _run(cfg, workdir)
-    return _run(cfg, workdir)
+    os.makedirs(workdir, exist_ok=True)
+    with LocalServer(model, os.path.join(workdir, "serve.log"), max_len=cfg.serve.max_len,
+                     slots=cfg.serve.slots, model_id=cfg.serve.model_id,
+                     startup_s=cfg.serve.startup_s) as srv:
+        return _run(cfg, workdir, {**derived, "endpoint.base_url": srv.url,
+                                   "endpoint.model": srv.model_id})
 
 
-def _pending(cfg, workdir: str) -> bool:
+def _pending(cfg, workdir: str, derived: dict) -> bool:
     """Whether a run would ask anything: an artifact of the input that the journal (written with
     these settings) does not settle."""
     check_config(cfg)
-    with cfg.unlocked():
-        cfg.endpoint.model = cfg.serve.model_id  # as the served run fingerprints it
-    path, fp, done = os.path.join(workdir, JOURNAL), fingerprint(cfg), set()
-    if not os.path.exists(path):
+    done = journal_lib.settled(workdir, fingerprint(cfg, derived))
+    if done is None:
         return True
-    with open(path, encoding="utf-8") as f:
-        for k, ln in enumerate(f):
-            try:
-                e = json.loads(ln)
-            except ValueError:
-                return True
-            if k == 0 and (not isinstance(e, dict) or e.get("fingerprint") != fp):
-                return True
-            if k and isinstance(e, dict):
-                done.add((e.get("row"), e.get("id"), e.get("sha")))
     return any(art is not None and (row, art["id"], _sha(art)) not in done
                for row, art, *_ in read_artifacts(cfg.input, cfg.min_artifact_chars,
                                                 cfg.max_artifact_chars))
 
 
-def _run(cfg, workdir):
-    r = ReconstructRun(cfg, workdir)
+def _run(cfg, workdir, derived=None):
+    r = ReconstructRun(cfg, workdir, derived)
     try:
         return r.execute()
     finally:

@@ -111,9 +111,13 @@ def public_config(cfg) -> dict:
     return d
 
 
-def make_client(cfg, cache_dir: str) -> ReviewerClient:
+def make_client(cfg, cache_dir: str, *, base_url: str | None = None,
+                model: str | None = None) -> ReviewerClient:
+    """The client of config.endpoint; `base_url` / `model` when the caller derived them (a model
+    it serves itself) instead of configuring them."""
     e = cfg.endpoint
-    return ReviewerClient(e.base_url or None, e.model, api_key=e.api_key or None,
+    return ReviewerClient(base_url or e.base_url or None, model or e.model,
+                          api_key=e.api_key or None,
                           timeout_s=e.timeout_s, max_retries=e.max_retries,
                           temperature=e.temperature, max_tokens=e.max_tokens, cache_dir=cache_dir,
                           backoff_s=e.backoff_s, extra_body=e.get("extra_body", ""),

@@ -134,17 +134,28 @@ def open_train(cfg, paths, rows):
                                 micro_batches=int(cfg.train.micro_batches))
 
 
+def with_model_path(cfg, path: str):
+    """`cfg` itself when it names `path` already, else a copy naming it (config.model.path)."""
+    if path == cfg.model.path:
+        return cfg
+    out = cfg.copy_and_resolve_references()
+    out.model.path = path
+    return out
+
+
 class Trainer:
     """One SFT run: set-up (`__init__`), then `fit()` runs the steps and `close()` ends it."""
 
     def __init__(self, cfg, workdir: str):
         sharding.initialize_distributed(cfg.distributed)
-        self.cfg, self.workdir = cfg, workdir
         lead = jax.process_index() == 0
         ckpt_dir = os.path.join(workdir, "checkpoints")
         workdir_lib.prepare(workdir, "train", ckpt_dir, lead=lead)
-        # a GRPO (or SFT) run's workdir as the model: start from its last checkpoint
-        cfg.model.path = export_lib.init_from_run(cfg.model.path, workdir)
+        # a GRPO (or SFT) run's workdir as the model: start from its last checkpoint. The run's
+        # own config (checked on resume, saved, trained from) names the exported params; the
+        # caller's config is read, never written
+        cfg = with_model_path(cfg, export_lib.init_from_run(cfg.model.path, workdir))
+        self.cfg, self.workdir = cfg, workdir
         data_lib.check_fits_model(cfg, loading.abstract_model(cfg.model)[0].vocab_size)
         self.plan = plan_data(cfg, workdir)
         self.ckpt = ckpt_lib.Checkpointer(ckpt_dir, save_every=cfg.checkpoint.save_every,
