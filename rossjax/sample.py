@@ -10,8 +10,8 @@ slots), which is what GRPO groups need. Rows of sample j of prompt i sit at i * 
 Sample j of prompt i draws from fold_in(fold_in(key(seed), i), j)'s stream (the engine's seeds),
 so the same seed and inputs give the same samples.
 
-`logprobs` are log-softmax at temperature 1 of the *chosen* token under the unmodified logits
-(before temperature, top-k, top-p), i.e. the behaviour log-probs GRPO's importance ratio needs.
+`logprobs` are the log-softmax of logits / temperature (1 when greedy) at the *chosen* token,
+before top-k / top-p: the distribution GRPO's trainer scores for its importance ratio.
 A stop token is kept in the output and counted in `lengths`; after it a row holds padding (0)
 with log-prob 0. A finished row frees its slot at once; with more rows than `_MAX_SLOTS` the
 rest wait and take freed slots (continuous batching). Decoding runs in chunks of 16 steps: once
@@ -44,9 +44,9 @@ _MAX_SLOTS = 256
 @dataclasses.dataclass
 class GenerationResult:
     tokens: np.ndarray        # int32 [n_prompts * num_samples, max_new_tokens], 0 after the end
-    logprobs: np.ndarray      # float32 [same], log p(chosen token) at temperature 1, 0 after the end
+    logprobs: np.ndarray      # float32 [same], log p(chosen token) under logits / T, 0 after the end
     lengths: np.ndarray       # int32 [n_prompts * num_samples], stop token included
-    finish_reason: list       # "stop" | "length" per row
+    finish_reason: list       # "stop" | "length" per row (rossjax.engine.FinishReason values)
 
     def sequences(self) -> list[list[int]]:
         return [self.tokens[i, :n].tolist() for i, n in enumerate(self.lengths)]
@@ -101,5 +101,5 @@ def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], max_new
         s = eng.result(sid)
         k = len(s.tokens)
         tokens[r, :k], logprobs[r, :k], lengths[r] = s.tokens, s.logprobs, k
-        finish.append(s.finish_reason)
+        finish.append(s.finish_reason.value)
     return GenerationResult(tokens, logprobs, lengths, finish)

@@ -1,12 +1,23 @@
-"""The rollout engine: continuous batching over KV-cache slots, shared prefills, hold/extend for
-multi-turn rollouts, per-request seeds, stop tokens, bad requests."""
+"""The rollout engine: the scheduler on host state alone (a fake device, nothing compiled), then
+the compiled engine: continuous batching over several slots equal to each request alone, shared
+prefills, hold/extend for multi-turn rollouts, per-request seeds, stop tokens, bad requests."""
 
 import jax
 import numpy as np
 import pytest
 
 from rossjax import models
-from rossjax.engine import Engine, SamplingParams, kv_slots
+from rossjax.engine import (
+    Engine,
+    ExecutionOutput,
+    FinishReason,
+    SamplingParams,
+    Scheduler,
+    SlotPool,
+    Status,
+    kv_slots,
+)
+from rossjax.errors import InputError
 from rossjax.sample import generate
 
 
@@ -19,6 +30,163 @@ def tiny():
     return cfg, params, prompts
 
 
+# -- the scheduler, on a fake device ---------------------------------------------------------
+class FakeDevice:
+    """Runs a plan on host as kv_slots' programs do: a slot prefilled with prompt p emits
+    p[0] * 100, p[0] * 100 + 1, ...; its budget or a stop id ends it; with exit_on_free the
+    decode returns after the step that ended one."""
+
+    def __init__(self):
+        self.rows = {}
+
+    def execute(self, plan):
+        for slot in plan.stops:
+            self.rows[slot]["active"] = False
+        for b in plan.extends:
+            for slot, budget in zip(b.slots, b.budgets):
+                self.rows[slot].update(active=True, budget=budget)
+        for b in plan.prefills:
+            for slot, row, sp in zip(b.slots, b.rows, b.sampling):
+                self.rows[slot] = {"next": b.prompts[row][0] * 100, "budget": sp.max_new_tokens,
+                                   "stop": sp.stop_ids, "active": True}
+        d = plan.decode
+        toks = {} if d is None else {s: [] for s in d.slots}
+        finished = set()
+        for _ in range(0 if d is None else d.steps):
+            live = [s for s in d.slots if self.rows[s]["active"]]
+            for s in live:
+                r = self.rows[s]
+                t, r["next"], r["budget"] = r["next"], r["next"] + 1, r["budget"] - 1
+                toks[s].append(t)
+                if t in r["stop"] or r["budget"] <= 0:
+                    r["active"] = False
+                    finished.add(s)
+            if not live or (d.exit_on_free and finished):
+                break
+        return ExecutionOutput(toks, {s: [0.0] * len(t) for s, t in toks.items()},
+                               frozenset(finished))
+
+
+def _sched(slots=2, **kw):
+    return Scheduler(slots=slots, max_len=kw.pop("max_len", 64), n_stop=2, vocab_size=10_000,
+                     chunk=kw.pop("chunk", 8), **kw)
+
+
+def _step(sched, dev):
+    plan = sched.schedule()
+    return plan, sched.update(plan, dev.execute(plan))
+
+
+def test_scheduler_admits_waiting_requests_as_slots_free_fifo_all_or_none():
+    """2 slots; a (2 tokens) and b (5) start; d (n=2) waits for two free slots and c, behind
+    it, does not overtake; each decode returns when a sequence ends while others wait."""
+    sched, dev = _sched(), FakeDevice()
+    a, b = (sched.submit([p], SamplingParams(max_new_tokens=m))[0] for p, m in ((1, 2), (2, 5)))
+    d = sched.submit([4], SamplingParams(max_new_tokens=2), n=2)
+    c = sched.submit([3], SamplingParams(max_new_tokens=1))[0]
+
+    plan, ups = _step(sched, dev)
+    assert [(p.prompts, p.slots) for p in plan.prefills] == [([[1], [2]], [0, 1])]
+    assert plan.decode.exit_on_free and plan.decode.slots == [0, 1]
+    assert [(u.seq_id, u.tokens, u.finished) for u in ups] == [(a, [100, 101], True),
+                                                              (b, [200, 201], False)]
+    assert sched.pool.n_free == 1 and sched.result(d[0]).status is Status.WAITING
+
+    plan, ups = _step(sched, dev)        # one slot free: d needs two, c waits behind d
+    assert plan.prefills == [] and plan.decode.slots == [1]
+    assert [(u.seq_id, u.tokens, u.finished) for u in ups] == [(b, [202, 203, 204], True)]
+
+    plan, ups = _step(sched, dev)
+    assert [(p.prompts, p.slots, p.rows) for p in plan.prefills] == [([[4]], [0, 1], [0, 0])]
+    assert [u.seq_id for u in ups] == d and sched.result(c).status is Status.WAITING
+    plan, ups = _step(sched, dev)
+    assert plan.prefills[0].prompts == [[3]] and not plan.decode.exit_on_free
+    assert not sched.busy and sched.pool.n_free == 2
+    assert [sched.result(i).finish_reason for i in (a, b, *d, c)] == [FinishReason.LENGTH] * 5
+    assert sched.result(b).tokens == (200, 201, 202, 203, 204)
+
+
+def test_scheduler_finish_reasons_stop_length_eos_cancelled():
+    sched, dev = _sched(slots=4), FakeDevice()
+    eos = 601
+    stop = sched.submit([5], SamplingParams(max_new_tokens=9, stop_ids=(502,)))[0]
+    end = sched.submit([6], SamplingParams(max_new_tokens=9, stop_ids=(eos,)))[0]
+    length = sched.submit([7], SamplingParams(max_new_tokens=2, stop_ids=(999,)))[0]
+    running = sched.submit([8], SamplingParams(max_new_tokens=40))[0]
+    waiting = sched.submit([9], SamplingParams(max_new_tokens=2), n=4)[0]
+    _step(sched, dev)                      # 2 steps: `end` and `length` finish
+    assert sched.pool.n_free == 2
+    sched.cancel(running)
+    sched.cancel(waiting)
+    assert sched.pool.n_free == 3          # a cancelled slot frees at once ...
+    plan, _ = _step(sched, dev)
+    assert plan.stops == [3]               # ... and its device row stops before anything else
+    while sched.busy:
+        _step(sched, dev)
+    got = {i: (sched.result(i).finish_reason, sched.result(i).tokens)
+           for i in (stop, end, length)}
+    assert got == {stop: ("stop", (500, 501, 502)), end: ("stop", (600, 601)),
+                   length: ("length", (700, 701))}
+    assert sched.result(running).finish_reason is FinishReason.CANCELLED
+    assert sched.result(waiting).status is Status.DONE and sched.pool.n_free == 4
+
+
+def test_scheduler_hold_extend_release():
+    """A held sequence keeps its slot; extend queues its tokens (cache columns move by the
+    bucketed length); release frees it; releasing a live sequence cancels it first."""
+    sched, dev = _sched(), FakeDevice()
+    sid = sched.submit([1, 2, 3], SamplingParams(max_new_tokens=2), hold=True)[0]
+    while sched.busy:
+        _step(sched, dev)
+    r = sched.result(sid)
+    assert r.status is Status.HELD and r.cache_used == 16 + 2 and sched.pool.n_free == 1
+    sched.extend(sid, [7, 8], max_new_tokens=3)
+    plan, ups = _step(sched, dev)
+    assert [(e.slots, e.token_ids, e.budgets, e.length) for e in plan.extends] == \
+        [([0], [[7, 8]], [3], 16)]
+    assert ups[0].tokens == [102, 103, 104] and sched.result(sid).cache_used == 18 + 16 + 3
+    sched.release(sid)
+    assert sched.pool.n_free == 2
+    live = sched.submit([4], SamplingParams(max_new_tokens=30))[0]
+    _step(sched, dev)
+    sched.release(live)
+    # slot 1: the released slot 0 went to the back of the free line
+    assert sched.pool.n_free == 2 and sched.schedule().stops == [1]
+
+
+def test_scheduler_refuses_what_cannot_fit_in_one_sentence():
+    sched = _sched(max_len=64)
+    with pytest.raises(InputError) as e:
+        sched.submit(list(range(1, 40)), SamplingParams(max_new_tokens=10))
+    msg = str(e.value)
+    assert msg == ("engine: the request needs 74 cache columns (bucketed length + max_new_tokens) "
+                   "but slots hold 64 (field 'max_len').")
+    assert msg.count(". ") == 0 and not sched.busy
+
+
+def test_scheduler_compacts_a_mostly_idle_pool():
+    """16 slots, 3 running: the decode gathers 8 rows (running first, then idle); unsharded
+    only, and never when most slots run."""
+    for compact, n, want in ((True, 3, [0, 1, 2, 3, 4, 5, 6, 7]), (False, 3, None),
+                             (True, 9, None)):
+        sched = _sched(slots=16, compact=compact)
+        for p in range(1, n + 1):
+            sched.submit([p], SamplingParams(max_new_tokens=4))
+        assert sched.schedule().decode.rows == want
+
+
+def test_slot_pool_allocates_all_or_none_and_refuses_a_double_free():
+    pool = SlotPool(3)
+    assert pool.allocate(2) == [0, 1] and pool.allocate(2) is None and pool.n_free == 1
+    pool.free([1])
+    assert pool.free_slots() == [2, 1]
+    with pytest.raises(ValueError, match="slot 1 is not an allocated slot"):
+        pool.free([1])
+    with pytest.raises(ValueError, match="slot 7"):
+        pool.free([7])
+
+
+# -- the compiled engine ---------------------------------------------------------------------
 def _drain(eng):
     steps = 0
     while eng.busy:
@@ -27,38 +195,33 @@ def _drain(eng):
     return steps
 
 
-def test_more_requests_than_slots_all_finish_equal_to_one_at_a_time(tiny):
-    """6 greedy requests of different lengths and budgets through 2 slots: each equals its
-    own single-request run (no leak between occupants of a slot), and slots hand over."""
+def test_continuous_batching_three_slots_equals_each_request_alone(tiny):
+    """5 greedy requests of different lengths and budgets through 3 slots: each equals its
+    run alone (no leak between occupants of a slot); while requests wait, a decode returns
+    right after the step that ended a sequence (every running one emitted as many tokens),
+    and the freed slot is prefilled on the next step."""
     cfg, params, prompts = tiny
-    budgets = [3, 7, 2, 5, 6, 4]
-    eng = Engine(cfg, params, slots=2, max_len=64, chunk=4)
+    budgets = [2, 9, 5, 7, 3]
+    eng = Engine(cfg, params, slots=3, max_len=64, chunk=16)
     ids = [eng.submit(p, SamplingParams(max_new_tokens=b))[0] for p, b in zip(prompts, budgets)]
-    seen_running = []
+    admitted_late = 0
     while eng.busy:
-        eng.step()
-        seen_running.append(sum(s.state == "running" for s in eng.seqs.values()))
-    assert max(seen_running) <= 2 and len(eng.free) == 2
-    one = Engine(cfg, params, slots=1, max_len=64, chunk=4)   # one request at a time
+        plan = eng.scheduler.schedule()
+        admitted = {slot for p in plan.prefills for slot in p.slots}
+        admitted_late += bool(admitted and set(plan.decode.slots) - admitted)
+        ups = eng.scheduler.update(plan, eng.executor.execute(plan))
+        assert eng.count(Status.RUNNING) + eng.free_slots == 3
+        if plan.decode.exit_on_free:
+            assert any(u.finished for u in ups)
+            assert len({len(u.tokens) for u in ups}) == 1, [(u.seq_id, u.tokens) for u in ups]
+    assert admitted_late == 2 and eng.free_slots == 3
+    alone = Engine(cfg, params, slots=3, max_len=64, chunk=16)   # same programs, one at a time
     for sid, p, b in zip(ids, prompts, budgets):
-        s, ref = eng.result(sid), one.result(one.submit(p, SamplingParams(max_new_tokens=b))[0])
-        _drain(one)
-        assert s.tokens == ref.tokens and s.finish_reason == "length" and len(s.tokens) == b
-        np.testing.assert_allclose(s.logprobs, ref.logprobs, atol=1e-5, rtol=0)
-
-
-def test_finished_sequence_frees_its_slot_at_once(tiny):
-    """With a request waiting, the decode chunk returns right after the step that ended a
-    sequence, and the waiting request is admitted on the next step."""
-    cfg, params, prompts = tiny
-    eng = Engine(cfg, params, slots=1, max_len=64, chunk=16)
-    a = eng.submit(prompts[0], SamplingParams(max_new_tokens=2))[0]
-    b = eng.submit(prompts[1], SamplingParams(max_new_tokens=2))[0]
-    ups = eng.step()
-    assert [(u.seq_id, len(u.tokens), u.finished) for u in ups] == [(a, 2, True)]
-    assert eng.seqs[b].state == "waiting" and eng.free == [0]
-    ups = eng.step()
-    assert [(u.seq_id, len(u.tokens), u.finished) for u in ups] == [(b, 2, True)]
+        ref = alone.submit(p, SamplingParams(max_new_tokens=b))[0]
+        _drain(alone)
+        s, r = eng.result(sid), alone.result(ref)
+        assert s.tokens == r.tokens and len(s.tokens) == b and s.finish_reason == "length"
+        np.testing.assert_allclose(s.logprobs, r.logprobs, atol=1e-5, rtol=0)
 
 
 def test_candidates_share_one_prefill_and_seeds_ignore_neighbours(tiny):
@@ -74,7 +237,7 @@ def test_candidates_share_one_prefill_and_seeds_ignore_neighbours(tiny):
     _drain(crowd)
     got = [alone.result(i).tokens for i in ids]
     assert got == [crowd.result(i).tokens for i in ids2]
-    assert len({tuple(t) for t in got}) > 1          # candidates diverge
+    assert len(set(got)) > 1          # candidates diverge
 
 
 def test_extend_continues_without_reprefill_like_a_fresh_prompt(tiny):
@@ -85,16 +248,16 @@ def test_extend_continues_without_reprefill_like_a_fresh_prompt(tiny):
     sid = eng.submit(prompts[1], SamplingParams(max_new_tokens=4), hold=True)[0]
     _drain(eng)
     s = eng.result(sid)
-    assert s.state == "held" and 0 not in eng.free
+    assert s.status is Status.HELD and eng.free_slots == 1
     turn1 = list(s.tokens)
     obs = [7, 8, 9, 10, 11]
     eng.extend(sid, obs, max_new_tokens=5)
     _drain(eng)
-    turn2 = s.tokens[len(turn1):]
+    turn2 = list(eng.result(sid).tokens[len(turn1):])
     ref = generate(cfg, params, [prompts[1] + turn1 + obs], 5)
     assert turn2 == ref.tokens[0].tolist()
     eng.release(sid)
-    assert sorted(eng.free) == [0, 1]
+    assert eng.free_slots == 2
 
 
 def test_stop_tokens_and_cancel(tiny):
@@ -108,13 +271,14 @@ def test_stop_tokens_and_cancel(tiny):
     eng.cancel(b)
     _drain(eng)
     ra = eng.result(a)
-    assert ra.tokens == greedy[:greedy.index(stop) + 1] and ra.finish_reason == "stop"
-    assert eng.result(b).finish_reason == "cancelled" and sorted(eng.free) == [0, 1]
+    assert list(ra.tokens) == greedy[:greedy.index(stop) + 1] and ra.finish_reason == "stop"
+    assert eng.result(b).finish_reason is FinishReason.CANCELLED and eng.free_slots == 2
 
 
 def test_bad_requests_say_what_is_wrong(tiny):
     cfg, params, _ = tiny
     eng = Engine(cfg, params, slots=2, max_len=32)
+    assert (eng.slots, eng.max_len, eng.max_stop_ids, eng.free_slots) == (2, 32, 4, 2)
     with pytest.raises(ValueError, match="prompt is empty"):
         eng.submit([], SamplingParams())
     with pytest.raises(ValueError, match="outside"):
@@ -138,9 +302,10 @@ def test_decode_runs_in_the_model_dtype():
     """A bf16 model decodes with a bf16 slot cache (the loop carries it, nothing upcasts)."""
     cfg = models.get_preset("tiny_qwen2", dtype="bfloat16")
     params = models.init_params(cfg, jax.random.key(0))
-    lay = kv_slots.Layout(cfg, 2, 32, 1)
-    state = kv_slots.init_state(lay)
-    jaxpr = jax.make_jaxpr(lambda p, s: kv_slots.decode(lay, p, s, False, steps=4, mode="plain"))(
+    layout = kv_slots.Layout(cfg, 2, 32, 1)
+    state = kv_slots.init_state(layout)
+    jaxpr = jax.make_jaxpr(lambda p, s: kv_slots.decode(layout, p, s, False, steps=4,
+                                                        mode="plain"))(
         models.decode_params(cfg, params), state)
     loop = next(e for e in jaxpr.eqns if e.primitive.name == "while")
     caches = [v.aval for v in loop.outvars if v.aval.ndim >= 3 and v.aval.shape[-1] == cfg.head_dim]
@@ -203,8 +368,9 @@ def test_a_mostly_idle_pool_decodes_only_its_running_slots(tiny):
     sp = SamplingParams(max_new_tokens=6, temperature=1.0, seed=2)
     big = Engine(cfg, params, slots=16, max_len=64, chunk=4)
     ids = [big.submit(p, sp)[0] for p in prompts[:3]]
-    big.step()
-    assert any(k[0] == "compact" for k in big.progs._decode)
+    plan = big.scheduler.schedule()
+    assert len(plan.decode.rows) == 8          # gathered rows, not all 16
+    big.scheduler.update(plan, big.executor.execute(plan))
     _drain(big)
     full = Engine(cfg, params, slots=3, max_len=64, chunk=4)
     ids2 = [full.submit(p, sp)[0] for p in prompts[:3]]

@@ -4,13 +4,14 @@ that act on it (insert a prefill, extend a live sequence, decode a chunk of step
 State (a dict pytree, donated to every program so XLA updates it in place):
     cache     the model's KV cache (models.init_cache) with one row per slot: k/v [.., S, K, T, hd],
               slot validity `mask` [S, T] and stored RoPE positions `pos` [S, T]
-    col       [S] next cache column a slot writes;  pos_next [S] its next RoPE position
+    write_col [S] next cache column a slot writes;  pos_next [S] its next RoPE position
     last      [S, V] float32 logits of the next token;  active [S] decoding now;  budget [S] tokens
               it may still emit this turn
     temp, top_k, top_p [S], stop [S, n_stop] (-1 = none), key [S, 2] uint32, count [S] int32
+              (the sampling settings: per slot, so one program serves every request)
 
 Each slot writes at its own column, so a step is the model's `forward_cached` vmapped over rows
-(one query per row at `col[s]`; the cache write becomes a scatter). Prompts are left-padded to a
+(one query per row at `write_col[s]`; the cache write becomes a scatter). Prompts are left-padded to a
 bucketed length and prefilled into a fresh [n, P] cache, whose rows are then copied into the
 slots (one prefill for a prompt's G candidates). An extension (a tool observation) runs the
 same way over the gathered rows of its slots, at their current columns, and is scattered back:
@@ -52,34 +53,34 @@ class Layout:
         return self.partitioner is None and jax.default_backend() == "cpu"
 
 
-def init_state(lay: Layout) -> dict:
-    cfg, s = lay.cfg, lay.slots
-    return {"cache": models.init_cache(cfg, s, lay.max_len, per_layer=lay.per_layer),
-            "col": jnp.zeros((s,), jnp.int32), "pos_next": jnp.zeros((s,), jnp.int32),
+def init_state(layout: Layout) -> dict:
+    cfg, s = layout.cfg, layout.slots
+    return {"cache": models.init_cache(cfg, s, layout.max_len, per_layer=layout.per_layer),
+            "write_col": jnp.zeros((s,), jnp.int32), "pos_next": jnp.zeros((s,), jnp.int32),
             "last": jnp.zeros((s, cfg.vocab_size), jnp.float32),
             "active": jnp.zeros((s,), bool), "budget": jnp.zeros((s,), jnp.int32),
             "temp": jnp.zeros((s,), jnp.float32), "top_k": jnp.zeros((s,), jnp.int32),
-            "top_p": jnp.ones((s,), jnp.float32), "stop": jnp.full((s, lay.n_stop), -1, jnp.int32),
+            "top_p": jnp.ones((s,), jnp.float32), "stop": jnp.full((s, layout.n_stop), -1, jnp.int32),
             "key": jnp.zeros((s, 2), jnp.uint32), "count": jnp.zeros((s,), jnp.int32)}
 
 
-def _kv_axis(lay: Layout) -> int:
-    return 0 if lay.per_layer else 1     # the slot axis of k/v leaves
+def _kv_axis(layout: Layout) -> int:
+    return 0 if layout.per_layer else 1     # the slot axis of k/v leaves
 
 
-def _rows_of(lay: Layout, cache, idx):
+def _rows_of(layout: Layout, cache, idx):
     """The cache rows of slots `idx` [e] (a gather)."""
-    ax = _kv_axis(lay)
+    ax = _kv_axis(layout)
     kv = lambda x: jnp.take(x, idx, axis=ax, mode="clip")
     return {"k": jax.tree.map(kv, cache["k"]), "v": jax.tree.map(kv, cache["v"]),
-            "mask": cache["mask"][jnp.clip(idx, 0, lay.slots - 1)],
-            "pos": cache["pos"][jnp.clip(idx, 0, lay.slots - 1)]}
+            "mask": cache["mask"][jnp.clip(idx, 0, layout.slots - 1)],
+            "pos": cache["pos"][jnp.clip(idx, 0, layout.slots - 1)]}
 
 
-def _put_rows(lay: Layout, cache, idx, rows, width=None):
+def _put_rows(layout: Layout, cache, idx, rows, width=None):
     """Write `rows` (a cache of e rows, `width` columns, default all) into slots `idx`; indices
     >= slots (padding rows) are dropped."""
-    ax = _kv_axis(lay)
+    ax = _kv_axis(layout)
     w = rows["mask"].shape[1] if width is None else width
 
     def put(big, small):
@@ -87,7 +88,7 @@ def _put_rows(lay: Layout, cache, idx, rows, width=None):
         return big.at[at].set(small[(slice(None),) * (ax + 2) + (slice(0, w),)], mode="drop")
 
     out = {"k": jax.tree.map(put, cache["k"], rows["k"]), "v": jax.tree.map(put, cache["v"], rows["v"])}
-    t = lay.max_len
+    t = layout.max_len
     for name in ("mask", "pos"):
         full = rows[name][:, :w]
         if w < t:  # columns past the copied ones: invalid (stale data of an earlier occupant)
@@ -96,17 +97,17 @@ def _put_rows(lay: Layout, cache, idx, rows, width=None):
     return out
 
 
-def forward_rows(lay: Layout, params, tokens, positions, cache, col, token_mask, logits_to_keep=0):
+def forward_rows(layout: Layout, params, tokens, positions, cache, col, token_mask, logits_to_keep=0):
     """models.forward_cached with a cache column per row: tokens [b, t] written at
     [col[r], col[r] + t) of row r. Returns (logits [b, t or keep, V], new cache)."""
-    ax = _kv_axis(lay)
+    ax = _kv_axis(layout)
     axes = {"k": ax, "v": ax, "mask": 0, "pos": 0}
 
     def one(tok, pos, c, ci, tm):
         c1 = {"k": jax.tree.map(lambda x: jnp.expand_dims(x, ax), c["k"]),
               "v": jax.tree.map(lambda x: jnp.expand_dims(x, ax), c["v"]),
               "mask": c["mask"][None], "pos": c["pos"][None]}
-        logits, c2 = models.forward_cached(lay.cfg, params, tok[None], pos[None], c1, ci, tm[None],
+        logits, c2 = models.forward_cached(layout.cfg, params, tok[None], pos[None], c1, ci, tm[None],
                                            logits_to_keep=logits_to_keep)
         sq = lambda x: jnp.squeeze(x, ax)
         return logits[0], {"k": jax.tree.map(sq, c2["k"]), "v": jax.tree.map(sq, c2["v"]),
@@ -116,58 +117,59 @@ def forward_rows(lay: Layout, params, tokens, positions, cache, col, token_mask,
         tokens, positions, cache, col, token_mask)
 
 
-def _set_knobs(state, idx, knobs):
+def _set_columns(state, idx, settings):
+    """state[name][idx] = value for each per-slot entry of `settings` (padding idx dropped)."""
     out = dict(state)
-    for name, val in knobs.items():
+    for name, val in settings.items():
         out[name] = state[name].at[idx].set(val, mode="drop")
     return out
 
 
-def insert(lay: Layout, params, state, tokens, positions, valid, slot_idx, src_row, knobs):
+def insert(layout: Layout, params, state, tokens, positions, valid, slot_idx, src_row, settings):
     """Prefill left-padded prompts tokens [n, P] into a fresh cache, then copy row src_row[m] into
-    slot slot_idx[m] (m >= n: a prompt's candidates share its prefill). knobs: per-slot values
+    slot slot_idx[m] (m >= n: a prompt's candidates share its prefill). settings: per-slot values
     [m] for temp, top_k, top_p, stop [m, n_stop], key [m, 2], budget; count restarts at 0."""
     n, plen = tokens.shape
-    fresh = models.init_cache(lay.cfg, n, plen, per_layer=lay.per_layer)
-    logits, fresh = models.forward_cached(lay.cfg, params, tokens, positions, fresh, 0, valid,
+    fresh = models.init_cache(layout.cfg, n, plen, per_layer=layout.per_layer)
+    logits, fresh = models.forward_cached(layout.cfg, params, tokens, positions, fresh, 0, valid,
                                           logits_to_keep=1)
-    ax = _kv_axis(lay)
+    ax = _kv_axis(layout)
     rows = {"k": jax.tree.map(lambda x: jnp.take(x, src_row, axis=ax), fresh["k"]),
             "v": jax.tree.map(lambda x: jnp.take(x, src_row, axis=ax), fresh["v"]),
             "mask": fresh["mask"][src_row], "pos": fresh["pos"][src_row]}
-    out = dict(state, cache=_put_rows(lay, state["cache"], slot_idx, rows))
+    out = dict(state, cache=_put_rows(layout, state["cache"], slot_idx, rows))
     next_pos = jnp.max(jnp.where(valid, positions, -1), axis=1) + 1
     m = slot_idx.shape[0]
-    out = _set_knobs(out, slot_idx, {
-        **knobs, "col": jnp.full((m,), plen, jnp.int32), "pos_next": next_pos[src_row],
+    out = _set_columns(out, slot_idx, {
+        **settings, "write_col": jnp.full((m,), plen, jnp.int32), "pos_next": next_pos[src_row],
         "last": logits[src_row, -1], "active": jnp.ones((m,), bool),
         "count": jnp.zeros((m,), jnp.int32)})
     return out
 
 
-def extend(lay: Layout, params, state, tokens, valid, slot_idx, budget):
+def extend(layout: Layout, params, state, tokens, valid, slot_idx, budget):
     """Append left-padded tokens [e, C] to live slots `slot_idx` [e] at their current columns
     (positions continue from each slot's pos_next); the slots decode again with `budget`."""
     e, c = tokens.shape
-    safe = jnp.clip(slot_idx, 0, lay.slots - 1)
-    col, pos0 = state["col"][safe], state["pos_next"][safe]
+    safe = jnp.clip(slot_idx, 0, layout.slots - 1)
+    col, pos0 = state["write_col"][safe], state["pos_next"][safe]
     positions = pos0[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
     positions = jnp.where(valid, positions, 0)
-    rows = _rows_of(lay, state["cache"], slot_idx)
-    logits, rows = forward_rows(lay, params, tokens, positions, rows, col, valid, logits_to_keep=1)
+    rows = _rows_of(layout, state["cache"], slot_idx)
+    logits, rows = forward_rows(layout, params, tokens, positions, rows, col, valid, logits_to_keep=1)
     # Rows are written back whole (their columns beyond this chunk are unchanged).
-    cache = _put_rows(lay, state["cache"], slot_idx, rows, width=lay.max_len)
+    cache = _put_rows(layout, state["cache"], slot_idx, rows, width=layout.max_len)
     out = dict(state, cache=cache)
-    return _set_knobs(out, slot_idx, {
-        "col": col + c, "pos_next": pos0 + jnp.sum(valid, axis=1, dtype=jnp.int32),
+    return _set_columns(out, slot_idx, {
+        "write_col": col + c, "pos_next": pos0 + jnp.sum(valid, axis=1, dtype=jnp.int32),
         "last": logits[:, -1], "active": jnp.ones((e,), bool), "budget": budget})
 
 
-def decode(lay: Layout, params, state, exit_on_free, *, steps: int, mode: str):
+def decode(layout: Layout, params, state, exit_on_free, *, steps: int, mode: str):
     """Up to `steps` decode steps over every slot (inactive slots compute but change nothing);
     stops early once no slot is active, or, with exit_on_free, after a step that ended one (so
     a waiting request can take its slot). Returns (state, tokens [S, steps], logprobs, emitted [S])."""
-    s = lay.slots
+    s = layout.slots
     stop = state["stop"]
 
     def cond(c):
@@ -187,10 +189,10 @@ def decode(lay: Layout, params, state, exit_on_free, *, steps: int, mode: str):
         ended = act & (jnp.any(tok[:, None] == stop, axis=1) | (budget <= 0))
         # Every emitted token (a stop token too) enters the cache: a held sequence can be
         # extended right after it. Inactive rows write nothing valid and do not advance.
-        logits, cache = forward_rows(lay, params, tok[:, None], st["pos_next"][:, None],
-                                     st["cache"], st["col"], act[:, None])
+        logits, cache = forward_rows(layout, params, tok[:, None], st["pos_next"][:, None],
+                                     st["cache"], st["write_col"], act[:, None])
         a = act.astype(jnp.int32)
-        st = dict(st, cache=cache, col=st["col"] + a, pos_next=st["pos_next"] + a,
+        st = dict(st, cache=cache, write_col=st["write_col"] + a, pos_next=st["pos_next"] + a,
                   count=st["count"] + a, budget=budget, active=act & ~ended,
                   last=jnp.where(act[:, None], logits[:, 0], st["last"]))
         return i + 1, st, out_tok, out_lp, freed | jnp.any(ended)
@@ -202,24 +204,24 @@ def decode(lay: Layout, params, state, exit_on_free, *, steps: int, mode: str):
     return state, out_tok, out_lp, state["count"] - start_count
 
 
-def _slot_axes(lay: Layout, state):
-    ax = _kv_axis(lay)
+def _slot_axes(layout: Layout, state):
+    ax = _kv_axis(layout)
     return {k: ({"k": ax, "v": ax, "mask": 0, "pos": 0} if k == "cache" else 0) for k in state}
 
 
-def decode_compact(lay: Layout, params, state, idx, exit_on_free, *, steps: int, mode: str):
+def decode_compact(layout: Layout, params, state, idx, exit_on_free, *, steps: int, mode: str):
     """`decode` over slots `idx` [k] only (distinct; padding entries name idle slots): their rows
     are gathered into a k-slot state, decoded, and written back. Once most sequences of a batch
     have ended, the steps then cost k rows instead of every slot's."""
-    sub_lay = dataclasses.replace(lay, slots=int(idx.shape[0]))
-    axes = _slot_axes(lay, state)
+    sub_layout = dataclasses.replace(layout, slots=int(idx.shape[0]))
+    axes = _slot_axes(layout, state)
 
     def take(x, ax):
         return jax.tree.map(lambda a, ax=ax: jnp.take(a, idx, axis=ax), x)
 
     sub = {k: take(v, axes[k]) if k != "cache" else
            {n: take(v[n], axes[k][n]) for n in v} for k, v in state.items()}
-    sub, out_tok, out_lp, emitted = decode(sub_lay, params, sub, exit_on_free, steps=steps,
+    sub, out_tok, out_lp, emitted = decode(sub_layout, params, sub, exit_on_free, steps=steps,
                                            mode=mode)
 
     def put(big, small, ax):
@@ -234,29 +236,29 @@ def decode_compact(lay: Layout, params, state, idx, exit_on_free, *, steps: int,
 class Programs:
     """The jitted insert / extend / decode programs of one Layout (shardings fixed once)."""
 
-    def __init__(self, lay: Layout):
-        self.lay = lay
-        part = lay.partitioner
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        part = layout.partitioner
         self._decode = {}
         if part is None:
             self.state_shardings = self._param_sh = self._repl = None
             self._out = lambda extra=(): None
         else:
-            s = lay.slots
-            self._param_sh = model_shardings.param_shardings(lay.cfg, part)
+            s = layout.slots
+            self._param_sh = model_shardings.param_shardings(layout.cfg, part)
             self._repl = part.replicated()
             rows1 = part.sharding(P("batch"), (s,), name="slots")
             rows2 = part.rows(2, (s, 1), name="slots")
-            sh = {k: rows1 for k in ("col", "pos_next", "active", "budget", "temp", "top_k",
+            sh = {k: rows1 for k in ("write_col", "pos_next", "active", "budget", "temp", "top_k",
                                      "top_p", "count")}
             self.state_shardings = {**sh, "cache": model_shardings.cache_shardings(
-                lay.cfg, part, s, lay.max_len), "last": rows2, "stop": rows2, "key": rows2}
+                layout.cfg, part, s, layout.max_len), "last": rows2, "stop": rows2, "key": rows2}
             self._out = lambda extra=(): (self.state_shardings if not extra
                                           else (self.state_shardings, *extra))
             self._decode_out = (rows2, rows2, rows1)
-        self._insert = jax.jit(functools.partial(insert, lay), donate_argnums=1,
+        self._insert = jax.jit(functools.partial(insert, layout), donate_argnums=1,
                                out_shardings=self._out())
-        self._extend = jax.jit(functools.partial(extend, lay), donate_argnums=1,
+        self._extend = jax.jit(functools.partial(extend, layout), donate_argnums=1,
                                out_shardings=self._out())
 
     def _host(self, tree):
@@ -274,7 +276,7 @@ class Programs:
     def decode(self, params, state, exit_on_free: bool, steps: int, mode: str):
         key = (steps, mode)
         if key not in self._decode:
-            fn = functools.partial(decode, self.lay, steps=steps, mode=mode)
+            fn = functools.partial(decode, self.layout, steps=steps, mode=mode)
             out = None if self._repl is None else self._out(self._decode_out)
             self._decode[key] = jax.jit(fn, donate_argnums=1, out_shardings=out)
         return self._decode[key](params, state, *self._host((np.bool_(exit_on_free),)))
@@ -282,12 +284,12 @@ class Programs:
     def decode_compact(self, params, state, idx, exit_on_free: bool, steps: int, mode: str):
         key = ("compact", int(idx.shape[0]), steps, mode)
         if key not in self._decode:
-            self._decode[key] = jax.jit(functools.partial(decode_compact, self.lay, steps=steps,
+            self._decode[key] = jax.jit(functools.partial(decode_compact, self.layout, steps=steps,
                                                           mode=mode), donate_argnums=1)
         return self._decode[key](params, state, idx, np.bool_(exit_on_free))
 
     def new_state(self):
-        st = init_state(self.lay)
+        st = init_state(self.layout)
         if self.state_shardings is not None:
             st = jax.device_put(st, self.state_shardings)
         return st
@@ -295,9 +297,9 @@ class Programs:
     def place_params(self, params):
         """Params as the programs read them: decode layout on CPU, the partitioner's layout on a
         mesh (kept as they are when already placed, as a trainer holds them)."""
-        if self.lay.partitioner is None:
+        if self.layout.partitioner is None:
             if jax.default_backend() == "cpu":
-                return models.decode_params(self.lay.cfg, params)
+                return models.decode_params(self.layout.cfg, params)
             return params
         leaves, want = jax.tree.leaves(params), jax.tree.leaves(self._param_sh)
         placed = len(leaves) == len(want) and all(
@@ -306,5 +308,5 @@ class Programs:
 
 
 @functools.lru_cache(maxsize=16)
-def programs(lay: Layout) -> Programs:
-    return Programs(lay)
+def programs(layout: Layout) -> Programs:
+    return Programs(layout)

@@ -4,8 +4,9 @@ Per slot: temperature (0 = greedy), top-k (0 = off), top-p (1 = off), a raw uint
 a count of tokens drawn so far; token t of a slot is drawn with `fold_in(key, t)`, so a
 sequence's samples do not depend on which slot it sits in or who else is decoding.
 
-`logprobs` are log-softmax at temperature 1 of the *chosen* token under the unmodified logits
-(before temperature, top-k, top-p): the behaviour log-probs GRPO's importance ratio needs.
+`logprobs` are the log-softmax of logits / T (the slot's temperature; T = 1 for greedy slots)
+at the *chosen* token, before top-k / top-p: the distribution GRPO's trainer scores
+(grpo_step.sampling_temperature), so its importance ratio compares like with like.
 
 Modes fix the compiled program: "greedy" (every slot greedy: no sort, no draws), "plain"
 (temperature only: one draw from logits / T, no vocab sort), "filtered" (top-k / top-p: the

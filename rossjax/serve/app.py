@@ -6,9 +6,10 @@ graceful shutdown with no ASGI layer in between; handlers only parse, queue and 
 
 Fields: n, max_tokens (max_completion_tokens), temperature, top_p, top_k (extension), seed, stop
 (a string or up to 4), logprobs (chat: bool, completions: int 0/1; the chosen token's log-prob
-at temperature 1, the sampler's; top_logprobs are not computed and asking for them is a 400),
-stream (SSE, `data: [DONE]` at the end; stream_options.include_usage adds the usage chunk),
-usage in every non-streamed reply. A bad request is a 400 whose error.message names the field.
+under logits / temperature (1 when greedy), the sampler's; top_logprobs are not computed and
+asking for them is a 400), stream (SSE, `data: [DONE]` at the end; stream_options.include_usage
+adds the usage chunk), usage in every non-streamed reply. A bad request is a 400 whose
+error.message names the field.
 
 Hostile input: rossjax.serve.guard (a 4xx, never a 500; the API key).
 """
@@ -71,11 +72,11 @@ class Server:
         return body
 
     def _sampling(self, body, n_prompt: int, stop_ids: tuple):
-        n = guard.num(body, "n", 1, 1, self.engine.lay.slots, integer=True)
-        room = self.engine.lay.max_len - bucket_length(max(n_prompt, 1))
+        n = guard.num(body, "n", 1, 1, self.engine.slots, integer=True)
+        room = self.engine.max_len - bucket_length(max(n_prompt, 1))
         if room < 1:
             raise BadRequest(f"the prompt is {n_prompt} tokens; this server's slots hold "
-                             f"{self.engine.lay.max_len} (rossjax serve --max_len).", "messages")
+                             f"{self.engine.max_len} (rossjax serve --max_len).", "messages")
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
         name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         max_new = guard.num({name: limit}, name, min(_MAX_TOKENS_DEFAULT, room), 1, room,

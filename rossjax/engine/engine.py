@@ -1,0 +1,117 @@
+"""Engine: continuous batching over a fixed pool of KV-cache slots, one scheduler (host) and one
+executor (device) stepped together.
+
+    eng = Engine(cfg, params, slots=16, max_len=512)
+    ids = eng.submit(prompt_ids, SamplingParams(max_new_tokens=64, temperature=1.0, seed=3), n=8)
+    while eng.busy:
+        for u in eng.step():          # Update(seq_id, tokens, logprobs, finished, finish_reason)
+            ...
+    eng.result(ids[0])                # SequenceResult(status, tokens, logprobs, finish_reason, ...)
+
+A step is `scheduler.schedule()` -> `executor.execute(plan)` -> `scheduler.update(plan, out)`
+(rossjax.engine.scheduler says what a plan holds and when slots free).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import jax
+
+from rossjax import sharding
+from rossjax.engine import kv_slots
+from rossjax.engine.executor import Executor
+from rossjax.engine.scheduler import Scheduler
+from rossjax.engine.types import SamplingParams, SequenceResult, Status, Update
+from rossjax.errors import ConfigError
+
+
+def _single_device(part):
+    """None for a partitioner whose mesh is the default device alone (a one-device trainer):
+    sharding there is a no-op, and the unsharded layout is the fast one on CPU (per-layer cache
+    and decode_params weights, compaction); measured 3x faster sampling for `rossjax grpo` with
+    mesh.num_devices = 1. Any other mesh keeps its shardings."""
+    if part is not None and part.mesh.devices.size == 1 and \
+            part.mesh.devices.flat[0] == jax.devices()[0]:
+        return None
+    return part
+
+
+class Engine:
+    """Continuous batching over `slots` KV-cache rows of `max_len` columns each."""
+
+    def __init__(self, cfg, params, *, slots: int = 8, max_len: int = 1024, partitioner=None,
+                 n_stop: int = 4, chunk: int = 32):
+        part = _single_device(sharding.as_partitioner(partitioner))
+        mult = 1 if part is None else part.batch_size_multiple()
+        if slots < 1 or slots % mult:
+            raise ConfigError(f"engine: field 'slots' ({slots}) must be a positive multiple of the "
+                              f"mesh's batch shards ({mult}).")
+        self.cfg = cfg
+        self.layout = kv_slots.Layout(cfg, int(slots), int(max_len), int(n_stop), part)
+        self.executor = Executor(self.layout, params)
+        # Compaction gathers rows of an unsharded cache only (a sharded one keeps its layout).
+        self.scheduler = Scheduler(slots=slots, max_len=max_len, n_stop=n_stop,
+                                   vocab_size=cfg.vocab_size, chunk=chunk, compact=part is None)
+
+    # -- capacity ------------------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        return self.layout.slots
+
+    @property
+    def max_len(self) -> int:
+        """Cache columns per slot: bucketed prompt + every turn's tokens must fit."""
+        return self.layout.max_len
+
+    @property
+    def max_stop_ids(self) -> int:
+        return self.layout.n_stop
+
+    @property
+    def free_slots(self) -> int:
+        return self.scheduler.pool.n_free
+
+    @property
+    def busy(self) -> bool:
+        return self.scheduler.busy
+
+    def set_params(self, params):
+        """New weights (a GRPO step); live sequences continue under them."""
+        self.executor.set_params(params)
+
+    # -- requests --------------------------------------------------------------------------
+    def submit(self, prompt: Seq[int], sampling: SamplingParams, n: int = 1,
+               hold: bool = False) -> list[int]:
+        """Queue `n` candidates of one prompt; returns their sequence ids."""
+        return self.scheduler.submit(prompt, sampling, n, hold)
+
+    def extend(self, seq_id: int, token_ids: Seq[int], max_new_tokens: int | None = None):
+        """Append tokens (e.g. a tool observation) to a held sequence and let it decode again
+        (up to `max_new_tokens`, default its request's) from where its cache ends."""
+        self.scheduler.extend(seq_id, token_ids, max_new_tokens)
+
+    def release(self, seq_id: int):
+        """Free a held (or finished) sequence's slot and forget it."""
+        self.scheduler.release(seq_id)
+
+    def cancel(self, seq_id: int):
+        """Stop a waiting or running sequence now (its slot frees at once)."""
+        self.scheduler.cancel(seq_id)
+
+    def result(self, seq_id: int) -> SequenceResult:
+        return self.scheduler.result(seq_id)
+
+    def count(self, status: Status) -> int:
+        """How many sequences the engine holds in `status`."""
+        return self.scheduler.count(status)
+
+    # -- the loop --------------------------------------------------------------------------
+    def step(self) -> list[Update]:
+        """Extensions, admissions, then one decode chunk; what each sequence emitted."""
+        plan = self.scheduler.schedule()
+        return self.scheduler.update(plan, self.executor.execute(plan))
+
+    def run(self) -> None:
+        while self.busy:
+            self.step()

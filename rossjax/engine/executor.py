@@ -1,0 +1,119 @@
+"""Execution: a scheduler's plan (rossjax.engine.scheduler) run as the device programs of
+rossjax.engine.kv_slots, over the slot state this object owns.
+
+Batches are padded to powers of two (padding rows name slot `slots`, which every program
+drops), so a stream of different batch sizes compiles a handful of programs.
+
+Seeds: candidate j of a request with seed s draws from fold_in(key(s), j), token t from
+fold_in(that, t): the same request gives the same samples whatever else shares the engine.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from rossjax import sharding
+from rossjax.engine import kv_slots
+from rossjax.engine.scheduler import (
+    DecodeBatch,
+    ExecutionOutput,
+    ExtendBatch,
+    PrefillBatch,
+    SchedulerOutput,
+    pow2,
+)
+
+
+class Executor:
+    """The slot state of one kv_slots.Layout and the params its programs read."""
+
+    def __init__(self, layout: kv_slots.Layout, params):
+        self.layout = layout
+        self.programs = kv_slots.programs(layout)
+        self.params = self.programs.place_params(params)
+        self.state = self.programs.new_state()
+
+    def set_params(self, params):
+        self.params = self.programs.place_params(params)
+
+    def execute(self, plan: SchedulerOutput) -> ExecutionOutput:
+        if plan.stops:
+            self.state = dict(self.state, active=self.state["active"].at[
+                np.asarray(plan.stops, np.int32)].set(False))
+        for b in plan.extends:
+            self._extend(b)
+        for b in plan.prefills:
+            self._prefill(b)
+        if plan.decode is None:
+            return ExecutionOutput({}, {}, frozenset())
+        return self._decode(plan.decode)
+
+    def _extend(self, b: ExtendBatch):
+        e, c = pow2(len(b.slots)), b.length
+        tokens = np.zeros((e, c), np.int32)
+        valid = np.zeros((e, c), bool)
+        slot_idx = np.full((e,), self.layout.slots, np.int32)
+        budget = np.zeros((e,), np.int32)
+        for i, (slot, ids, left) in enumerate(zip(b.slots, b.token_ids, b.budgets)):
+            tokens[i, c - len(ids):], valid[i, c - len(ids):] = ids, True
+            slot_idx[i], budget[i] = slot, left
+        self.state = self.programs.extend(self.params, self.state, tokens, valid, slot_idx, budget)
+
+    def _prefill(self, b: PrefillBatch):
+        n, plen = pow2(len(b.prompts)), b.length
+        tokens = np.zeros((n, plen), np.int32)
+        positions = np.zeros((n, plen), np.int32)
+        valid = np.zeros((n, plen), bool)
+        for i, p in enumerate(b.prompts):   # left padding
+            tokens[i, plen - len(p):], positions[i, plen - len(p):] = p, np.arange(len(p))
+            valid[i, plen - len(p):] = True
+        pad = pow2(len(b.slots)) - len(b.slots)
+        slot_idx = np.asarray(list(b.slots) + [self.layout.slots] * pad, np.int32)
+        src_row = np.asarray(list(b.rows) + [0] * pad, np.int32)
+        self.state = self.programs.insert(self.params, self.state, tokens, positions, valid,
+                                          slot_idx, src_row, self._sampling_columns(b))
+
+    def _sampling_columns(self, b: PrefillBatch) -> dict:
+        """Per-slot sampling settings [m] (m = slots padded to a power of two), as insert takes
+        them: temp, top_k, top_p, stop [m, n_stop] (-1 = none), key [m, 2], budget."""
+        sampling = b.sampling
+        pad = pow2(len(sampling)) - len(sampling)
+        stop = np.full((len(sampling) + pad, self.layout.n_stop), -1, np.int32)
+        for i, sp in enumerate(sampling):
+            stop[i, :len(sp.stop_ids)] = sp.stop_ids
+        seeds = [int(sp.seed) % (1 << 64) for sp in sampling] + [0] * pad
+        key = np.asarray([[x >> 32, x & 0xFFFFFFFF] for x in seeds], np.uint32)
+        # Candidate j's stream: the request seed's key folded with j (threefry; see sampler).
+        key = np.asarray(_fold(key, np.asarray(list(b.candidates) + [0] * pad, np.uint32)))
+
+        def column(field, dtype, fill=0):
+            return np.asarray([getattr(sp, field) for sp in sampling] + [fill] * pad, dtype)
+
+        return {"temp": column("temperature", np.float32), "top_k": column("top_k", np.int32),
+                "top_p": column("top_p", np.float32, 1.0), "stop": stop, "key": key,
+                "budget": column("max_new_tokens", np.int32)}
+
+    def _decode(self, d: DecodeBatch) -> ExecutionOutput:
+        if d.rows is not None:
+            idx = np.asarray(d.rows, np.int32)
+            self.state, tok, lp, emitted = self.programs.decode_compact(
+                self.params, self.state, idx, d.exit_on_free, d.steps, d.mode)
+            row_of = {int(slot): r for r, slot in enumerate(idx)}
+        else:
+            self.state, tok, lp, emitted = self.programs.decode(
+                self.params, self.state, d.exit_on_free, d.steps, d.mode)
+            row_of = {slot: slot for slot in d.slots}
+        tok, lp, emitted, active = (sharding.to_host(x) for x in
+                                    (tok, lp, emitted, self.state["active"]))
+        tokens, logprobs = {}, {}
+        for slot in d.slots:
+            r = row_of[slot]
+            k = int(emitted[r])
+            tokens[slot], logprobs[slot] = tok[r, :k].tolist(), lp[r, :k].tolist()
+        return ExecutionOutput(tokens, logprobs,
+                               frozenset(slot for slot in d.slots if not active[slot]))
+
+
+def _fold(keys: np.ndarray, data: np.ndarray):
+    return jax.vmap(jax.random.fold_in)(keys, data)

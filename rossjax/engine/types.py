@@ -1,0 +1,68 @@
+"""The engine's public values: what a request asks for, where a sequence stands, what it emitted.
+
+    SamplingParams   one request's settings (budget, temperature / top-k / top-p, stop ids, seed)
+    Status           waiting -> running -> held (a hold=True request between turns) | done
+    FinishReason     why a sequence stopped: stop (a stop id, e.g. EOS) | length | cancelled
+    SequenceResult   a snapshot of one sequence (Engine.result): status, tokens, log-probs, ...
+    Update           what one step gave one sequence (Engine.step)
+
+Status and FinishReason are string enums whose values are the strings they replace (and the
+OpenAI finish_reason strings), so `reason == "stop"` and JSON output read as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from rossjax.errors import ConfigError
+
+
+class Status(enum.StrEnum):
+    WAITING = "waiting"     # queued until its request's n slots are free
+    RUNNING = "running"     # decoding (or an extension is queued)
+    HELD = "held"           # finished a turn; keeps its slot until Engine.release
+    DONE = "done"           # finished; its slot is free
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"           # emitted one of its stop ids (kept in its tokens)
+    LENGTH = "length"       # spent its max_new_tokens
+    CANCELLED = "cancelled"  # Engine.cancel
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 16
+    temperature: float = 0.0          # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0                    # 0 = off
+    stop_ids: tuple = ()
+    seed: int = 0
+
+    def check(self, where: str = "engine"):
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"{where}: field 'max_new_tokens' must be >= 1.")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ConfigError(f"{where}: need temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceResult:
+    """One sequence as it stands: every turn's tokens and their sampler log-probs (log-softmax of
+    logits / T before top-k / top-p; T = 1 for greedy), and how many cache columns it holds."""
+    id: int
+    status: Status
+    tokens: tuple
+    logprobs: tuple
+    finish_reason: FinishReason | None
+    cache_used: int                 # its slot's next write column (left padding included)
+
+
+@dataclasses.dataclass
+class Update:
+    seq_id: int
+    tokens: list
+    logprobs: list
+    finished: bool
+    finish_reason: FinishReason | None      # set once finished
