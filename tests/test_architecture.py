@@ -233,3 +233,12 @@ def test_errors_import_nothing_from_rossjax():
     """rossjax.errors is the bottom layer every room may raise from."""
     assert import_graph()["rossjax.errors"] == set()
 
+
+
+def test_the_doc_lists_every_command():
+    """docs/architecture.md's command table has a row per command the dispatcher knows."""
+    from rossjax.cli import COMMANDS
+
+    doc = (PKG.parent / "docs" / "architecture.md").read_text()
+    missing = sorted(c for c in COMMANDS if f"| `{c}` |" not in doc)
+    assert not missing, f"add {missing} to the command table of docs/architecture.md"

@@ -15,29 +15,37 @@ Binds 127.0.0.1 unless --host says otherwise; another host without a key prints 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from rossjax.cli.flags import HELP_FLAGS, HelpRequested
+from rossjax.cli.flags import parse_config
 from rossjax.errors import UsageError
 
 
+def _flags(fv):
+    """serve's flags, defined on the one flag system every command parses with (cli/flags.py):
+    the server takes no config file, so its settings are plain flags, as generate's are."""
+    from absl import flags
+
+    d = flags
+    d.DEFINE_string("model", None, "HF folder, `rossjax export` folder, or preset:NAME.",
+                    flag_values=fv)
+    d.DEFINE_string("tokenizer", None, "Tokenizer spec (default: the folder's).", flag_values=fv)
+    d.DEFINE_string("template", None, "chatml | llama3 | mistral | tokenizer (default: the "
+                    "folder's own chat template, else chatml).", flag_values=fv)
+    d.DEFINE_string("host", "127.0.0.1", "Address to bind.", flag_values=fv)
+    d.DEFINE_integer("port", 8000, "Port to bind.", flag_values=fv)
+    d.DEFINE_integer("slots", 16, "KV-cache slots (sequences decoded together).", flag_values=fv)
+    d.DEFINE_integer("max_len", 2048, "Cache columns per slot.", flag_values=fv)
+    d.DEFINE_string("dtype", "float32", "Compute dtype.", flag_values=fv)
+    d.DEFINE_string("model_id", None, "The id /v1/models reports (default: the folder's name).",
+                    flag_values=fv)
+    d.DEFINE_string("api_key", None, "Bearer key requests must send (default $ROSSJAX_API_KEY).",
+                    flag_values=fv)
+
+
 def main(argv) -> int:
-    if any(a in HELP_FLAGS for a in argv):
-        raise HelpRequested("")
-    ap = argparse.ArgumentParser(prog="rossjax serve", add_help=False)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--tokenizer", default=None)
-    ap.add_argument("--template", default=None)
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--slots", type=int, default=16)
-    ap.add_argument("--max_len", type=int, default=2048)
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--model_id", default=None)
-    ap.add_argument("--api_key", default=None)
-    args, extra = ap.parse_known_args(argv)
+    _, args, extra = parse_config(list(argv), extra_flags=_flags)
     if extra or not args.model:
         raise UsageError(f"unknown flags {' '.join(extra)} (rossjax serve --help)" if extra else
                          "rossjax serve needs --model=DIR (or preset:NAME with --tokenizer).")
