@@ -306,7 +306,7 @@ def _start_group(eng, turns: TokenTurns, task: dict, group_envs: list, sp: Sampl
     tools = list(group_envs[0].tools) if spec.tools_in_prompt else []
     prompt = tok.encode(prompt_text(opening[0], template, tok, tools))
     budget = min(spec.max_new_tokens, spec.max_tokens - len(prompt),
-                 eng.lay.max_len - bucket_length(max(len(prompt), 1)))
+                 eng.max_len - bucket_length(max(len(prompt), 1)))
     if budget < 1:
         raise ConfigError(f"task {task.get('id')!r}: its {len(prompt)}-token prompt leaves no "
                           f"room in config.agent.max_tokens ({spec.max_tokens}).")
@@ -349,7 +349,7 @@ def _drive(eng, turns: TokenTurns, by_seq: dict, threads):
 
 def _room(eng, seq_id, n_next: int) -> int:
     """Cache columns the sequence may still sample into after `n_next` more context tokens."""
-    return eng.lay.max_len - eng.result(seq_id).col - bucket_length(max(n_next, 1))
+    return eng.max_len - eng.result(seq_id).cache_used - bucket_length(max(n_next, 1))
 
 
 def _turn_of(eng, seq_id, traj):
