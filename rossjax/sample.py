@@ -34,6 +34,7 @@ import numpy as np
 from rossjax import sharding
 from rossjax.engine import Engine, SamplingParams, bucket_length  # noqa: F401 (public helper)
 from rossjax.engine.sampler import filter_logits as _filter_logits  # noqa: F401 (tests use it)
+from rossjax.engine.types import check_token_ids, request_seed
 from rossjax.errors import ConfigError, InputError
 from rossjax.models import ModelConfig
 
@@ -70,14 +71,11 @@ def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], max_new
     if not prompts:
         raise InputError("generate: field 'prompts' is empty.")
     for i, p in enumerate(prompts):
-        if not p:
-            raise InputError(f"generate: prompts row {i} is empty; every prompt needs at least one token.")
-        if min(p) < 0 or max(p) >= cfg.vocab_size:
-            raise InputError(f"generate: prompts row {i} holds a token id outside [0, {cfg.vocab_size}).")
+        check_token_ids(p, cfg.vocab_size, f"generate: prompts row {i}")
     if max_new_tokens < 1 or num_samples < 1:
         raise ConfigError("generate: fields 'max_new_tokens' and 'num_samples' must be >= 1.")
-    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-        raise ConfigError("generate: need temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
+    SamplingParams(int(max_new_tokens), float(temperature), float(top_p), int(top_k)).check(
+        "generate")
 
     n, g, t = len(prompts), int(num_samples), int(max_new_tokens)
     stop = tuple(int(x) for x in stop_ids)
@@ -90,7 +88,7 @@ def generate(cfg: ModelConfig, params, prompts: Sequence[Sequence[int]], max_new
     for i, p in enumerate(prompts):
         # Prompt i's seed: (seed, i) hashed into 64 bits by the engine's fold (see module doc).
         sp = SamplingParams(t, float(temperature), float(top_p), int(top_k), stop,
-                            (int(seed) % (1 << 32)) << 32 | i)
+                            request_seed(seed, i))
         ids += eng.submit(p, sp, n=g)
     eng.run()
     tokens = np.zeros((n * g, t), np.int32)

@@ -26,7 +26,14 @@ from collections.abc import Sequence as Seq
 
 from rossjax.engine.sampler import mode_for
 from rossjax.engine.slot_pool import SlotPool
-from rossjax.engine.types import FinishReason, SamplingParams, SequenceResult, Status, Update
+from rossjax.engine.types import (
+    FinishReason,
+    SamplingParams,
+    SequenceResult,
+    Status,
+    Update,
+    check_token_ids,
+)
 from rossjax.errors import ConfigError, InputError
 
 # Prompt (and extension) lengths round up to one of these, then to multiples of 512, so a stream
@@ -142,12 +149,7 @@ class Scheduler:
 
     # -- requests --------------------------------------------------------------------------
     def _check_tokens(self, ids: Seq[int], what: str) -> list[int]:
-        ids = [int(t) for t in ids]
-        if not ids:
-            raise InputError(f"engine: {what} is empty; it needs at least one token.")
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
-            raise InputError(f"engine: {what} holds a token id outside [0, {self.vocab_size}).")
-        return ids
+        return check_token_ids(ids, self.vocab_size, f"engine: {what}")
 
     def _check_sampling(self, sampling: SamplingParams, need_cols: int, what: str):
         sampling.check()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from rossjax.errors import ConfigError
+from rossjax.errors import ConfigError, InputError
 
 
 class Status(enum.StrEnum):
@@ -45,6 +45,24 @@ class SamplingParams:
             raise ConfigError(f"{where}: field 'max_new_tokens' must be >= 1.")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ConfigError(f"{where}: need temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
+
+
+def check_token_ids(ids, vocab_size: int, what: str) -> list[int]:
+    """`ids` as ints, or an InputError naming `what` ("generate: prompts row 3") when it is
+    empty or holds an id outside the vocabulary: the one token-id check (engine, generate,
+    serve)."""
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise InputError(f"{what} is empty; it needs at least one token.")
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        raise InputError(f"{what} holds a token id outside [0, {vocab_size}).")
+    return ids
+
+
+def request_seed(seed: int, i: int) -> int:
+    """Request i's seed under a run's `seed`: (seed, i) packed into 64 bits, which the engine's
+    fold hashes (generate's prompts, agentic groups)."""
+    return (int(seed) % (1 << 32)) << 32 | int(i)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,7 @@ import uuid
 from aiohttp import web
 
 from rossjax.engine import SamplingParams, bucket_length
+from rossjax.engine.types import check_token_ids
 from rossjax.errors import InputError
 from rossjax.serve import guard
 from rossjax.serve.guard import BadRequest
@@ -170,9 +171,10 @@ class Server:
                                  "list of token ids.", "prompt")
             if not ids:
                 raise BadRequest("'prompt' encodes to no tokens.", "prompt")
-            if min(ids) < 0 or max(ids) >= self.engine.cfg.vocab_size:
-                raise BadRequest(f"'prompt' holds a token id outside [0, "
-                                 f"{self.engine.cfg.vocab_size}).", "prompt")
+            try:
+                check_token_ids(ids, self.engine.cfg.vocab_size, "'prompt'")
+            except InputError as e:
+                raise BadRequest(str(e), "prompt") from None
             lp = body.get("logprobs")
             if lp not in (None, 0, 1) or isinstance(lp, bool):
                 raise BadRequest("'logprobs' must be 0 or 1 here (only the chosen token's "

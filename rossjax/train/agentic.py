@@ -45,6 +45,7 @@ from rossjax.agents.episode import Episode, Reply, StopReason
 from rossjax.agents.parse import parser
 from rossjax.agents.remote import RemoteEnv
 from rossjax.engine import Engine, SamplingParams, bucket_length
+from rossjax.engine.types import request_seed
 from rossjax.errors import ConfigError, InputError
 from rossjax.templates import render_chat, render_prompt
 from rossjax.tokenizers import byte_to_char_offsets
@@ -267,7 +268,7 @@ def rollouts(model_cfg, params, tok, tasks, spec: AgentSpec, *, group: int, temp
     trajs, by_seq = [], {}
     for i, task in enumerate(tasks):
         sp = SamplingParams(1, float(temperature), float(top_p), int(top_k), (tok.eos_id,),
-                            (int(seed) % (1 << 32)) << 32 | i)
+                            request_seed(seed, i))
         group_trajs = _start_group(eng, turns, task, envs[i * group:(i + 1) * group], sp, by_seq)
         trajs += group_trajs
     try:
