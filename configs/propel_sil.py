@@ -18,9 +18,10 @@ protocol (5 shown pairs + the message, scored on the 5 hidden inputs) `reward.so
 times with rossjax/train/solvers.py (`Solver`, `trials`: the kinds `rossjax label-corpus` uses)
 (`:math`: each valid problem first gets its reference from label-corpus's strict two-oracle
 policy, `reward.solver.oracles`, 2 oracles x 2 attempts all agreeing under math-verify, else it is
-invalid) and paid U_S = 1[lo <= solved / decided <= hi] with lo, hi = 1/8, 3/8 (`band=open`: 0 < rate
-< 1, the K = 3 variant), the label the probe would have been trained to predict; an invalid task
-(or one whose f fails on its own inputs) gets `invalid_reward` = -0.2, a valid task with fewer
+invalid) and paid U_S = 1[lo <= solved / decided <= hi] with lo, hi = 1/8, 3/8 (`band=closed`:
+both ends inside, as probe-sweep labels it; `band=open`, 0 < rate < 1, is the K = 3 variant), the
+label the probe would have been trained to predict; an invalid task (or one whose f fails on its
+own inputs) gets `invalid_reward` = -0.2, a valid task with fewer
 than `min_valid` decided trials NaN (advantage 0). Each step's metrics count `solver_trials`
 and `solver_tasks` (`:math`: and `oracle_trials`) and report `peak_rss_mb`, `peak_rss_children_mb` (sandboxed runs) and, on an
 accelerator, `peak_device_mb` (every GRPO run reports the memory, so a PROPEL run's figures sit

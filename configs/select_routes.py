@@ -43,7 +43,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.compare = "diverse,similar,random,topology"   # methods measured in the report
     c.clusters = config_dict.placeholder(int)       # None: round(3 * sqrt(budget)), at least 1,
                                                     # at most pool and budget (default_clusters)
-    # lexical: word 1..ngram_max grams, TF-IDF, truncated SVD to dim components (if more terms)
+    # lexical: word 1..ngram_max grams, TF-IDF, seeded sparse random projection to dim (if more terms)
     c.lexical = ml_collections.ConfigDict(dict(ngram_max=3, dim=256, max_features=1 << 20))
     c.embedding_store = ""       # method embedding: a `rossjax extract` store over the same ids
     c.embedding_layer = config_dict.placeholder(int)  # None: the store's last layer
