@@ -94,8 +94,8 @@ def propose(decision, keep=(), left_out=None, risk=(), reason="", **extra):
 
 SPANS = propose("spans", [SPAN_A, SPAN_B], reason="skip the bad check")
 WHOLE = propose("whole", reason="all clean")
-CLEAN = as_json({"verdict": "clean", "errors": []})
-AUDIT_ERR = as_json({"verdict": "error", "errors": [
+CLEAN = as_json({"verdict": "accept", "errors": []})
+AUDIT_ERR = as_json({"verdict": "revise", "errors": [
     {"kind": "error", "quote": "6 + 7 = 13, wrong but harmless",
      "problem": "an irrelevant wrong check"}]})
 
@@ -252,6 +252,25 @@ def test_repair_fails_row_is_dropped(tmp_path, ending):
     assert len(srv.requests) == len(script)  # bounded: nothing asked after the last round
     assert why in withheld(tmp_path / "out")["d"]["detail"]
 
+
+
+def test_audit_outcomes_accept_revise_drop_are_counted_and_a_drop_withholds(tmp_path):
+    """The paper's three audit outcomes: accept keeps, revise goes to repair, drop ends the row
+    as withheld with the audit's reason, asking nothing more; report.json counts each."""
+    drop = as_json({"verdict": "drop", "errors": [], "reason": "the answer is right by luck"})
+    srv, rep = _run(tmp_path, [math_row("ok"), math_row("fix"), math_row("d")],
+                    {"ok": [SPANS, CLEAN], "fix": [WHOLE, AUDIT_ERR, SPANS, CLEAN],
+                     "d": [WHOLE, drop]})
+    assert rep["buckets"] == {"kept": 2, "withheld": 1, "invalid": 0}
+    assert rep["reasons"]["withheld"] == {"audit_drop": 1}
+    assert rep["stages"]["audit"]["withheld"] == {"audit_drop": 1}
+    assert rep["outcomes"]["audit"] == {"accept": 2, "revise": 1, "drop": 1}
+    assert rep["outcomes"]["localization"] == {"located": 0, "unresolved": 0}
+    assert len(srv.bodies("d")) == 2  # proposal and audit: nothing asked after the drop
+    w = withheld(tmp_path / "out")["d"]
+    assert w["reason"] == "audit_drop" and "right by luck" in w["detail"]
+    prompt = srv.bodies("d", "audit")[0]["messages"][-1]["content"]
+    assert '"accept" | "revise" | "drop"' in prompt
 
 def test_out_of_order_spans_and_missing_final_answer_are_asked_again(tmp_path):
     swapped = propose("spans", [SPAN_B, SPAN_A])
@@ -413,7 +432,7 @@ def test_acceptance_check_refuses_a_revision_that_keeps_an_audited_error(tmp_pat
     ({"kind": "error", "quote": "The answer is", "problem": "wrong"}, False),
 ])
 def test_only_errors_found_in_the_audited_text_are_kept_out(tmp_path, audit, kept):
-    err = as_json({"verdict": "error", "errors": [audit]})
+    err = as_json({"verdict": "revise", "errors": [audit]})
     srv, rep = _run(tmp_path, [math_row("d")], {"d": [SPANS, err, WHOLE, CLEAN]},
                     max_step_retries=0)
     assert rep["buckets"]["kept"] == int(kept)
@@ -423,10 +442,13 @@ def test_only_errors_found_in_the_audited_text_are_kept_out(tmp_path, audit, kep
 
 
 @pytest.mark.parametrize("audit, detail", [
-    ({"verdict": "error", "errors": [{"quote": "x", "problem": "y"}]},
+    ({"verdict": "revise", "errors": [{"quote": "x", "problem": "y"}]},
      "errors[0].kind must be one of error, dependency, derivation"),
-    ({"verdict": "clean", "errors": [{"kind": "error", "problem": "y"}]},
-     "lists problems but verdict is clean"),
+    ({"verdict": "accept", "errors": [{"kind": "error", "problem": "y"}]},
+     "lists problems but verdict is accept"),
+    ({"verdict": "revise", "errors": []}, "is empty but verdict is revise"),
+    ({"verdict": "drop", "errors": []}, "is empty but verdict is drop"),
+    ({"verdict": "clean", "errors": []}, "must be one of accept, revise, drop"),
 ])
 def test_audit_answers_are_checked(tmp_path, audit, detail):
     srv, rep = _run(tmp_path, [math_row("c")], {"c": [WHOLE, as_json(audit), CLEAN]})

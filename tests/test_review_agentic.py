@@ -1,6 +1,6 @@
 """rossjax.review's agentic procedure against the scripted server: discovery over step groups on
-four axes, boundary localization per finding, consistency checks with retries, unresolved ->
-withheld, omissions recorded without a mask effect."""
+four axes, boundary localization per finding, consistency checks with retries, unresolved (in
+discovery or from the localizer) -> withheld, omissions recorded without a mask effect."""
 
 import copy
 
@@ -122,6 +122,26 @@ def test_unresolved_finding_withholds_the_row_without_asking_boundaries(tmp_path
     assert "may hide a failed write" in withheld(tmp_path / "out")["fib"]["detail"]
 
 
+
+def test_the_localizer_may_answer_unresolved_which_withholds_the_row(tmp_path):
+    """The paper's localizer answer for a finding it cannot point to: the row is withheld
+    (`localization_unresolved`), nothing is asked after it, and report.json counts it; an
+    answer that gives selectors and says unresolved is asked again."""
+    first = discovery([judge(2, 0, operation="fail"), judge(2, 1), judge(5, 0, execution="fail")],
+                      [ERR_RM, OMIT])
+    both = as_json({"unresolved": "not sure", "exclude": [{"message": 2, "line": 2}]})
+    gone = as_json({"unresolved": "the missing test run has no place in the transcript"})
+    srv, rep = _run(tmp_path, [AGENT], {"fib": [first, GROUP2, LOC_RM, both, gone]},
+                    step_group=2)
+    assert srv.stages() == ["discovery", "discovery", "localization", "localization", "retry"]
+    assert "also says unresolved" in srv.bodies("fib")[-1]["messages"][-1]["content"]
+    loc = srv.bodies("fib", "localization")[1]["messages"][-1]["content"]
+    assert '{"unresolved": "why it cannot be located"}' in loc
+    assert rep["reasons"]["withheld"] == {"localization_unresolved": 1}
+    assert rep["stages"]["localization"]["withheld"] == {"localization_unresolved": 1}
+    assert rep["outcomes"]["localization"] == {"located": 1, "unresolved": 1}
+    assert "has no place in the transcript" in withheld(tmp_path / "out")["fib"]["detail"]
+
 def test_consistency_violations_are_asked_again_with_the_failing_check(tmp_path):
     # a failed dimension with no finding naming it; then a call left unjudged
     no_finding = discovery([judge(2, 0, operation="fail"), judge(2, 1), judge(5, 0), judge(7, 0)],
@@ -179,7 +199,7 @@ def test_every_line_of_every_step_is_accounted_and_narrative_causal_are_judged(t
     assert rep["buckets"]["kept"] == 1
     body = srv.bodies("fib")[0]["messages"][-1]["content"]
     assert "narrative:" in body and "causal:" in body and "every line of every step" in body
-    assert prompts.PROMPT_VERSION == "ross-review-v4"
+    assert prompts.PROMPT_VERSION == "ross-review-v5"
     # a call judged on causal without a finding naming causal is inconsistent too
     bad = discovery([judge(2, 0, causal="fail"), judge(2, 1), judge(5, 0), judge(7, 0)], [])
     srv, rep = _run(tmp_path, [AGENT], {"fib": [bad] * 2}, name="b", max_step_retries=1)

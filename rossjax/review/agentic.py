@@ -15,7 +15,9 @@
                 0-based occurrence, protect regions. Selectors must resolve, an error's
                 exclusions lie in its own message, and no exclusion overlaps a protected region
                 of this or an earlier finding (agentic_checks.check_localization); a failure is asked
-                again with the failing check quoted.
+                again with the failing check quoted. A localizer that answers "unresolved"
+                (the finding's text cannot be pointed to) withholds the row
+                (`localization_unresolved`), as the paper's localizer does: nothing is guessed.
   annotation    exclude (errors), protect, omissions (recorded, no mask effect); status accept
                 when nothing is excluded, else revise; compiled once more with curate's
                 compiler before it is kept.
@@ -48,6 +50,13 @@ def review_agentic(row: Row, step_group: int) -> dict:
     for f in findings:
         loc, _ = row.ask("localization", prompts.localization(rec, r, f),
                          lambda obj, f=f: check_localization(obj, f, r, done))
+        if "unresolved" in loc:
+            row.outcomes["localization:unresolved"] += 1
+            raise RowWithheld("localization_unresolved",
+                              f"the localizer could not locate the {f['kind']} of message "
+                              f"{f['message']} call {f['call']}: {loc['unresolved']}"[:400],
+                              "localization")
+        row.outcomes["localization:located"] += 1
         done["exclude"] += loc["exclude"]
         done["protect"] += loc["protect"]
         if loc["omission"]:

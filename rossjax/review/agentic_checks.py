@@ -8,7 +8,8 @@ an error or omission of that call and every unresolved one by an unresolved find
 finding names a dimension judged ok; every line of every step's text parts has exactly one
 verdict, consistent with the findings (`check_lines`; all `review_inconsistent`).
 Localization: selectors resolve (curate's codes), an error's exclusions lie in its own message,
-and no exclusion overlaps a protected region (`exclude_protected`).
+and no exclusion overlaps a protected region (`exclude_protected`); or the localizer's
+"unresolved" (the finding cannot be located), alone.
 """
 
 from __future__ import annotations
@@ -166,7 +167,15 @@ def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
 def check_localization(obj: dict, finding: dict, rendered, done: dict) -> dict:
     """The selectors of one finding, resolved and consistent with the findings `done` before
     it ({"exclude": [(sel, iv)], "protect": [(sel, iv)]}). Returns {"exclude": [...],
-    "protect": [...], "omission": {...} | None} of (selector, interval) pairs."""
+    "protect": [...], "omission": {...} | None} of (selector, interval) pairs, or, when the
+    localizer answers that the finding cannot be located, {"unresolved": why} (the paper's
+    answer: the row is withheld, nothing is guessed)."""
+    if obj.get("unresolved") is not None:
+        why = want_str(obj, "unresolved", "answer")
+        if obj.get("exclude") or obj.get("after") or obj.get("protect"):
+            raise inconsistent("answer gives selectors and also says unresolved: give the "
+                                "selectors, or only unresolved with why")
+        return {"unresolved": why}
     if finding["kind"] == "omission":
         if not isinstance(obj.get("after"), dict):
             raise malformed("answer.after", "must be an object {message, line, quote, "

@@ -10,8 +10,9 @@ are unique, spans in source order and disjoint, inside an assistant message: cur
 anchor_missing, anchor_ambiguous, anchor_order, anchor_not_eligible, ...); the selected text
 contains the complete final answer as the verifier extracts it (`final_answer_missing`); and the
 acceptance check: no kept span touches text an audit confirmed wrong (`audit_error_kept`).
-Audits: verdict, and per error its kind (error | dependency | derivation), problem and quote;
-`confirmed_errors` locates each quoted error in the text the audit saw.
+Audits: the paper's outcome (accept | revise | drop; a drop needs its reason), and per error its
+kind (error | dependency | derivation), problem and quote; `confirmed_errors` locates each quoted
+error in the text the audit saw.
 
 The agentic procedure's checks are in agentic_checks.py.
 """
@@ -190,11 +191,17 @@ def check_proposal(obj: dict, record: dict, rendered, compile_,
     return Proposal(decision, ann, selected_text(rendered, body), reason, outputs, body)
 
 
-def check_audit(obj: dict) -> tuple[bool, list[dict], str]:
-    """(clean, errors [{kind, quote, problem}], reason) of an audit answer."""
+AUDIT_OUTCOMES = ("accept", "revise", "drop")
+
+
+def check_audit(obj: dict) -> tuple[str, list[dict], str]:
+    """(outcome, errors [{kind, quote, problem}], reason) of an audit answer. The paper's three
+    outcomes: accept (a clean target, no errors), revise (errors a revision can fix: each named)
+    and drop (no clean selection exists: the reason says why; errors are optional evidence)."""
     verdict = obj.get("verdict")
-    if verdict not in ("clean", "error"):
-        raise malformed("answer.verdict", f"must be clean or error, got {verdict!r:.60}")
+    if verdict not in AUDIT_OUTCOMES:
+        raise malformed("answer.verdict", f"must be one of {', '.join(AUDIT_OUTCOMES)}, got "
+                                          f"{verdict!r:.60}")
     errors = want_list(obj, "errors", "answer")
     for j, e in enumerate(errors):
         if e.get("kind") not in AUDIT_KINDS:
@@ -202,14 +209,19 @@ def check_audit(obj: dict) -> tuple[bool, list[dict], str]:
                                                  f"{e.get('kind')!r:.40}")
         want_str(e, "problem", f"errors[{j}]")
         want_str(e, "quote", f"errors[{j}]", required=False)
-    if verdict == "error" and not errors:
-        raise malformed("answer.errors", "is empty but verdict is error: name each error")
-    if verdict == "clean" and errors:
-        raise inconsistent("answer.errors lists problems but verdict is clean: give verdict "
-                            "error, or no errors")
+    if verdict == "revise" and not errors:
+        raise malformed("answer.errors", "is empty but verdict is revise: name each error the "
+                                         "revision must fix")
+    if verdict == "accept" and errors:
+        raise inconsistent("answer.errors lists problems but verdict is accept: give verdict "
+                            "revise (or drop), or no errors")
     reason = obj.get("reason") if isinstance(obj.get("reason"), str) else ""
-    return verdict == "clean", [{"kind": e["kind"], "quote": e.get("quote"),
-                                 "problem": e["problem"]} for e in errors], reason
+    if verdict == "drop" and not reason.strip():
+        # a drop withholds the row with this reason, so it must say why
+        raise malformed("answer.reason", "is empty but verdict is drop: say in one sentence why "
+                                         "no clean selection exists")
+    return verdict, [{"kind": e["kind"], "quote": e.get("quote"), "problem": e["problem"]}
+                     for e in errors], reason
 
 
 def confirmed_errors(errors: list[dict], rendered, body: list[tuple[int, int]]) -> list[Confirmed]:

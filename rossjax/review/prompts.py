@@ -13,7 +13,7 @@ from __future__ import annotations
 from rossjax.errors import ConfigError
 from rossjax.review.render import context, render_transcript
 
-PROMPT_VERSION = "ross-review-v4"
+PROMPT_VERSION = "ross-review-v5"
 
 # The proposal's risk tags (a rossjax vocabulary: the reviewer names what makes a response risky
 # to learn from, whether or not its spans leave that text out).
@@ -73,13 +73,17 @@ in the selected text (it was left out);
 Redundancy alone is not an error: a correct second check or a restatement is fine. Quote the \
 wrong text verbatim for an error; for a dependency or derivation problem quote the text that \
 relies on what is missing.
+Then decide: "accept" (nothing wrong: the text can be learned as it is; no errors), "revise" \
+(list the errors: a revised selection can leave them out or add what is missing) or "drop" (no \
+clean, self-contained selection with the complete final answer can exist in this response, e.g. \
+the answer is right by luck: say why in "reason").
 
 Selected text:
 <<<
 {selected}
 >>>
 
-Reply: {{"verdict": "clean" | "error", "errors": [{{"kind": "error" | "dependency" | \
+Reply: {{"verdict": "accept" | "revise" | "drop", "errors": [{{"kind": "error" | "dependency" | \
 "derivation", "quote": "verbatim text from the selected text", "problem": "what is wrong"}}], \
 "reason": "one sentence"}}"""
 
@@ -132,6 +136,9 @@ Give the exact text that must NOT be learned, as selectors {{"message": {message
 matches of the quote on the line, omit "quote" to select the whole line. Exclude as little as \
 possible: only the wrong text, in message {message}. List under "protect" correct text near it \
 that must stay learned (same selector form, any message); an exclusion may never touch it.
+If the transcript does not let you point to the text of this error (it is nowhere you can \
+quote), do not guess: reply {{"unresolved": "why it cannot be located"}}; the rollout is then \
+not trained on.
 
 Reply: {{"exclude": [{{"message": {message}, "line": 1, "quote": "...", "occurrence": 0}}], \
 "protect": []}}"""
@@ -141,7 +148,9 @@ BOUNDARY LOCALIZATION for this finding: an omission in message {message} call {c
 {what}
 Say where the missing action belonged: after which verbatim text, as a selector \
 {{"message": I, "line": N, "quote": "verbatim text on that line", "occurrence": K, "part": \
-"content" | "reasoning" | "tool_calls"}}. An omission is recorded, not masked.
+"content" | "reasoning" | "tool_calls"}}. An omission is recorded, not masked. If you cannot say \
+where it belonged, do not guess: reply {{"unresolved": "why it cannot be located"}}; the \
+rollout is then not trained on.
 
 Reply: {{"after": {{"message": {message}, "line": 1, "quote": "...", "occurrence": 0}}, \
 "note": "what was missing"}}"""
@@ -219,7 +228,7 @@ SCHEMAS = {
                       "left_out": _STR,
                       "risk": {"type": "array", "items": {"type": "string", "enum": list(RISKS)}},
                       "reason": _STR}, ["decision", "whole_clean", "clean_solution", "risk"]),
-    "audit": _obj({"verdict": {"type": "string", "enum": ["clean", "error"]},
+    "audit": _obj({"verdict": {"type": "string", "enum": ["accept", "revise", "drop"]},
                    "errors": {"type": "array", "items": _obj(
                        {"kind": {"type": "string", "enum": list(AUDIT_KINDS)}, "quote": _STR,
                         "problem": _STR}, ["kind", "problem"])},
@@ -239,7 +248,7 @@ SCHEMAS = {
             ["message", "part", "from", "to", "verdict"])}}, ["calls", "lines", "findings"]),
     "localization": _obj({"exclude": {"type": "array", "items": _SEL},
                           "protect": {"type": "array", "items": _SEL},
-                          "after": _SEL, "note": _STR}, []),
+                          "after": _SEL, "note": _STR, "unresolved": _STR}, []),
 }
 SCHEMAS["repair"] = SCHEMAS["proposal"]
 # excluded-content classification (classify.py checks the category against its seven)

@@ -19,8 +19,9 @@ resume where it stopped, asking nothing twice):
             answers, reason, ...}) into WORKDIR/reviewed-NNNNN.jsonl[.gz]; withheld/invalid rows
             into withheld.jsonl / invalid.jsonl; every request and answer of each reviewed row
             into transcripts.jsonl (what `rossjax inspect` shows next to the mask); counts into
-            report.json: buckets add up to the input rows, and `stages` counts requests, tokens,
-            failed checks and withheld rows per stage.
+            report.json: buckets add up to the input rows, `stages` counts requests, tokens,
+            failed checks and withheld rows per stage, and `outcomes` the answers that decide a
+            row: audit accept / revise / drop, localization located / unresolved.
 `check_kept(report, cfg, workdir)` turns a run that kept no row into one sentence saying why and
 which setting changes it (the CLI exits 2 on it).
 """
@@ -42,6 +43,7 @@ from rossjax.curate.ledger import Report, RowLists, write_json
 from rossjax.errors import ConfigError, InputError
 from rossjax.openai_api.transport import display_url
 from rossjax.review.agentic import review_agentic
+from rossjax.review.checks import AUDIT_OUTCOMES
 from rossjax.review.client import REASK, ReviewerClient, ReviewerError
 from rossjax.review.prompts import PROMPT_VERSION, response_format
 from rossjax.review.render import MODES, review_mode
@@ -53,6 +55,7 @@ ROW_FILTERS = ("verifier_positive", "all")
 SHARD_PREFIX = "reviewed-"
 STAGES = ("proposal", "audit", "repair", "discovery", "localization")
 KEPT_BY = ("reviewed", "passed_through", "bypassed")
+OUTCOMES = {"audit": AUDIT_OUTCOMES, "localization": ("located", "unresolved")}
 # Reasons a row is withheld before anything is asked, and the setting that would review it.
 NOT_ELIGIBLE = {
     "unverified": "the rows store no verifier verdict (a reward is not one); "
@@ -185,6 +188,7 @@ class ReviewRun:
         self.answered = 0  # reviewer answers received so far (a refusal before any: setup error)
         self.kept_by, self.procedures, self.attempts = Counter(), Counter(), Counter()
         self.risks = Counter()  # the proposal's risk tags over kept reviewed rows
+        self.outcomes = Counter()  # "stage:outcome" over every row's deciding answers
         self.stage_withheld = {s: Counter() for s in STAGES}
         self.stage_checks = {s: Counter() for s in STAGES}
         self.shards = _Shards(workdir, cfg.rows_per_shard, cfg.compress)
@@ -261,6 +265,7 @@ class ReviewRun:
         self.procedures[proc] += 1
         self.attempts[r.answers] += 1
         self.answered += r.answers
+        self.outcomes.update(r.outcomes)
         for entry in r.transcript:
             if "check" in entry:
                 self.stage_checks[entry["stage"]][entry["check"]["code"]] += 1
@@ -337,6 +342,8 @@ class ReviewRun:
             "attempts": {str(k): v for k, v in sorted(self.attempts.items())},
             "requests": {**self.client.totals(), "connections": self.client.connections},
             "stages": self.stages(),
+            "outcomes": {st: {o: self.outcomes[f"{st}:{o}"] for o in names}
+                         for st, names in OUTCOMES.items()},
             "reviewer": {"url": self.client.url, "model": self.client.model,
                          "prompt_version": PROMPT_VERSION},
             "outputs": self.shards.written,

@@ -11,8 +11,10 @@
             asked again with the failing check quoted (config.max_step_retries);
   audit     a separate request judges the exact selected text (spans concatenated in order),
             not the proposal's own account of it: errors, missing dependencies, a missing
-            derivation;
-  repair    an audit that finds errors gets a revision request carrying the audit evidence; the
+            derivation; its outcome is the paper's accept (keep the selection), revise (the
+            errors go to repair) or drop (no clean selection exists: the row is withheld as
+            `audit_drop` with the audit's reason, nothing more is asked);
+  repair    an audit that asks for a revision gets a revision request carrying the evidence; the
             revision is checked and audited again, for at most config.max_repair_rounds rounds.
             Every error an audit quotes from the selection is confirmed at its place, and the
             deterministic acceptance check refuses any later revision that still keeps it.
@@ -45,8 +47,12 @@ def review_single_turn(row: Row, max_repair_rounds: int) -> dict:
         raise RowWithheld("reviewer_drop", f"the reviewer rejected this rollout: "
                                            f"{prop.reason or 'no reason given'}", "proposal")
     for round_ in range(max_repair_rounds + 1):
-        (clean, errors, why), _ = row.ask("audit", prompts.audit(rec, prop.selected), check_audit)
-        if clean:
+        (outcome, errors, why), _ = row.ask("audit", prompts.audit(rec, prop.selected),
+                                            check_audit)
+        row.outcomes[f"audit:{outcome}"] += 1
+        if outcome == "drop":
+            raise RowWithheld("audit_drop", f"the audit dropped this rollout: {why}"[:400], "audit")
+        if outcome == "accept":
             ann = dict(prop.annotation)
             if round_:
                 ann["status"] = "revise"  # repaired: the kept text differs from the proposal

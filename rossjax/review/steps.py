@@ -8,6 +8,7 @@ the run puts the row in the withheld bucket with that code and counts it against
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from rossjax.review.answers import BadAnswer, read_answer
@@ -42,6 +43,9 @@ class Row:
     response_format: str = "none"
     transcript: list = field(default_factory=list)
     answers: int = 0  # reviewer answers this row received (cached ones included)
+    # "stage:outcome" counts of the answers that decide a row (audit accept/revise/drop,
+    # localization located/unresolved), summed into report.json `outcomes`
+    outcomes: Counter = field(default_factory=Counter)
 
     def log(self, stage: str, messages: list, reply, check: BadAnswer | None, result=None):
         entry = {"stage": stage, "messages": messages, "answer": reply.text,
