@@ -115,20 +115,47 @@ def test_model_with_fused_backend_equals_dense(impl):
         assert np.max(np.abs(b - a)) <= 1e-5 * max(1.0, np.max(np.abs(a)))
 
 
-def test_auto_picks_by_platform_and_cache_paths_stay_pure(monkeypatch):
+class _Device:
+    """A device of another platform (what a compile-only TPU topology device reports)."""
+    def __init__(self, platform):
+        self.platform = platform
+        self.client = type("Client", (), {"platform_version": "cuda 12"})()
+
+
+def test_auto_picks_by_the_target_platform_and_cache_paths_stay_pure(monkeypatch):
+    from rossjax.models.kernels import activations
+
     assert att.backend("auto", 512, 512, 512, jnp.float32) in ("dense", "splash", "cudnn")
-    monkeypatch.setattr(kernels.jax, "default_backend", lambda: "tpu")
-    assert att.backend("auto", 4096, 4096, 512, jnp.float32) == "splash"
-    assert att.backend("auto", 1, 4096, 512, jnp.float32) == "dense"          # decode
-    assert att.backend("auto", 4096, 4096, 512, jnp.float32, self_attention=False) == "blockwise"
-    assert att.backend("splash", 8, 4096, 512, jnp.float32, self_attention=False) == "dense"
-    monkeypatch.setattr(kernels.jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(kernels, "_is_nvidia", lambda: True)
-    assert att.backend("auto", 4096, 4096, 512, jnp.bfloat16) == "cudnn"
-    assert att.backend("auto", 4096, 4096, 512, jnp.float32) == "blockwise"   # cuDNN: half only
-    monkeypatch.setattr(kernels.jax, "default_backend", lambda: "cpu")
-    assert att.backend("auto", 4096, 4096, 512, jnp.bfloat16) == "blockwise"
-    assert att.backend("xla", 4096, 4096, 512, jnp.float32) == "xla"
+    # the host's default backend decides nothing: only the devices the program is traced for
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    with activations.target(_Device("cpu")):
+        assert att.backend("auto", 4096, 4096, 512, jnp.float32) == "blockwise"
+    monkeypatch.undo()
+    with activations.target(_Device("tpu")):
+        assert activations.target_platform() == "tpu"
+        assert att.backend("auto", 4096, 4096, 512, jnp.float32) == "splash"
+        assert att.backend("auto", 1, 4096, 512, jnp.float32) == "dense"          # decode
+        assert att.backend("auto", 4096, 4096, 512, jnp.float32,
+                           self_attention=False) == "blockwise"
+        assert att.backend("splash", 8, 4096, 512, jnp.float32, self_attention=False) == "dense"
+    with activations.target(_Device("gpu")):
+        assert att.backend("auto", 4096, 4096, 512, jnp.bfloat16) == "cudnn"
+        assert att.backend("auto", 4096, 4096, 512, jnp.float32) == "blockwise"   # cuDNN: half only
+    with activations.target(_Device("cpu")):
+        assert att.backend("auto", 4096, 4096, 512, jnp.bfloat16) == "blockwise"
+        assert att.backend("xla", 4096, 4096, 512, jnp.float32) == "xla"
+    assert activations.TARGET.get() is None
+
+
+def test_the_target_is_the_traced_mesh_not_the_host():
+    """Inside shard_activations the activation context's mesh names the target devices."""
+    from rossjax.models import transformer
+    from rossjax.models.kernels import activations
+
+    part = _mesh_2x2x2()
+    with transformer.shard_activations(part):
+        assert activations.target_device() is part.mesh.devices.flat[0]
+    assert activations.target_device() is jax.devices()[0]
 
 
 def _mesh_2x2x2():

@@ -6,7 +6,9 @@ block-wise, live in models/attention.py and remain the fallback and the referenc
     splash  Pallas splash attention, TPU (interpret mode elsewhere, for tests)
 
 `platform_default` is what `auto` picks for a self-attention row (training, scoring); decode and
-prefill over a KV cache always use the pure-JAX kernels.
+prefill over a KV cache always use the pure-JAX kernels. Both read the platform of the devices
+the program is traced for (`activations.target_device`), never `jax.default_backend()`: an AOT
+compile for a TPU topology on a CPU host gets splash.
 """
 
 from __future__ import annotations
@@ -16,18 +18,25 @@ import math
 import jax
 import jax.numpy as jnp
 
+from rossjax.models.kernels import activations
+
 FUSED = ("xla", "cudnn", "splash")
 
 
-def _is_nvidia() -> bool:
-    dev = jax.devices()[0]
+def _is_nvidia(dev=None) -> bool:
+    dev = activations.target_device() if dev is None else dev
     return dev.platform == "gpu" and "rocm" not in str(
         getattr(dev.client, "platform_version", "")).lower()
 
 
+def target_platform() -> str:
+    return activations.target_platform()
+
+
 def platform_default(dtype) -> str | None:
-    """'splash' on TPU, 'cudnn' on NVIDIA GPUs for half-precision compute, else None (pure JAX)."""
-    backend = jax.default_backend()
+    """'splash' on TPU, 'cudnn' on NVIDIA GPUs for half-precision compute, else None (pure JAX),
+    for the target's devices."""
+    backend = target_platform()
     if backend == "tpu":
         return "splash"
     if backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and _is_nvidia():
@@ -48,7 +57,7 @@ def attend(kind: str, qg, k, v, mask, windows: tuple[int, ...], visible=None):
         return out.reshape(qg.shape)
     if kind != "splash":
         raise ValueError(f"attention backend {kind!r} is not one of {', '.join(FUSED)}.")
-    from rossjax.models.kernels import activations, splash
+    from rossjax.models.kernels import splash
 
     def run(q, k, v, seg, window):
         # Splash bakes the window into the kernel's mask: one branch per window a layer can have.

@@ -8,8 +8,9 @@ rule (window measured in RoPE positions) whenever positions advance by one per s
 segment, which is what packed training rows hold (positions restart at 0 per document).
 
 Rows are padded to a multiple of the block (128-lane tiles); padded queries and keys get their
-own segment id, so they never mix with real tokens and every row sees at least itself. Off TPU
-the kernel runs in Pallas interpret mode (slow: tests only).
+own segment id, so they never mix with real tokens and every row sees at least itself. Compiled
+for a target other than TPU (the platform of the devices traced for, see
+activations.target_device) the kernel runs in Pallas interpret mode (slow: tests only).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_kernel as sk,
     splash_attention_mask as sm,
 )
+
+from rossjax.models.kernels import activations
 
 _PAD_SEG = np.iinfo(np.int32).min   # a segment id no real token carries
 
@@ -51,7 +54,7 @@ def attend(q, k, v, seg, *, window: int, interpret: bool | None = None):
     """q [b, s, K, G, hd], k/v [b, s, K, hd] (self-attention), seg [b, s] int32
     -> [b, s, K, G, hd] in q.dtype. `window` is static (0 = none)."""
     if interpret is None:
-        interpret = jax.default_backend() != "tpu"
+        interpret = activations.target_platform() != "tpu"
     b, s, nkv, g, hd = q.shape
     block = _block(s)
     s_pad = -(-s // block) * block
