@@ -77,33 +77,51 @@ def normalize_rules(rules=None) -> tuple:
     return tuple(out)
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over `devices` (default all); one size may be -1 (the rest)."""
-    devices = list(jax.devices() if devices is None else devices)
+def _sizes(data, fsdp, tensor, n: int) -> list[int]:
     sizes = [data, fsdp, tensor]
     if sizes.count(-1) > 1:
         raise ConfigError("make_mesh: at most one of data, fsdp, tensor may be -1.")
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
-        if len(devices) % known:
-            raise ConfigError(f"make_mesh: {len(devices)} devices are not divisible by {known}.")
-        sizes[sizes.index(-1)] = len(devices) // known
-    if math.prod(sizes) != len(devices):
+        if n % known:
+            raise ConfigError(f"make_mesh: {n} devices are not divisible by {known}.")
+        sizes[sizes.index(-1)] = n // known
+    if math.prod(sizes) != n:
         raise ConfigError(f"make_mesh: data*fsdp*tensor = {math.prod(sizes)} but there are "
-                          f"{len(devices)} devices.")
+                          f"{n} devices.")
+    return sizes
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None, *,
+              num_slices: int = 1) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default all); one size may be -1 (the rest).
+    With `num_slices` > 1 (a multi-slice job, slices joined by DCN), the data axis spans the
+    slices (data-parallel replicas talk over DCN only for the gradient reduction) and fsdp and
+    tensor stay inside each slice's ICI; data must be a multiple of num_slices."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = _sizes(data, fsdp, tensor, len(devices))
+    from jax.experimental import mesh_utils
+
+    if num_slices > 1:
+        if sizes[0] % num_slices:
+            raise ConfigError(f"config.mesh.data ({sizes[0]}) must be a multiple of the "
+                              f"{num_slices} slices: the data axis spans the slices (DCN).")
+        ici = [sizes[0] // num_slices, sizes[1], sizes[2]]
+        grid = mesh_utils.create_hybrid_device_mesh(ici, [num_slices, 1, 1], devices)
+        return Mesh(grid, MESH_AXES)
     try:
-        from jax.experimental import mesh_utils
         grid = mesh_utils.create_device_mesh(sizes, devices)
     except (ValueError, NotImplementedError, AssertionError):
         grid = np.asarray(devices).reshape(sizes)
     return Mesh(grid, MESH_AXES)
 
 
-def mesh_from_config(m) -> Mesh:
-    """The mesh of a config's `mesh` section (data, fsdp, tensor; optional num_devices). Without a
-    -1 it takes the first data*fsdp*tensor devices, so `data=1, fsdp=1, tensor=1` is one device."""
+def mesh_from_config(m, devices=None, *, num_slices: int = 1) -> Mesh:
+    """The mesh of a config's `mesh` section (data, fsdp, tensor; optional num_devices) over
+    `devices` (default jax.devices(); `rossjax plan` passes a TPU topology's). Without a -1 it
+    takes the first data*fsdp*tensor devices, so `data=1, fsdp=1, tensor=1` is one device."""
     sizes = (int(m.data), int(m.fsdp), int(m.tensor))
-    devices = jax.devices()
+    devices = list(jax.devices() if devices is None else devices)
     n = int(m.get("num_devices", 0) or 0) if hasattr(m, "get") else 0
     if n > 0:
         devices = devices[:n]
@@ -112,7 +130,7 @@ def mesh_from_config(m) -> Mesh:
             raise ConfigError(f"config.mesh asks for {math.prod(sizes)} devices (data x fsdp x "
                               f"tensor = {' x '.join(map(str, sizes))}) but there are {len(devices)}.")
         devices = devices[:math.prod(sizes)]
-    return make_mesh(*sizes, devices=devices)
+    return make_mesh(*sizes, devices=devices, num_slices=num_slices)
 
 
 def logical_to_mesh_spec(logical: P | tuple, rules=None, shape=None, mesh: Mesh | None = None, *,
@@ -212,9 +230,11 @@ def as_partitioner(mesh_or_partitioner, rules=None) -> Partitioner | None:
     return Partitioner(mesh_or_partitioner, normalize_rules(rules))
 
 
-def partitioner_from_config(cfg) -> Partitioner:
-    """`cfg.mesh` and `cfg.sharding_rules` (() = DEFAULT_RULES) -> Partitioner."""
-    return Partitioner(mesh_from_config(cfg.mesh), normalize_rules(cfg.get("sharding_rules") or None))
+def partitioner_from_config(cfg, devices=None, *, num_slices: int = 1) -> Partitioner:
+    """`cfg.mesh` and `cfg.sharding_rules` (() = DEFAULT_RULES) -> Partitioner, over `devices`
+    (default jax.devices())."""
+    return Partitioner(mesh_from_config(cfg.mesh, devices, num_slices=num_slices),
+                       normalize_rules(cfg.get("sharding_rules") or None))
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules=None, shape=None) -> NamedSharding:
