@@ -189,10 +189,16 @@ def test_claims_report_what_the_numbers_say():
     tie = {**good, "heuristic": _arm(utility=0.40, validity=0.6, distinct3=0.2, self_bleu3=0.9)}
     assert [c["holds"] for c in propel.claims({"summary": tie})][:2] == [True, False]
 
-    cov = lambda d, r, s: {"diverse": {"coverage": {"mean": d}}, "random": {"coverage": {"mean": r}},  # noqa: E731
-                           "similar": {"coverage": {"mean": s}}}
-    assert [c["holds"] for c in routes.claims({"summary": cov(2.2, 2.0, 1.0)})] == [True, True]
-    assert [c["holds"] for c in routes.claims({"summary": cov(1.9, 2.0, 1.0)})] == [False, True]
+    def cov(d, r, s, fams=(6.0, 6.0, 1.0)):
+        return {m: {"coverage": {"mean": c}, "families_produced": {"mean": f}}
+                for m, c, f in zip(("diverse", "random", "similar"), (d, r, s), fams)}
+    assert [c["holds"] for c in routes.claims({"summary": cov(2.2, 2.0, 1.0)})] == [True] * 3
+    assert [c["holds"] for c in routes.claims({"summary": cov(1.9, 2.0, 1.0)})] == [False, True,
+                                                                                    True]
+    # the full run's 5.7 vs 6.0 families is reported, not hidden behind coverage
+    fewer = routes.claims({"summary": cov(2.1, 2.0, 1.0, (5.7, 6.0, 1.0))})
+    assert [c["holds"] for c in fewer] == [True, True, False]
+    assert fewer[2]["evidence"] == "diverse 5.7, random 6.0, similar 1.0"
 
     def recipe(imitation, accuracy):
         return {"sampled_imitation": {"mean": imitation, "std": 0.0},

@@ -45,8 +45,7 @@ def write(folder: str, results: dict, module, command: str) -> str:
           module.__doc__.strip().split("\n\n")[0], "", f"Regenerate: `{command}`", "",
           *([provenance_line(results["provenance"]), ""] if results.get("provenance") else []),
           markdown_table(headers, rows), "", "## Claims", ""]
-    for c in claims:
-        md.append(f"- **{'shown' if c['holds'] else 'NOT shown'}**: {c['claim']} — {c['evidence']}")
+    md += [claim_line(c) for c in claims]
     md += ["", "## Plots", ""] + [f"![{p}]({p})" for p in pngs]
     notes = module.notes(results) if hasattr(module, "notes") else []
     if notes:
@@ -59,6 +58,48 @@ def write(folder: str, results: dict, module, command: str) -> str:
                 for c in claims]
     summary.append(f"  report: {os.path.join(folder, 'report.md')}")
     return "\n".join(summary)
+
+
+def claim_line(c: dict) -> str:
+    """A claim as report.md states it; README's Evidence quotes these lines verbatim."""
+    return f"- **{'shown' if c['holds'] else 'NOT shown'}**: {c['claim']} — {c['evidence']}"
+
+
+def read_table(lines) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of the first markdown table in `lines` (cells stripped)."""
+    cells = []
+    for line in lines:
+        if line.startswith("|"):
+            cells.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif cells:
+            break
+    if not cells:
+        return [], []
+    return cells[0], [r for r in cells[2:]]
+
+
+def read(md: str) -> dict:
+    """The table and claim lines of a report.md (what README's Evidence must agree with)."""
+    lines = md.splitlines()
+    headers, rows = read_table(lines)
+    return {"headers": headers, "rows": rows,
+            "claims": [x for x in lines if x.startswith(("- **shown**", "- **NOT shown**"))]}
+
+
+def table_differences(shown: tuple, report: dict) -> list[str]:
+    """How a table (headers, rows) quoted from a report differs from it: every header must be
+    one of the report's, the rows the report's in order, each quoted cell equal."""
+    headers, rows = shown
+    out = [f"column {h!r} is not in the report" for h in headers if h not in report["headers"]]
+    if out:
+        return out
+    if [r[0] for r in rows] != [r[0] for r in report["rows"]]:
+        return [f"rows {[r[0] for r in rows]} are not the report's {[r[0] for r in report['rows']]}"]
+    col = [report["headers"].index(h) for h in headers]
+    for r, want in zip(rows, report["rows"]):
+        out += [f"{r[0]} / {h}: {v} where the report has {want[j]}"
+                for h, v, j in zip(headers, r, col) if v != want[j]]
+    return out
 
 
 def provenance_line(p: dict) -> str:
