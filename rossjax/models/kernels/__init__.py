@@ -83,8 +83,10 @@ def _per_shard(run, act, qg, k, v, seg, window):
     size = lambda axes: math.prod(act.mesh.shape[a] for a in axes)
     rows = act.batch if act.batch and b % size(act.batch) == 0 else None
     heads = act.kv_heads if act.kv_heads and nkv % size(act.kv_heads) == 0 else None
-    if rows is None and heads is None:
+    if rows is None and heads is None and act.mesh.devices.size == 1:
         return run(qg, k, v, seg, window)
+    # Neither divides (e.g. a micro-batch of fewer rows than the batch axes): every device
+    # attends all rows; a Pallas call outside shard_map does not compile for a TPU mesh at all.
     q_spec = P(rows, None, heads, None, None)
     f = _shard_map(run, mesh=act.mesh, in_specs=(q_spec, P(rows, None, heads, None),
                                                  P(rows, None, heads, None), P(rows, None), P()),
