@@ -317,6 +317,40 @@ PRESETS = {
                               n_kv_heads=2, head_dim=32, ffn_dim=128, qk_norm=True),
 }
 
+# The shapes users train, from each model's published config.json: configs only, never weights,
+# so `rossjax plan` (and from-scratch runs) need no checkpoint. dtype/param_dtype/remat come from
+# the command's config (config.model.*).
+_QWEN = dict(rope_theta=1_000_000.0, rms_eps=1e-6)
+PRESETS.update({
+    # the ~1B model of tests/test_memory.py (Qwen2-shaped, tied embeddings): 1.03B params
+    "qwen2_1b": ModelConfig(model_type="qwen2", vocab_size=151_936, d_model=2048, n_layers=16,
+                            n_heads=16, n_kv_heads=4, head_dim=128, ffn_dim=5632, qkv_bias=True,
+                            tie_embeddings=True, max_position_embeddings=32_768, **_QWEN),
+    "qwen2.5_1.5b": ModelConfig(model_type="qwen2", vocab_size=151_936, d_model=1536, n_layers=28,
+                                n_heads=12, n_kv_heads=2, head_dim=128, ffn_dim=8960,
+                                qkv_bias=True, tie_embeddings=True,
+                                max_position_embeddings=32_768, **_QWEN),
+    "qwen2.5_7b": ModelConfig(model_type="qwen2", vocab_size=152_064, d_model=3584, n_layers=28,
+                              n_heads=28, n_kv_heads=4, head_dim=128, ffn_dim=18_944,
+                              qkv_bias=True, max_position_embeddings=32_768, **_QWEN),
+    "qwen3_1.7b": ModelConfig(model_type="qwen3", vocab_size=151_936, d_model=2048, n_layers=28,
+                              n_heads=16, n_kv_heads=8, head_dim=128, ffn_dim=6144, qk_norm=True,
+                              tie_embeddings=True, max_position_embeddings=40_960, **_QWEN),
+    "qwen3_8b": ModelConfig(model_type="qwen3", vocab_size=151_936, d_model=4096, n_layers=36,
+                            n_heads=32, n_kv_heads=8, head_dim=128, ffn_dim=12_288, qk_norm=True,
+                            max_position_embeddings=40_960, **_QWEN),
+    "qwen3_32b": ModelConfig(model_type="qwen3", vocab_size=151_936, d_model=5120, n_layers=64,
+                             n_heads=64, n_kv_heads=8, head_dim=128, ffn_dim=25_600, qk_norm=True,
+                             max_position_embeddings=40_960, **_QWEN),
+    "llama3.1_8b": ModelConfig(model_type="llama", vocab_size=128_256, d_model=4096, n_layers=32,
+                               n_heads=32, n_kv_heads=8, head_dim=128, ffn_dim=14_336,
+                               rope_theta=500_000.0, rms_eps=1e-5, max_position_embeddings=131_072,
+                               rope_scaling=(("factor", 8.0), ("high_freq_factor", 4.0),
+                                             ("low_freq_factor", 1.0),
+                                             ("original_max_position_embeddings", 8192),
+                                             ("rope_type", "llama3"))),
+})
+
 
 def get_preset(name: str, **overrides) -> ModelConfig:
     if name not in PRESETS:
