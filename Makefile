@@ -29,6 +29,21 @@ $(BEAM): $(STAMP)
 	          for p in json.load(open('.beam/plan.json'))['install']))")
 	touch $(BEAM)
 
+# The TPU compiler (libtpu, the tpu extra at .venv's jax version) for `rossjax plan` and its
+# tests: in .tpu/, put in front by PYTHONPATH for those tests only. On a host without a TPU,
+# libtpu in .venv would make every process that asks jax for its backends print TPU-metadata
+# warnings on stderr, which the CLI tests read.
+TPU     := .tpu/.installed
+TPUENV  := PYTHONPATH=$(CURDIR)/.tpu JAX_PLATFORMS=cpu
+$(TPU): $(STAMP)
+	rm -rf .tpu && mkdir .tpu
+	$(PY) -m pip install -q --dry-run --report .tpu/plan.json \
+	  "jax[tpu]==$$($(PY) -c 'import jax; print(jax.__version__)')"
+	$(PY) -m pip install -q --no-deps --target .tpu $$($(PY) -c "import json; \
+	  print(*(p['metadata']['name'] + '==' + p['metadata']['version'] \
+	          for p in json.load(open('.tpu/plan.json'))['install']))")
+	touch $(TPU)
+
 demo: $(STAMP)
 	$(PY) -m rossjax.cli demo --workdir=runs/demo
 
@@ -41,24 +56,28 @@ lint: $(STAMP)
 
 # The whole suite (what CI runs): lint first, then pytest with two xdist workers (one per core),
 # slowest modules first (tests/suite_plugin.py). The beam tests skip in the first run (no
-# apache_beam in .venv) and run in the second. Both share JAX's compilation cache in
+# apache_beam in .venv) and run in the second; the TPU-compiler tests (rossjax plan) likewise
+# skip in the first and run in the third (-k tpu), with .tpu/ in front. All share JAX's compilation cache in
 # build/jax-cache (tests/conftest.py); the last line says how long it took and on what CPU.
 CPU := $$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), \
   $$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || (grep -qw avx2 /proc/cpuinfo && echo AVX2 \
   || echo no AVX2)), $$(nproc) cores
-test: lint $(BEAM)
+TPUTESTS := tests/test_plan.py tests/test_memory.py
+test: lint $(BEAM) $(TPU)
 	@start=$$(date +%s); \
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=20 tests && \
-	$(BEAMENV) $(PY) -m pytest -q -n 0 tests/test_curate_beam.py; rc=$$?; \
+	$(BEAMENV) $(PY) -m pytest -q -n 0 tests/test_curate_beam.py && \
+	$(TPUENV) $(PY) -m pytest -q -n 2 -k tpu $(TPUTESTS); rc=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s on $(CPU), exit $$rc"; exit $$rc
 
 # Inner loop: skip tests marked slow.
-test-fast: $(STAMP) $(BEAM)
+test-fast: $(STAMP) $(BEAM) $(TPU)
 	$(PY) -m pytest -q -n 2 -m "not slow" tests
 	$(BEAMENV) $(PY) -m pytest -q -n 0 -m "not slow" tests/test_curate_beam.py
+	$(TPUENV) $(PY) -m pytest -q -n 2 -k tpu -m "not slow" $(TPUTESTS)
 
 bench: $(STAMP)
 	$(PY) -m rossjax.cli bench model
 
 clean:
-	rm -rf .venv .beam runs build
+	rm -rf .venv .beam .tpu runs build

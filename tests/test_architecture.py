@@ -194,6 +194,7 @@ LAYERS = {
     "rossjax.probes": 7,
     "rossjax.train": 8,
     "rossjax.bench": 9, "rossjax.demo": 9, "rossjax.repro": 9, "rossjax.serve": 9,
+    "rossjax.plan": 9,
     "rossjax.cli": 10,
 }
 

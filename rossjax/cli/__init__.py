@@ -46,6 +46,7 @@ COMMANDS = {
     "bench": "bench",
     "repro": "repro",
     "serve": "serve",
+    "plan": "plan",
 }
 
 

@@ -1,0 +1,173 @@
+"""`rossjax plan`: programs compiled by the TPU compiler for small named slices, on this CPU host.
+
+The `tpu` tests need libtpu (`make .tpu/.installed`; make test runs them with .tpu/ on
+PYTHONPATH, `-k tpu`) and skip with the reason where it is missing. Models are the configs'
+runlocal ones (tiny): a TPU compile of them takes seconds, a 1B step minutes. The rest (names,
+presets, the HLO parser, the sentence) run everywhere.
+"""
+
+import json
+
+import pytest
+
+from rossjax.errors import ConfigError
+from rossjax.models import config as config_lib
+from rossjax.plan import compile as compile_lib, report, topologies
+
+NO_TPU = topologies.missing()
+needs_tpu = pytest.mark.skipif(NO_TPU is not None, reason=str(NO_TPU))
+
+
+def _plan(capsys, *argv):
+    from rossjax.cli import main
+
+    rc = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# ----------------------------------------------------------------------------- everywhere
+
+def test_topology_names():
+    assert topologies.parse("v5e:2x4")[1] == "2x4"
+    assert topologies.parse("v5e-8")[1] == "2x4"
+    assert topologies.parse("v5p-64")[1] == "2x4x4"      # v5p-N counts TensorCores
+    assert topologies.parse("v6e-256")[1] == "16x16"
+    assert topologies.parse("v4:2x2x2")[0].chip_config == "megacore"
+    for bad in ("v7x:2x2", "v5e", "v5e:2x2x2", "v5p:4x4", "v5e-12"):
+        with pytest.raises(ConfigError):
+            topologies.parse(bad)
+
+
+def test_presets_have_the_published_sizes():
+    billions = {"qwen2.5_1.5b": 1.54, "qwen2.5_7b": 7.62, "qwen3_8b": 8.19, "qwen3_32b": 32.76,
+                "llama3.1_8b": 8.03, "qwen2_1b": 1.03}
+    for name, b in billions.items():
+        assert abs(config_lib.PRESETS[name].num_params() / 1e9 - b) < 0.01, name
+
+
+def test_collectives_are_counted_with_their_result_bytes():
+    hlo = """
+  %all-gather.1 = bf16[1024,256]{0,1} all-gather(%p), channel_id=1, dimensions={1}
+  %ags = (bf16[8,16]{1,0}, bf16[64,16]{1,0}) all-gather-start(%q), channel_id=2
+  %agd = bf16[64,16]{1,0} all-gather-done(%ags)
+  ROOT %ar = f32[10]{0} all-reduce(%x), to_apply=%add
+  %cp = (f32[4,4]{1,0}, f32[4,4]{1,0}, u32[], u32[]) collective-permute-start(%y)
+"""
+    c = compile_lib.collectives(hlo)
+    assert c["all-gather"] == {"count": 2, "bytes": 1024 * 256 * 2 + 64 * 16 * 2}
+    assert c["all-reduce"] == {"count": 1, "bytes": 40}
+    assert c["collective-permute"] == {"count": 1, "bytes": 64}
+    assert c["reduce-scatter"]["count"] == 0
+
+
+def test_the_sentence_names_the_program_and_the_fields():
+    prog = {"program": "train step (ross)", "fits": False, "hbm": 16 * 2 ** 30,
+            "memory": {"peak": 20 * 2 ** 30, "temporaries": 18 * 2 ** 30},
+            "knobs": ["model.remat_policy", "train.micro_batches"]}
+    s = report.not_fit_sentence({"programs": [prog], "target": {"topology": "v5e:2x2"}})
+    assert "DOES NOT FIT" in s and "20 GiB" in s and "--config.train.micro_batches" in s
+    assert report.not_fit_sentence({"programs": [dict(prog, fits=True)], "target": {}}) is None
+
+
+@pytest.mark.skipif(NO_TPU is None, reason="libtpu is installed here")
+def test_without_libtpu_plan_says_why_in_one_sentence(capsys):
+    rc, _, err = _plan(capsys, "--config=configs/ross_sft.py:runlocal", "--topology=v5e:2x2")
+    assert rc == 2 and "libtpu is not installed" in err and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- TPU compiler
+
+@needs_tpu
+def test_tpu_sft_plan_matches_memory_analysis_and_runs_splash(tmp_path, capsys, monkeypatch):
+    """The plan's figures are the compiled TPU program's own; auto attention is the splash
+    Pallas kernel (Mosaic custom calls in the executable) although this host is a CPU."""
+    compiled = []
+    real = compile_lib.lower_and_compile
+    monkeypatch.setattr(compile_lib, "lower_and_compile",
+                        lambda p, m: compiled.append(real(p, m)) or compiled[-1])
+    out = tmp_path / "plan.json"
+    rc, text, err = _plan(capsys, "--config=configs/ross_sft.py:runlocal", "--topology=v5e:2x2",
+                          f"--out={out}")
+    assert rc == 0, err
+    assert err == ""   # libtpu is quiet: no TPU-VM metadata warnings on a CPU host
+    assert "FITS" in text and "TPU v5 lite" in text
+    plan = json.loads(out.read_text())
+    (prog,) = plan["programs"]
+    (c, _, _), = compiled
+    assert c.as_text().count(compile_lib.MOSAIC) == prog["mosaic_kernels"] > 0
+    m = c.memory_analysis()
+    mem = prog["memory"]
+    assert (mem["arguments"], mem["outputs"], mem["aliased"], mem["temporaries"],
+            mem["generated_code"]) == (m.argument_size_in_bytes, m.output_size_in_bytes,
+                                       m.alias_size_in_bytes, m.temp_size_in_bytes,
+                                       m.generated_code_size_in_bytes)
+    assert mem["peak"] == (m.argument_size_in_bytes + m.output_size_in_bytes
+                           - m.alias_size_in_bytes + m.temp_size_in_bytes
+                           + m.generated_code_size_in_bytes)
+    assert prog["margin"] == 16 * 2 ** 30 - mem["peak"] and prog["fits"]
+    assert plan["target"]["devices"] == 4 and plan["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+    assert prog["cost"]["flops"] > 0 and 0 < prog["estimate"]["mfu"] <= 1
+
+
+@needs_tpu
+@pytest.mark.slow
+def test_tpu_splash_changes_the_plans_memory(tmp_path, capsys):
+    """The same step with the pure-JAX attention instead: no Mosaic kernel, other temporaries."""
+    figures = {}
+    for impl in ("splash", "dense"):
+        out = tmp_path / f"{impl}.json"
+        rc, _, err = _plan(capsys, "--config=configs/ross_sft.py:runlocal", "--topology=v5e:2x2",
+                           f"--config.model.attention_impl={impl}", f"--out={out}")
+        assert rc == 0, err
+        figures[impl] = json.loads(out.read_text())["programs"][0]
+    assert figures["splash"]["mosaic_kernels"] > 0 and figures["dense"]["mosaic_kernels"] == 0
+    assert figures["splash"]["memory"]["temporaries"] != figures["dense"]["memory"]["temporaries"]
+
+
+@needs_tpu
+@pytest.mark.slow
+def test_tpu_grpo_update_compiles_for_v5p(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    rc, text, err = _plan(capsys, "--config=configs/grpo_verifier.py:runlocal",
+                          "--topology=v5p:2x2x1", "--config.mesh.num_devices=0",
+                          "--config.mesh.data=-1", "--config.mesh.fsdp=1", "--config.grpo.beta=0", "--prompt_len=64",
+                          f"--out={out}")
+    assert rc == 0, err
+    plan = json.loads(out.read_text())
+    names = [p["program"] for p in plan["programs"]]
+    # runlocal updates in minibatches: the old policy is scored by a separate log-prob pass;
+    # on 4 devices rows stay row-wise (the shared-prompt variant is a one-device program)
+    assert names == ["grpo update", "log-probs (old policy / reference)"], names
+    assert plan["target"]["device_kind"] == "TPU v5" and plan["mesh"]["data"] == 4
+    assert plan["programs"][0]["fits"] and plan["programs"][0]["hbm"] == 95 * 2 ** 30
+
+
+@needs_tpu
+@pytest.mark.slow
+def test_tpu_multi_host_multi_slice_compiles(tmp_path, capsys):
+    """Two v5e 2x4 slices over DCN: 16 devices on 4 hosts; the data axis spans the slices. A
+    micro-batch of 8 rows on 16 data shards: splash runs in shard_map all the same (a Pallas
+    call XLA would have to partition does not compile for TPU)."""
+    out = tmp_path / "plan.json"
+    rc, _, err = _plan(capsys, "--config=configs/ross_sft.py:runlocal", "--topology=v5e:2x4",
+                       "--num_slices=2", "--config.train.global_batch=16", f"--out={out}")
+    assert rc == 0, err
+    t = json.loads(out.read_text())["target"]
+    assert (t["devices"], t["hosts"], t["slices"]) == (16, 4, 2)
+
+
+@needs_tpu
+@pytest.mark.slow
+def test_tpu_too_large_does_not_fit_exit_2(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    rc, text, err = _plan(capsys, "--config=configs/ross_sft.py:runlocal", "--topology=v5e:2x2",
+                          "--config.data.seq_len=8192", "--config.train.global_batch=1024",
+                          "--config.train.micro_batches=1", "--config.model.remat_policy=none",
+                          f"--out={out}")
+    # the TPU compiler refuses it (temporaries over the HBM); the plan reports its figure
+    assert rc == 2, err
+    assert "DOES NOT FIT" in text
+    (line,) = err.strip().splitlines()
+    assert line.startswith("rossjax plan: DOES NOT FIT on v5e:2x2") and "micro_batches" in line
+    assert not json.loads(out.read_text())["programs"][0]["fits"]
