@@ -108,7 +108,7 @@ HELP_SHOWS = {
     "label-corpus": "--config.pool=''", "aux-set": "--config.run_labels=''",
     "bench": "benchmarks:", "demo": "--steps=30", "repro": "--quick",
     "serve": "--max_len=2048", "generate": "--max_new_tokens=256",
-    "reconstruct": "--config.max_tool_steps=30",
+    "reconstruct": "--config.max_tool_steps=30", "plan": "--topology=None",
 }
 BENCHES = ("model", "sft", "sample", "curate", "select", "grpo")
 

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     cfg, workdir, fv = command_config(list(argv or []), "plan", "configs/ross_sft.py",
                                       needs_workdir=False, extra_flags=_flags)
     if not fv.topology:
-        raise UsageError("rossjax plan needs --topology=NAME (e.g. v5e:2x4, v5p:4x4x4, v6e-64).")
+        raise UsageError("needs --topology=NAME (e.g. v5e:2x4, v5p:4x4x4, v6e-64).")
     from rossjax import plan as plan_lib
     from rossjax.plan import report
 

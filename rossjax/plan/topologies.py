@@ -108,7 +108,7 @@ def devices(name: str, num_slices: int = 1):
     """The compile-only devices of the named slice (x num_slices, joined by DCN)."""
     why = missing()
     if why:
-        raise ConfigError(f"rossjax plan needs the TPU compiler: {why}.")
+        raise ConfigError(f"the TPU compiler is missing: {why}.")
     chip, shape = parse(name)
     _quiet_libtpu()
     from jax.experimental import topologies
