@@ -267,6 +267,28 @@ def _as_nobody(argv, tmp):
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(script)]
 
 
+def run_in_mode(attacks: dict, mode: str) -> tuple[dict, str]:
+    """(results by attack name, the worker's stderr): tests/sandbox_worker.py runs `attacks` with
+    the host side as this process's user ("root") or as uid 65534 ("landlock", "rlimits")."""
+    tmp = tempfile.mkdtemp(prefix="rj-faults-", dir="/tmp")
+    os.chmod(tmp, 0o777)
+    try:
+        spec, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
+        with open(spec, "w") as f:
+            json.dump({"attacks": attacks}, f)
+        os.chmod(spec, 0o644)
+        argv = [sys.executable, os.path.join(REPO, "tests", "sandbox_worker.py"), spec, out]
+        cmd = _as_nobody(argv, tmp) if ROOT and mode != "root" else argv
+        proc = subprocess.run(cmd, env={**os.environ, "TMPDIR": tmp}, cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and os.path.exists(out), (proc.stdout[-2000:],
+                                                               proc.stderr[-3000:])
+        with open(out) as f:
+            return json.load(f), proc.stderr
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 MODES = ["root", "landlock", "rlimits"] if ROOT else ["landlock", "rlimits"]
 
 
@@ -280,22 +302,7 @@ def mode_results(request):
         attacks = {k: {**a, "limits": {**a.get("limits", {}), "landlock": False}}
                    for k, a in attacks.items() if k not in FILES_NO_HOOK}
     attacks = {k: {"kind": "run", **a} for k, a in attacks.items()}
-    tmp = tempfile.mkdtemp(prefix="rj-faults-", dir="/tmp")
-    os.chmod(tmp, 0o777)
-    try:
-        spec, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
-        with open(spec, "w") as f:
-            json.dump({"attacks": attacks}, f)
-        os.chmod(spec, 0o644)
-        argv = [sys.executable, os.path.join(REPO, "tests", "sandbox_worker.py"), spec, out]
-        cmd = _as_nobody(argv, tmp) if ROOT and mode != "root" else argv
-        env = {**os.environ, "TMPDIR": tmp}
-        proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0 and os.path.exists(out), (proc.stdout[-2000:], proc.stderr[-3000:])
-        with open(out) as f:
-            return mode, json.load(f)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return mode, run_in_mode(attacks, mode)[0]
 
 
 def test_mode_layers(mode_results):

@@ -7,18 +7,15 @@ and rlimits only (uid 65534, Landlock forced off), through tests/sandbox_worker.
 harness of tests/test_faults_sandbox.py.
 """
 
-import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import warnings
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_faults_sandbox import GOOD, MODES, REPO, ROOT, _as_nobody  # noqa: E402
+from test_faults_sandbox import GOOD, MODES, ROOT, run_in_mode  # noqa: E402
 
 from rossjax.verify import sandbox  # noqa: E402
 from rossjax.verify.sandbox import Limits  # noqa: E402
@@ -104,23 +101,8 @@ def results(request):
     if mode == "rlimits":
         attacks = {k: {**a, "limits": {**a.get("limits", {}), "landlock": False}}
                    for k, a in attacks.items()}
-    tmp = tempfile.mkdtemp(prefix="rj-faults-", dir="/tmp")
-    os.chmod(tmp, 0o777)
-    try:
-        spec, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
-        with open(spec, "w") as f:
-            json.dump({"attacks": attacks}, f)
-        os.chmod(spec, 0o644)
-        argv = [sys.executable, os.path.join(REPO, "tests", "sandbox_worker.py"), spec, out]
-        cmd = _as_nobody(argv, tmp) if ROOT and mode != "root" else argv
-        proc = subprocess.run(cmd, env={**os.environ, "TMPDIR": tmp}, cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0 and os.path.exists(out), (proc.stdout[-2000:],
-                                                               proc.stderr[-3000:])
-        with open(out) as f:
-            return mode, json.load(f), proc.stderr
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    res, err = run_in_mode(attacks, mode)
+    return mode, res, err
 
 
 def test_nothing_a_program_writes_is_trusted_later(results):
