@@ -16,5 +16,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_ROOT, "build", "jax-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# A size cap turns on jax's file lock around every cache read and write: without it an entry is
+# written in place, and the other worker compiling the same program can read it half-written.
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 
 pytest_plugins = ["suite_plugin"]  # slowest modules first; XLA compile counts in the summary
