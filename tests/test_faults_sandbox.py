@@ -22,11 +22,6 @@ from rossjax.verify import rewards, sandbox
 from rossjax.verify.base import verify_one
 from rossjax.verify.sandbox import Limits
 
-# The attack modules run one after another on one worker: an attack on other runs of the same
-# user (rewriting their files, killing their uid) must not hit another module's concurrent runs
-# (seen under make test: root-mode runs with namespaces off failed beside them).
-pytestmark = pytest.mark.xdist_group("sandbox-attacks")
-
 ROOT = os.geteuid() == 0
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"

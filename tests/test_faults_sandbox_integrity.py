@@ -20,11 +20,6 @@ from test_faults_sandbox import GOOD, MODES, ROOT, run_in_mode  # noqa: E402
 from rossjax.verify import sandbox  # noqa: E402
 from rossjax.verify.sandbox import Limits  # noqa: E402
 
-# The attack modules run one after another on one worker: an attack on other runs of the same
-# user (rewriting their files, killing their uid) must not hit another module's concurrent runs
-# (seen under make test: root-mode runs with namespaces off failed beside them).
-pytestmark = pytest.mark.xdist_group("sandbox-attacks")
-
 NO_HOOK = {"audit": False}
 _BASE = "import os\nbase = os.path.dirname(os.path.dirname(os.getcwd()))\n"
 # Item 1: a run whose walls are the hook alone (here switched off, as a bypass would) rewrites

@@ -20,11 +20,6 @@ import pytest
 
 from rossjax.verify import repo as rrepo, sandbox, swe
 
-# The attack modules run one after another on one worker: an attack on other runs of the same
-# user (rewriting their files, killing their uid) must not hit another module's concurrent runs
-# (seen under make test: root-mode runs with namespaces off failed beside them).
-pytestmark = pytest.mark.xdist_group("sandbox-attacks")
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "data", "swe")
 CORE = "textkit/core.py"
