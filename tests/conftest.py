@@ -21,3 +21,19 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 
 pytest_plugins = ["suite_plugin"]  # slowest modules first; XLA compile counts in the summary
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_rossjax_env():
+    """A test that runs a CLI in-process (parse_config sets $ROSSJAX_SANDBOX_REQUIRE for the
+    sandboxes it starts) must not change later tests on the same xdist worker: every ROSSJAX_*
+    variable is put back as it was."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("ROSSJAX_")}
+    yield
+    for k in [k for k in os.environ if k.startswith("ROSSJAX_")]:
+        if k not in before:
+            del os.environ[k]
+    os.environ.update(before)

@@ -20,7 +20,10 @@ def test_every_config_that_runs_code_has_the_section(name):
 
 
 def test_require_reaches_the_sandbox_and_a_bad_value_is_one_sentence(monkeypatch):
-    monkeypatch.delenv("ROSSJAX_SANDBOX_REQUIRE", raising=False)
+    # setenv first: delenv of an absent key records nothing, and parse_config's value would stay
+    # in this worker's environment for every later test (it did: namespaces refused elsewhere).
+    monkeypatch.setenv("ROSSJAX_SANDBOX_REQUIRE", "")
+    monkeypatch.delenv("ROSSJAX_SANDBOX_REQUIRE")
     parse_config(["--config=configs/curate.py"])
     assert "ROSSJAX_SANDBOX_REQUIRE" not in os.environ and sandbox.Limits().require is None
     parse_config(["--config=configs/curate.py", "--config.sandbox.require=namespaces"])
