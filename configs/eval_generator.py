@@ -18,7 +18,7 @@ Run:
       --config.oracles.a.endpoint.model=ORACLE_A --config.oracles.b.kind=endpoint \
       --config.oracles.b.endpoint.model=ORACLE_B --workdir=runs/eval_math
 
-Needs: a generator checkpoint (HF folder) and a solver (rossjax/train/solvers.py: `model`, a
+Needs: a generator checkpoint (HF folder) and a solver (rossjax/train/propel/solvers.py: `model`, a
 checkpoint on the rollout engine; `endpoint`, an OpenAI-compatible server; `fn`,
 module:function; or the programmatic `oracle` / `identity` / `lookup`); Math also needs the
 two oracles (`oracles.a` / `oracles.b`, the same kinds; all 2 x 2 answers must agree). Policy

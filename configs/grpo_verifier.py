@@ -12,7 +12,7 @@ Needs: a Hugging Face (or `rossjax export --format orbax`) policy and a task sou
 `--config.grpo.async_sampling=True` also samples the next batch meanwhile (one step off-policy;
 pair it with `--config.grpo.is_mode=token`, the truncated-IS correction).
 Every candidate is appended to WORKDIR/history.jsonl (the input of ROSS relearning, see
-rossjax/train/history.py).
+rossjax/train/rl/history.py).
 
 The upstream RL run of ROSS (its history is what ROSS relearns), with the paper's settings:
 Dr. GRPO advantages r - mean(group) (no std), weight decay 0.1, the IcePop correction on

@@ -20,7 +20,7 @@ checked against that reference with math-verify.
 
 Needs: a pool JSONL of task objects (induction {"id", "program", "inputs", "message"}; math
 {"id", "problem"}) or generator records (a GRPO history.jsonl works: its ids, probe scores and
-steps are kept) and a solver. Solver kinds (rossjax/train/solvers.py): `model` (a checkpoint,
+steps are kept) and a solver. Solver kinds (rossjax/train/propel/solvers.py): `model` (a checkpoint,
 `path` or `preset`, on the rollout engine), `endpoint` (an OpenAI-compatible server, e.g.
 `rossjax serve` or vLLM; the key is read from the variable `endpoint.api_key_env` names),
 `fn` (`module:function`), and the checks `oracle` / `identity` / `lookup`. Writes labels.jsonl,

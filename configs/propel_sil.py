@@ -12,10 +12,10 @@ Run:
       --config.reward.solver.path=SOLVER_DIR --config.reward.solver.oracles.a.path=ORACLE_A \
       --config.reward.solver.oracles.b.path=ORACLE_B --workdir=runs/propel_sil_math
 
-Reward (rossjax/train/propel_rewards.py `SolverReward`): each candidate that passes the validity
+Reward (rossjax/train/propel/rewards.py `SolverReward`): each candidate that passes the validity
 check W (`reward.solver.validity`, on the CPU workers) is posed to the solver under the AZR
 protocol (5 shown pairs + the message, scored on the 5 hidden inputs) `reward.solver.k` = 8
-times with rossjax/train/solvers.py (`Solver`, `trials`: the kinds `rossjax label-corpus` uses)
+times with rossjax/train/propel/solvers.py (`Solver`, `trials`: the kinds `rossjax label-corpus` uses)
 (`:math`: each valid problem first gets its reference from label-corpus's strict two-oracle
 policy, `reward.solver.oracles`, 2 oracles x 2 attempts all agreeing under math-verify, else it is
 invalid) and paid U_S = 1[lo <= solved / decided <= hi] with lo, hi = 1/8, 3/8 (`band=closed`:

@@ -26,7 +26,7 @@ Reward (reward.functions, one of):
               an undecided verdict (the sandbox failed) NaN, advantage 0.
   ("solver",) `:sil`: the realized U_S of K = 3 solver episodes of the same agent layer over
               the buggy repository (agents.swe.solver_trials; graded by the clean suite), band
-              open (0 < solved < 3), invalid -0.2 (train/propel_rewards.py SweSolverReward).
+              open (0 < solved < 3), invalid -0.2 (train/propel/rewards.py SweSolverReward).
               The step's candidates' K episodes run `reward.solver.workers` (2) at a time, in
               threads (agents.swe.solver_trials_many): each has its own scratch copy, results
               come back in trial order; 1 runs them one after another.

@@ -2,9 +2,9 @@
 
 ml_collections only, no jax: a config file (configs/*.py), `--help` and the CPU half read them
 without loading a trainer. The library's own names are aliases of these:
-`rossjax.train.grpo_config.default_config` (also `rossjax.train.grpo.default_config`),
+`rossjax.train.rl.grpo_config.default_config` (also `rossjax.train.rl.grpo.default_config`),
 `rossjax.train.optim.default_config`, `rossjax.sharding.distributed_config` and
-`rossjax.train.sft.RECIPES`. Checks of a filled-in config live with the code that runs it
+`rossjax.train.sft.step.RECIPES`. Checks of a filled-in config live with the code that runs it
 (`grpo_config.check_config`, `loop.check_recipe`).
 """
 
@@ -103,7 +103,7 @@ def lora_config() -> mlc.ConfigDict:
 
 def grpo_config() -> mlc.ConfigDict:
     """Every field a GRPO config has (configs/grpo_verifier.py and configs/propel_azr.py start
-    here; `rossjax.train.grpo_config.check_config` checks a filled-in one)."""
+    here; `rossjax.train.rl.grpo_config.check_config` checks a filled-in one)."""
     c = mlc.ConfigDict()
     c.workdir = ""
     c.resume_changes = ""  # FIELD,...: config fields a resumed run may change (train/resume.py)
@@ -127,8 +127,8 @@ def grpo_config() -> mlc.ConfigDict:
         is_low=0.0, is_high=2.0, loss_chunk=512, async_sampling=False, max_bad_steps=5,
         stop_after=-1))  # stop_after > 0: save and exit after that step (as on SIGTERM)
     # Registries (a built-in name or module:function): policy_loss ppo_clip | gspo | cispo
-    # (rossjax/train/policy_losses.py), kl k1 | k2 | k3 | k3_unbiased (train/kl.py); likewise
-    # advantages (train/advantages.py) and agg (train/grpo_losses.py) above.
+    # (rossjax/train/rl/policy_losses.py), kl k1 | k2 | k3 | k3_unbiased (train/rl/kl.py); likewise
+    # advantages (train/rl/advantages.py) and agg (train/rl/grpo_losses.py) above.
     c.grpo.policy_loss = "ppo_clip"
     c.grpo.kl = "k3"
     # DAPO: drop groups whose rewards all agree and refill the batch with newly sampled prompts,
@@ -153,5 +153,5 @@ def grpo_config() -> mlc.ConfigDict:
     c.sample_every = 10
     c.mesh = mlc.ConfigDict(dict(data=1, fsdp=-1, tensor=1, num_devices=0))
     c.sharding_rules = ()
-    c.distributed = distributed_config()  # multi-host: one process per host, see rossjax/train/grpo.py
+    c.distributed = distributed_config()  # multi-host: one process per host, see rossjax/train/rl/grpo.py
     return c

@@ -124,7 +124,7 @@ def vault_curve(grpo_workdir: str) -> tuple[list[float], list[int], list[int]]:
 
     from rossjax.agents import vault
     from rossjax.monitor import read_metrics
-    from rossjax.train.history import read_history
+    from rossjax.train.rl.history import read_history
 
     rewards = [r["reward_mean"] for r in read_metrics(grpo_workdir) if "reward_mean" in r]
     opened, total = Counter(), Counter()

@@ -21,6 +21,10 @@ class ConfigError(InputError):
     """A config field whose value cannot work (names the field)."""
 
 
+class Diverged(InputError):
+    """Too many non-finite training steps in a row (SFT or GRPO; one sentence in the CLI)."""
+
+
 def read_json(path: str, what: str):
     """The JSON file `path` (a `what`, e.g. "probe manifest"); a missing, unreadable or malformed
     one is an InputError naming the file, not a bare traceback."""

@@ -1,5 +1,5 @@
-"""Multi-turn agent rollouts on the engine (rossjax/train/agentic.py) and agentic GRPO
-(rossjax/train/agentic_grpo.py): exact tokens and log-probs, malformed calls, a step that times
+"""Multi-turn agent rollouts on the engine (rossjax/train/rl/agentic.py) and agentic GRPO
+(rossjax/train/rl/agentic_grpo.py): exact tokens and log-probs, malformed calls, a step that times
 out, SIGKILL + resume, GRPO -> curate -> train through the CLI, 2 processes = 1 process.
 
 A random tiny model never writes a tool call, so the episodes here use `two_calls`, a
@@ -26,8 +26,8 @@ from rossjax.agents.env import LocalEnv
 from rossjax.curate import compile_rollout
 from rossjax.tokenizers import load_tokenizer
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
-from rossjax.train import agentic, agentic_grpo, grpo_step
-from rossjax.train.history import read_history
+from rossjax.train.rl import agentic, agentic_grpo, grpo_step
+from rossjax.train.rl.history import read_history
 from rossjax.verify.verdict import Verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -127,7 +127,7 @@ def test_update_rows_train_the_sampled_turns_with_their_group_advantage(tiny):
     """The loss mask of a multi-turn row covers exactly the policy's turns (each turn's sampled
     text and its end-of-turn token; not the prompt, the observations or the headers), and each
     row's advantage is its own verdict against its own task's group (rows i*G+j)."""
-    from rossjax.train import advantages
+    from rossjax.train.rl import advantages
 
     cfg, params, tok = tiny
     g = 4
@@ -209,7 +209,7 @@ def test_an_environment_that_times_out_ends_the_episode_failed(tiny):
 
 def test_config_checks_name_the_field():
     from rossjax import cli
-    from rossjax.train import grpo
+    from rossjax.train.rl import grpo
 
     for over, says in [("--config.reward.functions=('contains',)", "config.reward.functions"),
                        ("--config.agent.max_tokens=8", "config.agent.max_tokens"),
@@ -315,7 +315,7 @@ def test_agentic_grpo_killed_resumed_then_curated_and_trained(tmp_path):
 WORKER = """
 import sys, jax, numpy as np
 from rossjax import cli
-from rossjax.train import grpo
+from rossjax.train.rl import grpo
 port, pid, nproc, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 c = cli.parse_config(sys.argv[5:])[0]
 c.mesh.num_devices = 0

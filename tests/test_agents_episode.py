@@ -3,7 +3,7 @@ agents/remote.py), driven by scripted model calls: no endpoint, no model, no com
 
 Each StopReason is reached through both drivers' paths: the HTTP driver (agents/rollout.py's
 run_episode, over a scripted policy callable) and the engine's token driver
-(train/agentic.py's TokenTurns, fed scripted sampled tokens as the engine would hand them)."""
+(train/rl/agentic.py's TokenTurns, fed scripted sampled tokens as the engine would hand them)."""
 
 import json
 import time
@@ -128,7 +128,7 @@ def tok(tmp_path_factory):
 
 
 def _engine_turns(tok, **kw):
-    from rossjax.train import agentic
+    from rossjax.train.rl import agentic
 
     spec = agentic.AgentSpec(**{"max_turns": 3, "max_tokens": 400, "max_new_tokens": 64,
                                 "tools_in_prompt": False, **kw})
@@ -217,7 +217,7 @@ def test_engine_token_faults_end_the_episode_failed(tok):
 
 def test_local_and_remote_handles_end_a_spent_episode_alike():
     from rossjax.agents import ToolCall
-    from rossjax.train.agentic import AgentSpec
+    from rossjax.train.rl.agentic import AgentSpec
 
     calls = [ToolCall("tick", {}, "c0")]
     spec = AgentSpec(env="test_agents_episode:CountEnv", episode_timeout_s=7.0, max_turns=9)

@@ -73,7 +73,7 @@ def _alive(pid) -> bool:
 
 def test_env_lives_and_steps_in_a_jax_free_worker(tmp_path):
     from rossjax.agents.remote import RemoteEnv
-    from rossjax.train import agentic
+    from rossjax.train.rl import agentic
 
     log = tmp_path / "close.log"
     env = RemoteEnv(_spec(agentic, str(log)))
@@ -112,7 +112,7 @@ def tiny(tmp_path_factory):
 
 
 def test_hung_and_dying_steps_fail_only_their_episodes(tiny, tmp_path):
-    from rossjax.train import agentic, agentic_grpo
+    from rossjax.train.rl import agentic, agentic_grpo
 
     cfg, params, tok = tiny
     log = tmp_path / "close.log"

@@ -75,7 +75,7 @@ def test_demonstrations_curate_with_loss_on_the_assistant_turns_only(tmp_path):
 
 def test_the_demo_config_resolves():
     from rossjax import cli
-    from rossjax.train import agentic_grpo
+    from rossjax.train.rl import agentic_grpo
 
     c = cli.parse_config([f"--config={ROOT}/configs/grpo_agentic.py:runlocal,vault"])[0]
     agentic_grpo.check_config(c)  # the env name, env_kwargs and style resolve
@@ -92,7 +92,7 @@ def _warm_up(tmp_path, steps: int, seed: int) -> str:
     import optax
 
     from rossjax import models
-    from rossjax.train import sft
+    from rossjax.train.sft import step as sft
 
     tok = load_tokenizer(write_ascii_tokenizer(str(tmp_path / "tok")))
     exs = [compile_rollout(r, tok) for r in _jsonl("vault_sft.jsonl")]
@@ -133,8 +133,8 @@ def test_agentic_grpo_raises_the_warmed_up_reward(tmp_path):
     reward ~0.6 -> ~0.8, 2 seeds; a 2-step mean of 64 episodes has a standard error of ~0.06,
     and with lr 0 the same warm-up moved -0.02 (reward) / +0.05 (opens))."""
     from rossjax import cli
-    from rossjax.train import grpo
-    from rossjax.train.history import read_history
+    from rossjax.train.rl import grpo
+    from rossjax.train.rl.history import read_history
 
     cfg = cli.parse_config([f"--config={ROOT}/configs/grpo_agentic.py:runlocal,vault",
                             f"--config.model.path={_warm_up(tmp_path, 600, seed=1)}"])[0]

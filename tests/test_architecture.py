@@ -243,3 +243,33 @@ def test_the_doc_lists_every_command():
     doc = (PKG.parent / "docs" / "architecture.md").read_text()
     missing = sorted(c for c in COMMANDS if f"| `{c}` |" not in doc)
     assert not missing, f"add {missing} to the command table of docs/architecture.md"
+
+
+def _train_room(m: str) -> str | None:
+    parts = m.split(".")
+    if parts[:2] != ["rossjax", "train"]:
+        return None
+    return parts[2] if len(parts) > 3 and parts[2] in TRAIN_ROOMS else "core"
+
+
+# train/ is split by what it trains (docs/architecture.md): the core (state, losses, optim,
+# checkpoint, ...) imports no folder of its own; sft/ and export/ never reach RL; rl/ and propel/
+# meet where PROPEL's rewards plug into GRPO and its commands reuse GRPO's CPU rollout side.
+TRAIN_ROOMS = {"sft": {"core", "export"}, "export": {"core"}, "rl": {"core", "propel"},
+               "propel": {"core", "rl"}}
+# The one exception: rossjax.train.losses is the public face of every loss (`losses.grpo_loss`).
+TRAIN_FACADES = {("rossjax.train.losses", "rl")}
+
+
+def test_train_rooms_import_down():
+    graph = import_graph()
+    bad = []
+    for m, deps in graph.items():
+        room = _train_room(m)
+        for d in deps:
+            to = _train_room(d)
+            if room is None or to is None or to == room or (m, to) in TRAIN_FACADES:
+                continue
+            if to not in TRAIN_ROOMS.get(room, set()):
+                bad.append(f"{m} ({room}) -> {d} ({to})")
+    assert not bad, "train/ rooms import across (docs/architecture.md):\n" + "\n".join(bad)

@@ -110,7 +110,8 @@ def test_sequence_batch_step_equals_one_micro_batch_and_counts_rollouts(shard):
 
     from rossjax import models, sharding
     from rossjax.models import shardings as model_shardings
-    from rossjax.train import sft, state as state_lib
+    from rossjax.train import state as state_lib
+    from rossjax.train.sft import step as sft
 
     path, _ = shard
     b = next(iter(make_loader([path], SEQ, 8, shuffle=False, batch_unit="sequences", sequences=4,

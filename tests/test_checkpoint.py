@@ -14,7 +14,8 @@ import optax
 import pytest
 
 from rossjax.errors import InputError
-from rossjax.train import checkpoint as ckpt_lib, export as export_lib, optim
+from rossjax.train import checkpoint as ckpt_lib, optim
+from rossjax.train.export import model as export_lib
 
 
 def _state(scale=1.0, shape=(3, 4)):

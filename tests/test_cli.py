@@ -258,7 +258,7 @@ def test_the_recipe_table_is_generated_for_help_and_matches_the_readme(capsys):
     """One recipe table: rossjax/defaults.py's RECIPES, printed by `train|curate --help` and
     carried verbatim by README.md; the trainer's check reads the same dict."""
     from rossjax.defaults import RECIPES, recipe_table
-    from rossjax.train import sft
+    from rossjax.train.sft import step as sft
 
     table = recipe_table()
     assert sft.RECIPES is RECIPES and set(RECIPES) == {"ross", "ross_no_mask", "positive_sft", "sft"}

@@ -227,7 +227,7 @@ def test_render_prompt_is_the_rendering_up_to_the_answer(template):
     """templates.render_prompt (the one copy: GRPO prompts, serve, generate, agentic turns):
     prompt + answer is the finished conversation's rendering up to the answer's end."""
     from rossjax.templates import render_prompt
-    from rossjax.train import rollout
+    from rossjax.train.rl import rollout
 
     msgs = AGENT[:2]
     full = render_chat(msgs + [{"role": "assistant", "content": "Sure."}], template)

@@ -319,7 +319,7 @@ def test_on_policy_grpo_skips_the_old_policy_pass_and_updates_alike(tmp_path, mo
     from test_grpo import tiny_config
 
     from rossjax.monitor import read_metrics
-    from rossjax.train import grpo, grpo_step
+    from rossjax.train.rl import grpo, grpo_step
 
     calls = []
     real = grpo_step.StepFns.logp  # the separate old-policy (and reference) pass

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from rossjax.train import eval_generator as ev
+from rossjax.train.propel import eval_generator as ev
 
 
 def test_metrics():
@@ -102,7 +102,7 @@ def test_generator_mode_with_programmatic_solvers(tmp_path, monkeypatch):
     import importlib.util
     import os
 
-    from rossjax.train.eval_generator import evaluate_generator
+    from rossjax.train.propel.eval_generator import evaluate_generator
 
     path = os.path.join(os.path.dirname(__file__), "..", "configs", "eval_generator.py")
     spec = importlib.util.spec_from_file_location("eval_generator_config", path)

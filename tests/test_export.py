@@ -16,7 +16,7 @@ from hf_tiny import make_tiny_hf
 from rossjax.models import lora
 from rossjax.models.hf import read_hf_config
 from rossjax.train import checkpoint as ckpt_lib
-from rossjax.train.export import export
+from rossjax.train.export.model import export
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
@@ -161,7 +161,7 @@ def test_sft_lora_run_exports_adapters_peft_loads(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from rossjax import cli
-    from rossjax.train.export import restore_params
+    from rossjax.train.export.model import restore_params
 
     base = _base(tmp_path / "base")
     data = write_curated(tmp_path / "data", n=40, vocab=104)

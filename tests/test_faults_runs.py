@@ -20,7 +20,7 @@ from rossjax.errors import InputError
 from rossjax.monitor import MetricsWriter, read_metrics, write_plot
 from rossjax.train import workdir as workdir_lib
 from rossjax.train.checkpoint import PreemptionGuard
-from rossjax.train.history import HistoryWriter, read_history
+from rossjax.train.rl.history import HistoryWriter, read_history
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
@@ -349,7 +349,7 @@ def test_grpo_kill9_resume_and_finished_workdir(tmp_path):
 def test_grpo_custom_reward_fn_runs_on_the_workers(tmp_path, monkeypatch):
     from test_grpo import tiny_config
 
-    from rossjax.train import grpo
+    from rossjax.train.rl import grpo
 
     mod = tmp_path / "mods"
     mod.mkdir()
@@ -689,7 +689,8 @@ def test_activation_store_checksums_and_lock(tmp_path):
 def test_grpo_resume_refuses_another_config_or_task_file(tmp_path):
     from test_grpo import tiny_config
 
-    from rossjax.train import grpo, resume
+    from rossjax.train import resume
+    from rossjax.train.rl import grpo
 
     tasks = tmp_path / "tasks.jsonl"
     rows = [{"id": f"t{i}", "domain": "contains", "prompt": f"Write the letter {c}.", "reference": c}

@@ -10,8 +10,8 @@ import pytest
 
 from rossjax.models import shardings as model_shardings
 from rossjax.monitor import read_metrics
-from rossjax.train import grpo
-from rossjax.train.history import read_history
+from rossjax.train.rl import grpo
+from rossjax.train.rl.history import read_history
 
 
 def tiny_config(steps=2, contexts=4, group=4, new=8):
@@ -137,7 +137,7 @@ def test_lora_kl_async_icepop_and_resume(tmp_path):
     # export merges the trained adapters into the (seed-rebuilt) random base
     from rossjax import models
     from rossjax.models import lora
-    from rossjax.train.export import export, restore_params
+    from rossjax.train.export.model import export, restore_params
 
     assert export(str(tmp_path), str(tmp_path / "hf"), "hf") == 4
     mc, got = models.load_hf(str(tmp_path / "hf"))

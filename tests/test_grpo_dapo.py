@@ -9,7 +9,7 @@ import pytest
 
 from rossjax import sample as sample_lib
 from rossjax.errors import ConfigError
-from rossjax.train import advantages
+from rossjax.train.rl import advantages
 
 
 def test_overlong_penalty_and_uniform_groups():
@@ -31,7 +31,7 @@ def test_overlong_penalty_and_uniform_groups():
 
 
 def test_dynamic_sampling_needs_synchronous_sampling():
-    from rossjax.train import grpo_config
+    from rossjax.train.rl import grpo_config
 
     c = grpo_config.default_config()
     c.reward.functions = ("contains",)
@@ -42,7 +42,7 @@ def test_dynamic_sampling_needs_synchronous_sampling():
 
 
 @dataclasses.dataclass
-class _FakeScored:   # the fields grpo.Loop's scored batch has
+class _FakeScored:   # the fields grpo.GRPOTrainer's scored batch has
     sampled: dict
     cpu_scores: list
     reward: np.ndarray
@@ -69,7 +69,7 @@ def _round(rewards, width, tag):
 
 
 def test_dynamic_sampling_assembles_kept_then_filler_and_keeps_every_record():
-    from rossjax.train import dynamic_sampling
+    from rossjax.train.rl import dynamic_sampling
 
     G = 2
     r0 = _round([1, 1, 0, 1, 2, 2], width=4, tag="a")   # groups: uniform, informative, uniform
@@ -106,7 +106,7 @@ def scripted_rewards(kinds, records):
 
 
 def _tiny_run_config(steps=2, contexts=4, group=4, new=8):
-    from rossjax.train import grpo_config
+    from rossjax.train.rl import grpo_config
 
     c = grpo_config.default_config()
     c.tokenizer, c.model.preset, c.model.dtype = "ascii", "tiny_qwen2", "float32"
@@ -123,8 +123,8 @@ def _tiny_run_config(steps=2, contexts=4, group=4, new=8):
 @pytest.mark.parametrize("rounds", [3, 0])
 def test_dynamic_sampling_through_grpo(tmp_path, rounds):
     from rossjax.monitor import read_metrics
-    from rossjax.train import grpo
-    from rossjax.train.history import read_history
+    from rossjax.train.rl import grpo
+    from rossjax.train.rl.history import read_history
 
     c = _tiny_run_config(contexts=2, group=2)
     c.grpo.dynamic_sampling, c.grpo.max_refill_rounds = True, rounds
@@ -153,8 +153,8 @@ def test_dynamic_sampling_through_grpo(tmp_path, rounds):
 
 def test_overlong_penalty_through_grpo(tmp_path):
     """DAPO's soft penalty in every record's reward, with GSPO, the unbiased KL and T = 0.8."""
-    from rossjax.train import grpo
-    from rossjax.train.history import read_history
+    from rossjax.train.rl import grpo
+    from rossjax.train.rl.history import read_history
 
     c = _tiny_run_config(steps=1, contexts=2, new=6)
     c.grpo.overlong_buffer, c.grpo.overlong_penalty = 3, 0.5
@@ -174,7 +174,7 @@ def test_overlong_penalty_through_grpo(tmp_path):
 def test_overlong_filter_through_grpo(tmp_path):
     """A batch of truncated completions gives no loss and no gradient once filtered."""
     from rossjax.monitor import read_metrics
-    from rossjax.train import grpo
+    from rossjax.train.rl import grpo
 
     c = _tiny_run_config(steps=1, contexts=2, new=2)
     c.grpo.overlong_filter = True

@@ -6,7 +6,7 @@ import pytest
 
 from rossjax import cli
 from rossjax.configs import grpo_verifier
-from rossjax.train import grpo
+from rossjax.train.rl import grpo
 
 
 @pytest.mark.parametrize("variant", ["", "runlocal"])

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rossjax.train import grpo_losses as gl
 from rossjax.train.losses import grpo_loss  # the re-export the issue names
+from rossjax.train.rl import grpo_losses as gl
 
 
 def ref_loss(logp, old, ref, adv, mask, eps_low, eps_high, beta, agg, weights=None):

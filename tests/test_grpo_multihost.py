@@ -15,7 +15,7 @@ import pytest
 WORKER = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
-    from rossjax.train import grpo
+    from rossjax.train.rl import grpo
 
     port, pid, nproc, workdir, variant = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
                                           sys.argv[5])

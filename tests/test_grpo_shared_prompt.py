@@ -10,7 +10,7 @@ import pytest
 
 from rossjax import models
 from rossjax.sample import generate
-from rossjax.train import grpo_step
+from rossjax.train.rl import grpo_step
 
 G, T = 4, 12
 

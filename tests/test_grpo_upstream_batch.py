@@ -2,7 +2,7 @@
 batch 256, asynchronous rollouts; `:runlocal` stays small (a CPU run) and synchronous."""
 
 from rossjax.configs import grpo_verifier
-from rossjax.train import grpo
+from rossjax.train.rl import grpo
 
 
 def test_paper_batch_and_async_rollouts():

@@ -70,7 +70,7 @@ def test_seeded_split_is_disjoint_and_keyed_by_task_id():
 
 
 def test_grpo_task_source_carries_the_protocol():
-    from rossjax.train import rollout
+    from rossjax.train.rl import rollout
 
     src = rollout.TaskSource("gen:induction", induction={"n_inputs": 6, "n_visible": 3,
                                                          "split": "seeded"})
@@ -81,7 +81,7 @@ def test_grpo_task_source_carries_the_protocol():
 
 def test_eval_generator_scores_hidden_inputs(tmp_path, monkeypatch):
     from rossjax.cli import parse_config
-    from rossjax.train import eval_generator as ev
+    from rossjax.train.propel import eval_generator as ev
 
     texts = [gen_text(), gen_text(program="def f(a, b):\n    return a + 2 * b\n",
                                   inputs=[f"{a}, {a * a}" for a in range(10)]), "no task"]

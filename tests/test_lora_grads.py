@@ -10,7 +10,7 @@ import pytest
 
 from rossjax import models
 from rossjax.models import lora
-from rossjax.train import sft
+from rossjax.train.sft import step as sft
 
 ALPHA, RANK = 8.0, 4
 

@@ -31,7 +31,8 @@ import pytest
 
 from rossjax import models, sharding
 from rossjax.models import shardings as model_shardings
-from rossjax.train import sft, state as state_lib
+from rossjax.train import state as state_lib
+from rossjax.train.sft import step as sft
 
 GIB = 2 ** 30
 BUDGET_GIB = 10.0

@@ -4,7 +4,7 @@ mixed, all-pass and all-fail prompts, and the paper's 64 x 8 at T = 1 variant.""
 import numpy as np
 
 from rossjax import cli
-from rossjax.train import eval_generator as ev
+from rossjax.train.propel import eval_generator as ev
 from rossjax.verify.verdict import Verdict
 
 

@@ -16,7 +16,9 @@ import pytest
 from rossjax import models, sample, sharding
 from rossjax.engine import kv_slots
 from rossjax.models import shardings as model_shardings
-from rossjax.train import grpo_step, sft, state as state_lib
+from rossjax.train import state as state_lib
+from rossjax.train.rl import grpo_step
+from rossjax.train.sft import step as sft
 
 LOSS_RTOL = 2e-3
 

@@ -24,7 +24,8 @@ WORKER = textwrap.dedent("""
     import jax, ml_collections, numpy as np, optax
     from rossjax import models, sharding
     from rossjax.models import shardings as model_shardings
-    from rossjax.train import data as data_lib, sft, state as state_lib
+    from rossjax.train import data as data_lib, state as state_lib
+    from rossjax.train.sft import step as sft
 
     port, pid, nproc, data_file, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
     if nproc > 1:
@@ -135,7 +136,7 @@ def test_train_command_two_hosts_equal_one_host(tmp_path):
     loop, metrics and checkpoint) as 2 processes x 4 devices == 1 process x 8 devices: the
     same per-step losses and token counts, the same trained params."""
     from rossjax.monitor import read_metrics
-    from rossjax.train import export as export_lib
+    from rossjax.train.export import model as export_lib
 
     data = write_curated(tmp_path / "data", n=40)
     multi, single = tmp_path / "multi", tmp_path / "single"

@@ -239,7 +239,7 @@ def _mixed_rows():
 def test_recipe_rows_and_reasons(tmp_path, recipe):
     from types import SimpleNamespace
 
-    from rossjax.train import loop, sft
+    from rossjax.train.sft import step as sft, trainer as loop
 
     src = tmp_path / "mixed.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in _mixed_rows()) + "{not json\n")

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from rossjax.cli import parse_config
-from rossjax.train import rollout
+from rossjax.train.rl import rollout
 from rossjax.verify import rewards
 
 

@@ -12,7 +12,8 @@ import pytest
 from review_server import Reviewer
 
 from rossjax.errors import ConfigError, InputError
-from rossjax.train import eval_generator as ev, rollout, solvers
+from rossjax.train.propel import eval_generator as ev, solvers
+from rossjax.train.rl import rollout
 from rossjax.verify import generator_context, induction_task, math_oracle, math_task
 
 SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."

@@ -75,7 +75,7 @@ PROBLEM = "```problem\nWhat is 1 + 2?\n```"
      "row 1: field 'messages[0].content' holds a lone UTF-16 surrogate"),
 ])
 def test_pool_rows_of_the_wrong_shape_are_one_sentence(tmp_path, row, says):
-    from rossjax.train.label_corpus import read_pool
+    from rossjax.train.propel.label_corpus import read_pool
 
     with pytest.raises(InputError, match="pool.jsonl " + says.replace("[", r"\[").replace(
             "]", r"\]").replace("(", r"\(").replace(")", r"\)")):
@@ -83,7 +83,7 @@ def test_pool_rows_of_the_wrong_shape_are_one_sentence(tmp_path, row, says):
 
 
 def test_the_problem_is_the_last_assistant_message_not_a_trailing_user_turn(tmp_path):
-    from rossjax.train.label_corpus import read_pool
+    from rossjax.train.propel.label_corpus import read_pool
 
     (p,) = read_pool(_pool(tmp_path, [{"id": "a", "messages": [
         {"role": "user", "content": "write a problem"},
@@ -119,7 +119,7 @@ def test_a_failed_rerun_leaves_no_output_of_the_earlier_run_behind(tmp_path):
 
 def test_eval_generator_rerun_that_fails_leaves_no_stale_result(tmp_path, monkeypatch):
     from rossjax.cli import parse_config
-    from rossjax.train import eval_generator as ev
+    from rossjax.train.propel import eval_generator as ev
 
     monkeypatch.setattr(ev, "_sample", lambda *a: ["```problem\nWhat is 2 + 3?\n```"])
     monkeypatch.setattr(ev, "_model", lambda *a: (None, None))

@@ -191,7 +191,7 @@ def test_generator_utility_band_with_a_scripted_model_solver(tmp_path, monkeypat
     """A model solver whose K = 4 answers per task are scripted: task i gets i right on the hidden
     inputs. Wrong answers include one that is right on every *shown* pair (a lookup table), which
     must count as wrong. Band 1..3 of 4."""
-    from rossjax.train import eval_generator as ev, solvers
+    from rossjax.train.propel import eval_generator as ev, solvers
     from rossjax.verify import induction_task as it
 
     gen = [VALID[0], VALID[3], VALID[4], VALID[5], VALID[6], INVALID[2]]
@@ -229,7 +229,7 @@ def test_generator_utility_band_with_a_scripted_model_solver(tmp_path, monkeypat
 def test_policy_pass_at_k_coverage_and_outcomes_with_scripted_answers(tmp_path, monkeypatch):
     """Policy mode on gen:arith: K = 5 scripted answers per task, c_i of them right (the math
     verifier judges them); pass@k, coverage and the mixed/all-pass/all-fail shares by hand."""
-    from rossjax.train import eval_generator as ev
+    from rossjax.train.propel import eval_generator as ev
 
     right = [0, 1, 2, 5, 3, 4]
     K = 5

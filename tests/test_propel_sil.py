@@ -1,4 +1,4 @@
-"""PROPEL's solver-in-the-loop baseline (configs/propel_sil.py, train/propel_rewards.py): each
+"""PROPEL's solver-in-the-loop baseline (configs/propel_sil.py, train/propel/rewards.py): each
 valid candidate is tried K times by a live solver and paid the realized U_S; invalid candidates
 get the invalid reward; trials, tasks tried and peak memory are counted in the GRPO metrics."""
 
@@ -11,8 +11,8 @@ import pytest
 from rossjax.cli import parse_config
 from rossjax.configs import propel_sil
 from rossjax.probes import labels
-from rossjax.train import propel_rewards, solvers
-from rossjax.train.grpo_config import check_config
+from rossjax.train.propel import rewards as propel_rewards, solvers
+from rossjax.train.rl.grpo_config import check_config
 from rossjax.verify import rewards
 
 INPUTS = "\n".join(str(i) for i in range(10))
@@ -105,7 +105,7 @@ def test_math_sil_takes_the_reference_from_two_agreeing_oracles():
 def test_run_wires_the_real_solver_and_validity(tmp_path):
     """Run.rewards through the worker-scored W and the library's oracle solver: a band that
     holds rate 1 pays 1 to every valid task, the AZR band pays 0 (the oracle always solves)."""
-    from rossjax.train.grpo_setup import Run
+    from rossjax.train.rl.grpo_setup import Run
 
     cfg = parse_config(["--config=configs/propel_sil.py:runlocal", "--config.reward.solver.k=2",
                         "--config.reward.solver.lo=1.0", "--config.reward.solver.hi=1.0"])[0]

@@ -26,8 +26,8 @@ from rossjax.probes import heads
 from rossjax.probes.activations import extract
 from rossjax.tokenizers import load_tokenizer
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
-from rossjax.train import grpo_config
-from rossjax.train.history import read_history
+from rossjax.train.rl import grpo_config
+from rossjax.train.rl.history import read_history
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -166,7 +166,7 @@ class _AlternateFixer:
 
 def test_swe_sil_pays_realized_utility_of_three_solver_episodes():
     from rossjax.agents.swe_env import clean_baseline
-    from rossjax.train.propel_rewards import SweSolverReward
+    from rossjax.train.propel.rewards import SweSolverReward
     from rossjax.verify.repo import unified_diff
 
     base = clean_baseline("intervals")

@@ -1,4 +1,4 @@
-"""Cold transfer (train/propel_rewards.py): the probe reads a frozen reference model given on its
+"""Cold transfer (train/propel/rewards.py): the probe reads a frozen reference model given on its
 own (`reward.probe.reference`: a tiny Llama of another width with its own BPE tokenizer) while
 the policy is a tiny Qwen2 with the ASCII tokenizer. The sweep's manifest names the reference;
 GRPO re-tokenizes each task for it, and refuses another reference, the policy's base, or the
@@ -16,9 +16,9 @@ from rossjax.models import loading
 from rossjax.probes import extract, reward, write_store
 from rossjax.probes.heads import load_probe
 from rossjax.tokenizers import load_tokenizer
-from rossjax.train import propel_rewards
-from rossjax.train.grpo_config import check_config
-from rossjax.train.label_corpus import probe_input
+from rossjax.train.propel import rewards as propel_rewards
+from rossjax.train.propel.label_corpus import probe_input
+from rossjax.train.rl.grpo_config import check_config
 from rossjax.verify import induction_task, rewards
 
 INPUTS = "\n".join(str(i) for i in range(10))
@@ -121,7 +121,7 @@ def _record(rid, content):
 
 
 def test_probe_reads_the_reference_through_its_own_tokenizer(setup, tmp_path):
-    from rossjax.train.grpo_setup import Run
+    from rossjax.train.rl.grpo_setup import Run
 
     run = Run(_cfg(setup), str(tmp_path))
     try:
@@ -149,7 +149,7 @@ def test_probe_reads_the_reference_through_its_own_tokenizer(setup, tmp_path):
 
 
 def test_full_finetuning_keeps_no_policy_copy_for_a_reference_of_its_own(setup, tmp_path):
-    from rossjax.train.grpo_setup import Run
+    from rossjax.train.rl.grpo_setup import Run
 
     run = Run(_cfg(setup, "--config.lora.enabled=False", "--config.grpo.beta=0.0"), str(tmp_path))
     try:  # beta 0 and the probe on its own reference: no frozen copy of the policy is held
@@ -159,7 +159,7 @@ def test_full_finetuning_keeps_no_policy_copy_for_a_reference_of_its_own(setup, 
 
 
 def test_another_reference_is_refused_in_one_sentence(setup, tmp_path):
-    from rossjax.train.grpo_setup import Run
+    from rossjax.train.rl.grpo_setup import Run
 
     # the policy's base (a Qwen2 of width 64) is not the model the probe was swept on
     cfg = _cfg(setup, "--config.reward.probe.reference.path=")

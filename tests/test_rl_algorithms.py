@@ -15,8 +15,9 @@ import pytest
 from rossjax import models, sharding
 from rossjax.errors import ConfigError
 from rossjax.models import shardings as model_shardings
-from rossjax.train import advantages, grpo_losses as gl, grpo_step, state as state_lib
+from rossjax.train import state as state_lib
 from rossjax.train.registry import Registry
+from rossjax.train.rl import advantages, grpo_losses as gl, grpo_step
 
 POLICIES = ("ppo_clip", "gspo", "cispo")
 KLS = ("k1", "k2", "k3", "k3_unbiased")
@@ -220,8 +221,8 @@ def test_micro_batch_shares_add_up(policy, kl, agg, splits):
 def _user_module(tmp_path, monkeypatch):
     (tmp_path / "my_rl.py").write_text(
         "import jax.numpy as jnp\n"
-        "from rossjax.train.grpo_losses import Aggregation\n"
-        "from rossjax.train.policy_losses import PolicyTerms\n"
+        "from rossjax.train.rl.grpo_losses import Aggregation\n"
+        "from rossjax.train.rl.policy_losses import PolicyTerms\n"
         "def reinforce(logp, old_logp, adv, mask, eps_low, eps_high):\n"
         "    z = jnp.zeros_like(logp)\n"
         "    return PolicyTerms(-adv * jnp.where(mask != 0, logp, 0.0), z + 1.0, z, z)\n"
@@ -246,7 +247,7 @@ def test_a_users_own_loss_estimator_and_aggregation(tmp_path, monkeypatch):
     r = np.array([0.0, 1.0, 1.0, np.nan])
     assert np.asarray(advantages.group_advantages(r, 2, "my_rl:sign")).tolist() == [-1, 1, 1, 0]
     # through the config, as `--config.grpo.policy_loss=my_rl:reinforce` gives it
-    from rossjax.train import grpo_config
+    from rossjax.train.rl import grpo_config
 
     c = grpo_config.default_config()
     c.grpo.policy_loss, c.grpo.kl, c.grpo.advantages = "my_rl:reinforce", "my_rl:sq", "my_rl:sign"
@@ -262,14 +263,14 @@ def test_a_users_own_loss_estimator_and_aggregation(tmp_path, monkeypatch):
     ("advantages", "my_rl:missing", r"config.grpo.advantages 'my_rl:missing': my_rl has no "
                                     r"function 'missing'"),
     ("agg", "my_rl:not_an_aggregation", r"config.grpo.agg 'my_rl:not_an_aggregation': it must "
-                                        r"be a rossjax.train.grpo_losses.Aggregation"),
+                                        r"be a rossjax.train.rl.grpo_losses.Aggregation"),
     ("agg", "my_rl:", r"config.grpo.agg 'my_rl:' is not module:function"),
     ("overlong_buffer", 64, r"config.grpo.overlong_buffer 64 must be in \[0, max_new_tokens = 64\)"),
     ("temperature", -0.5, r"config.grpo.temperature is -0.5"),
 ])
 def test_bad_registry_names_are_one_sentence(tmp_path, monkeypatch, field, value, says):
     _user_module(tmp_path, monkeypatch)
-    from rossjax.train import grpo_config
+    from rossjax.train.rl import grpo_config
 
     c = grpo_config.default_config()
     c.reward.functions = ("contains",)

@@ -16,7 +16,7 @@ from rossjax.models import load_hf
 from rossjax.sample import generate
 from rossjax.tokenizers import load_tokenizer
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
-from rossjax.train.rollout import render_prompt
+from rossjax.train.rl.rollout import render_prompt
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]
 

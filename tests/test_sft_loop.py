@@ -14,7 +14,9 @@ import pytest
 from rossjax import cli, models
 from rossjax.models import loading
 from rossjax.monitor import read_metrics
-from rossjax.train import checkpoint as ckpt_lib, export as export_lib, loop
+from rossjax.train import checkpoint as ckpt_lib
+from rossjax.train.export import model as export_lib
+from rossjax.train.sft import trainer as loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "ross_sft.py")

@@ -6,7 +6,7 @@ import numpy as np
 from review_server import Reviewer
 from test_propel_math import SYSTEM, _cfg, _section
 
-from rossjax.train import solvers
+from rossjax.train.propel import solvers
 from rossjax.verify import math_oracle, math_task
 from rossjax.verify.answers import Truncated
 

@@ -15,7 +15,8 @@ from jax.sharding import PartitionSpec as P
 from rossjax import models, sharding
 from rossjax.errors import ConfigError
 from rossjax.models import shardings as model_shardings
-from rossjax.train import accumulate, grpo_step, state as state_lib
+from rossjax.train import accumulate, state as state_lib
+from rossjax.train.rl import grpo_step
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
 

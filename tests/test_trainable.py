@@ -9,7 +9,8 @@ import pytest
 
 from rossjax import sharding
 from rossjax.models import lora, shardings as model_shardings
-from rossjax.train import checkpoint as ckpt_lib, grpo_setup, trainable as trainable_lib
+from rossjax.train import checkpoint as ckpt_lib, trainable as trainable_lib
+from rossjax.train.rl import grpo_setup
 
 
 def _cfg(lora_on: bool):

@@ -206,7 +206,7 @@ def test_grpo_history_with_a_custom_reward_relearns(custom_grpo, capsys):
     """Every history row carries the verdict of its reward (passed = reward >=
     reward.success_threshold), so curate keeps exactly the rows the custom reward passed and
     re-verifies none of them (was: every row re-verified as math and failed)."""
-    from rossjax.train.history import read_history
+    from rossjax.train.rl.history import read_history
 
     tmp, work = custom_grpo
     rows = read_history(os.path.join(work, "history.jsonl"))
@@ -231,7 +231,7 @@ def test_train_starts_from_a_grpo_workdir_and_complete_names_the_field(custom_gr
     checkpoint (its params exactly); a finished run names the field that extends it."""
     import jax
 
-    from rossjax.train.export import restore_params
+    from rossjax.train.export.model import restore_params
 
     tmp, work = custom_grpo
     out = str(tmp / "curated2")

@@ -39,7 +39,7 @@ def test_missing_config_without_a_shipped_namesake_is_one_sentence(tmp_path):
 def test_grpo_relearn_command_runs_as_printed(tmp_path, monkeypatch, capsys):
     """The relearn hint names its output folder; run as printed (in another cwd) it curates."""
     from rossjax.cli import grpo as grpo_cli
-    from rossjax.train import grpo
+    from rossjax.train.rl import grpo
 
     workdir = tmp_path / "run"
     monkeypatch.setattr(grpo, "run", lambda cfg, wd: dict(

@@ -12,7 +12,7 @@ A turn takes the policy's reply: its tool calls are parsed (the endpoint's struc
 A driver ends an episode whose history no longer fits with CONTEXT_BUDGET (characters on the
 HTTP path, tokens and cache columns on the engine's), and the engine's with the faults only
 tokens have (UNKNOWN_TOKEN, INVALID_UTF8, TEMPLATE_MISMATCH). Transport and token bookkeeping
-stay in the drivers (agents/rollout.py, train/agentic.py).
+stay in the drivers (agents/rollout.py, train/rl/agentic.py).
 """
 
 from __future__ import annotations

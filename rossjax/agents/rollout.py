@@ -14,7 +14,7 @@ Per-token sampler log-probs are kept per assistant message when the endpoint ret
 (`logprobs: true`), under `agent.logprobs`, and the sampled ids under `agent.token_ids` when
 the server writes tokens as "token_id:N" (vLLM's return_tokens_as_token_ids). Observation and
 template tokens are not known on this path, so the row carries no top-level `token_ids` and
-curate renders it. The engine path (rossjax/train/agentic.py, device half) keeps the exact ids
+curate renders it. The engine path (rossjax/train/rl/agentic.py, device half) keeps the exact ids
 of the whole history; see docs/agents.md.
 """
 

@@ -73,7 +73,7 @@ def sandboxed_code_batch(kinds, records):
 
 def _run(args, workers: int, use_async: bool):
     from rossjax.monitor import read_metrics
-    from rossjax.train import grpo
+    from rossjax.train.rl import grpo
 
     c = grpo.default_config()
     c.tokenizer = "ascii"

@@ -48,7 +48,7 @@ def _model_folder(args, d: str) -> str:
 
 def _rossjax_steps(args, folder: str, workdir: str) -> list[float]:
     from rossjax.monitor import read_metrics
-    from rossjax.train import grpo
+    from rossjax.train.rl import grpo
 
     c = grpo.default_config()
     c.tokenizer = folder
@@ -68,7 +68,7 @@ def _rossjax_steps(args, folder: str, workdir: str) -> list[float]:
 
 def _prompts(args, folder: str) -> list[dict]:
     from rossjax.tokenizers import load_tokenizer
-    from rossjax.train import rollout
+    from rossjax.train.rl import rollout
 
     tok = load_tokenizer(folder)
     src = rollout.TaskSource("gen:arith", 0)   # grpo.default_config's data.seed

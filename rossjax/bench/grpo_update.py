@@ -41,7 +41,7 @@ import numpy as np
 
 
 def _config(args, folder: str):
-    from rossjax.train import grpo
+    from rossjax.train.rl import grpo
 
     c = grpo.default_config()
     c.tokenizer = folder
@@ -58,7 +58,7 @@ def _config(args, folder: str):
 
 def _rows(run, args) -> dict:
     """One batch as `rossjax grpo` builds it (real sampled completions, stop tokens included)."""
-    from rossjax.train import grpo_step, rollout
+    from rossjax.train.rl import grpo_step, rollout
 
     tasks = rollout.TaskSource("gen:arith", 0).next(args.contexts)
     state = run.new_state()
@@ -66,7 +66,7 @@ def _rows(run, args) -> dict:
     b = sampled["batch"]
     zeros = np.zeros(b["mask"].shape, np.float32)
     reward = np.random.default_rng(0).random(len(b["mask"]))
-    from rossjax.train import grpo_losses
+    from rossjax.train.rl import grpo_losses
 
     adv = np.asarray(grpo_losses.group_advantages(reward, args.group, "mean"), np.float32)
     rows = {**{k: b[k] for k in grpo_step.BATCH_KEYS}, "old_logp": zeros, "ref_logp": zeros,
@@ -117,7 +117,7 @@ def run(args) -> int:
     import jax
 
     from rossjax.bench.grpo_trl import _model_folder
-    from rossjax.train import grpo_setup
+    from rossjax.train.rl import grpo_setup
 
     if args.repeats < 1:
         from rossjax.errors import UsageError

@@ -131,7 +131,8 @@ def _child(part: str, args) -> dict:
 
     from rossjax import models, sharding
     from rossjax.models import shardings as model_shardings
-    from rossjax.train import metrics, optim, sft, state as state_lib
+    from rossjax.train import metrics, optim, state as state_lib
+    from rossjax.train.sft import step as sft
 
     if part == "throughput":
         cfg = models.get_preset("qwen2_30m", remat_policy=args.remat)

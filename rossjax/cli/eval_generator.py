@@ -8,7 +8,7 @@ import sys
 
 def main(argv=None) -> int:
     from rossjax.cli.flags import command_config
-    from rossjax.train import eval_generator
+    from rossjax.train.propel import eval_generator
 
     c, workdir, _ = command_config(list(argv or []), "eval-generator", "configs/eval_generator.py")
     out = eval_generator.run(c, workdir)

@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     out = rest[0] if len(rest) == 1 else (fv.workdir if not rest else None)
     if not fv.checkpoint or not out:
         raise UsageError(USAGE)
-    from rossjax.train.export import export
+    from rossjax.train.export.model import export
 
     step = export(fv.checkpoint, out, fv.format, fv.step, dtype=fv.dtype, tokenizer=fv.tokenizer)
     print(f"rossjax export: step {step} of {fv.checkpoint} written to {out} ({fv.format}).")

@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     from rossjax.sample import generate
     from rossjax.templates import TEMPLATES, render_prompt
     from rossjax.tokenizers import load_tokenizer
-    from rossjax.train.export import load_model_dir
+    from rossjax.train.export.model import load_model_dir
 
     cfg, params, spec, run_template, what = load_model_dir(fv.model, fv.step, fv.dtype)
     spec = fv.tokenizer or spec

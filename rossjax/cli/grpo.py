@@ -8,7 +8,7 @@ import time
 
 def main(argv=None) -> int:
     from rossjax.cli.flags import command_config, complete_message
-    from rossjax.train import grpo
+    from rossjax.train.rl import grpo
 
     cfg, workdir, _ = command_config(list(argv or []), "grpo",
                                      "configs/grpo_verifier.py (or another GRPO config)")

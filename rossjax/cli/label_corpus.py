@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def main(argv=None) -> int:
     from rossjax.cli.flags import command_config
-    from rossjax.train import label_corpus
+    from rossjax.train.propel import label_corpus
 
     c, workdir, flags = command_config(list(argv or []), "label-corpus", "configs/label_corpus.py",
                                        needs_workdir=False)

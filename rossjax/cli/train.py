@@ -11,7 +11,7 @@ def main(argv=None) -> int:
     import jax
 
     from rossjax.cli.flags import command_config, complete_message
-    from rossjax.train import loop
+    from rossjax.train.sft import trainer as loop
 
     cfg, workdir, _ = command_config(list(argv or []), "train",
                                      "configs/ross_sft.py (or another SFT config)")

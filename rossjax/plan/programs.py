@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 from rossjax.errors import ConfigError
 from rossjax.models import shardings as model_shardings
-from rossjax.train import metrics as metrics_lib, optim, sft, trainable as trainable_lib
+from rossjax.train import metrics as metrics_lib, optim, trainable as trainable_lib
+from rossjax.train.sft import step as sft
 
 
 @dataclasses.dataclass
@@ -88,7 +89,7 @@ _GRPO_KNOBS = ("model.remat_policy", "grpo.micro_batches", "grpo.minibatches",
 
 
 def grpo_programs(cfg, part, prompt_len: int) -> list[Program]:
-    from rossjax.train import agentic_grpo, grpo_step
+    from rossjax.train.rl import agentic_grpo, grpo_step
 
     g = cfg.grpo
     t = trainable_lib.Trainable(cfg, part)

@@ -16,7 +16,7 @@ this module writes their formats with their own functions (label_corpus.probe_in
 eval_generator's metrics).
 
 Metrics per generator: utility rate (valid and solved 1..3 times in K=8: the learnable band),
-validity rate, Self-BLEU-3 and Distinct-3 (rossjax.train.eval_generator), family mix.
+validity rate, Self-BLEU-3 and Distinct-3 (rossjax.train.propel.eval_generator), family mix.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def generate(hf_dir: str, tok, n: int, seed: int) -> list[str]:
 
 def label_pool(folder: str, hf_dir: str, tok, n: int) -> dict:
     """The probe's training data from the base generator's own tasks, in label-corpus format."""
-    from rossjax.train.label_corpus import probe_input
+    from rossjax.train.propel.label_corpus import probe_input
     from rossjax.verify import induction_task as it
 
     texts = generate(hf_dir, tok, n, seed=1234)
@@ -111,7 +111,7 @@ def label_pool(folder: str, hf_dir: str, tok, n: int) -> dict:
 
 
 def summarize_scores(scored: list[dict], texts: list[str]) -> dict:
-    from rossjax.train.eval_generator import distinct_n, self_bleu, utility_rate
+    from rossjax.train.propel.eval_generator import distinct_n, self_bleu, utility_rate
 
     valid = [s["valid"] for s in scored]
     return {"utility": utility_rate([s["solves"] for s in scored], valid, K, LO, HI),

@@ -207,7 +207,7 @@ def complete(model, tok, prompts: list[str], *, max_new: int, temperature: float
     sees exactly the context it was trained on.
     """
     from rossjax import sample
-    from rossjax.train.rollout import render_prompt
+    from rossjax.train.rl.rollout import render_prompt
 
     cfg, params = model
     enc = [tok.encode(render_prompt([{"role": "user", "content": p}], "chatml", tok)) for p in prompts]

@@ -14,8 +14,9 @@ import jax
 import numpy as np
 
 from rossjax.errors import ConfigError, InputError
-from rossjax.train.sft import BATCH_KEYS
 
+# The arrays of one packed SFT batch (curate/packing.py writes them; sft/step.py reads them).
+BATCH_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
 
 def split_paths(spec: str, field: str) -> list[str]:
     paths = [p.strip() for p in str(spec or "").split(",") if p.strip()]

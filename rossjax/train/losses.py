@@ -125,4 +125,4 @@ def head_weights(model_cfg, params):
     return params["lm_head"]["kernel"], False
 
 
-from rossjax.train.grpo_losses import group_advantages, grpo_loss, importance_weights  # noqa: E402,F401
+from rossjax.train.rl.grpo_losses import group_advantages, grpo_loss, importance_weights  # noqa: E402,F401

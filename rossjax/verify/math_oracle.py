@@ -12,7 +12,7 @@ reference. Otherwise the problem is invalid, with a reason:
 
 Agreement is checked for every pair, both ways (math-verify is asymmetric: `verify(gold, pred)`),
 so "all agree" never rests on a non-transitive chain. The reference is the first oracle's first
-answer as written. The oracles' answers come from rossjax.train.solvers.oracle_labels (models,
+answer as written. The oracles' answers come from rossjax.train.propel.solvers.oracle_labels (models,
 endpoints or programmatic solvers); this module only judges them. No jax here.
 """
 

@@ -1,7 +1,7 @@
 """DAPO's dynamic sampling, host side: from the scored batches of one step (the first batch and
 its refill rounds) to the one update batch of `contexts` groups whose rewards do not all agree.
 
-A group whose scorable rewards all agree has advantage 0 everywhere (rossjax.train.advantages.
+A group whose scorable rewards all agree has advantage 0 everywhere (rossjax.train.rl.advantages.
 uniform_groups): it teaches nothing and only dilutes the loss normalizer, so it is dropped and
 the step samples more prompts, at most `max_refill_rounds` extra rounds. Still short after the
 cap, the batch is filled with dropped groups whose loss mask is 0 (static shapes: the update
@@ -20,7 +20,7 @@ import dataclasses
 
 import numpy as np
 
-from rossjax.train.advantages import uniform_groups
+from rossjax.train.rl.advantages import uniform_groups
 
 
 def _cat(parts):

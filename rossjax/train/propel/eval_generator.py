@@ -4,7 +4,7 @@ a policy.
 Generator mode: sample fresh tasks from the generator, each prompted with its own context
 (rossjax.verify.generator_context: Math, two example problems from a pool; AZR, the seed
 function, reference tasks and the banned imports; `context=instruction`: one fixed instruction),
-gate them, and score the solver's K answers per valid task (rossjax.train.solvers):
+gate them, and score the solver's K answers per valid task (rossjax.train.propel.solvers):
   induction (`domain=induction`)  the AZR protocol (rossjax.verify.induction_task: 10 inputs + a
                   message, `task_valid`); the solver sees 5 input/output pairs and the message
                   and each answer is scored on the 5 hidden inputs;
@@ -26,7 +26,7 @@ Reported as the PROPEL paper does:
                   `math_task.topic`), not an LLM classifier;
   solver / oracles  what the solver and the oracles did (tasks, trials, answers that never came;
                   endpoints: requests, retries, cache hits, tokens).
-Solvers (rossjax.train.solvers): `model` (a checkpoint on the rollout engine), `endpoint` (an
+Solvers (rossjax.train.propel.solvers): `model` (a checkpoint on the rollout engine), `endpoint` (an
 OpenAI-compatible server), `fn` (module:function), or the programmatic `oracle` (the task's own
 answer: always solves), `identity` and `lookup` (induction: a table of the shown pairs, scores
 0, the hidden-split check).
@@ -50,7 +50,7 @@ import re
 import numpy as np
 
 from rossjax.errors import ConfigError
-from rossjax.train import solvers
+from rossjax.train.propel import solvers
 from rossjax.verify import generator_context, induction_task, math_oracle, math_task
 
 DOMAINS = ("induction", "math")
@@ -275,7 +275,7 @@ def evaluate_generator(c) -> dict:
 
 
 def evaluate_policy(c) -> dict:
-    from rossjax.train import rollout
+    from rossjax.train.rl import rollout
     from rossjax.verify import verify_many
 
     tok = solvers.load_tokenizer(c.tokenizer, c.workdir)

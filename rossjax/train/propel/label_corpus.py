@@ -13,7 +13,7 @@ Domains (`config.domain`):
              oracle disagreement / oracle failure), then tried K times against it.
 A record row ("messages": the last assistant message is the generator's answer, e.g. a GRPO
 run's history.jsonl) keeps its `rewards.probe_score` and `source.step`. Solvers:
-rossjax.train.solvers (model, endpoint, fn, and the programmatic checks).
+rossjax.train.propel.solvers (model, endpoint, fn, and the programmatic checks).
 
 Outputs (in the output dir):
   labels.jsonl   {"id", "trials": [true|false|null x K], "valid": 0|1, ("invalid_reason"), "group", "family",
@@ -40,8 +40,9 @@ import numpy as np
 
 from rossjax import runlock
 from rossjax.errors import ConfigError, InputError
-from rossjax.train import rollout, solvers
-from rossjax.train.eval_generator import topic
+from rossjax.train.propel import solvers
+from rossjax.train.propel.eval_generator import topic
+from rossjax.train.rl import rollout
 from rossjax.verify import induction_task, math_oracle, math_task
 
 DOMAINS = ("induction", "math")

@@ -32,7 +32,7 @@ class Aggregation:
 AGGREGATION_REGISTRY = Registry(
     "loss aggregation", "config.grpo.agg",
     check=lambda o: None if isinstance(o, Aggregation) else
-    "it must be a rossjax.train.grpo_losses.Aggregation(reduce, denominator).")
+    "it must be a rossjax.train.rl.grpo_losses.Aggregation(reduce, denominator).")
 
 
 def masked(x, mask):

@@ -21,8 +21,9 @@ from rossjax.errors import ConfigError
 from rossjax.probes import reward as reward_lib
 from rossjax.tokenizers import load_tokenizer
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
-from rossjax.train import agentic_grpo, grpo_step, optim, rollout, trainable as trainable_lib
-from rossjax.train.grpo_config import check_config
+from rossjax.train import optim, trainable as trainable_lib
+from rossjax.train.rl import agentic_grpo, grpo_step, rollout
+from rossjax.train.rl.grpo_config import check_config
 from rossjax.verify import rewards
 from rossjax.verify.pool import WorkerPool
 
@@ -64,7 +65,7 @@ class Run:
     """Holds the model, step functions and reward machinery of one run. `fresh_start=False`
     (the loop will restore a checkpoint) does not keep the loaded weights for `new_state`."""
 
-    solver_reward = None  # PROPEL's solver-in-the-loop reward (train/propel_rewards.py)
+    solver_reward = None  # PROPEL's solver-in-the-loop reward (train/propel/rewards.py)
 
     def __init__(self, cfg, workdir, cpu_scorer=None, *, step_cache: StepCache = STEP_CACHE,
                  fresh_start: bool = True):
@@ -95,7 +96,7 @@ class Run:
             self.base = self.ref = t.load_weights()  # the reference is the base, adapters off
             return
         self.base, self.ref = {}, None
-        from rossjax.train import propel_rewards
+        from rossjax.train.propel import rewards as propel_rewards
 
         # a probe with a reference of its own (cold transfer) does not read the policy's copy
         needs_ref = g.beta > 0 or (self._uses_probe() and not propel_rewards.own_reference(cfg))
@@ -167,7 +168,9 @@ class Run:
             self.workers = WorkerPool(cfg.reward.workers, cpu_scorer or functools.partial(
                 rewards.score_batch, custom=cfg.reward.get("fn", "")))
         self.probe_reward, self.probe_names = None, []
-        from rossjax.train import propel_rewards  # the probe (own reference or base) and SIL
+        from rossjax.train.propel import (
+            rewards as propel_rewards,  # the probe (own reference or base) and SIL
+        )
 
         if self._uses_probe():
             self.probe_reward, self.probe_names = propel_rewards.probe_reward(self)
@@ -232,7 +235,7 @@ class Run:
     def cost_metrics(self) -> dict:
         """Solver trials and tasks tried since the last call (SIL) and peak memory: what the
         step's metrics report of a reward's cost."""
-        from rossjax.train import propel_rewards
+        from rossjax.train.propel import rewards as propel_rewards
 
         out = propel_rewards.memory_metrics()
         if self.solver_reward is not None:

@@ -21,24 +21,20 @@ import sys
 import jax
 
 from rossjax import sharding
-from rossjax.errors import ConfigError, InputError
+from rossjax.errors import ConfigError, Diverged, InputError
 from rossjax.models import loading
 from rossjax.monitor import MetricsWriter, Progress, read_metrics, write_plot
 from rossjax.train import (
     checkpoint as ckpt_lib,
     data as data_lib,
-    export as export_lib,
     metrics as metrics_lib,
     optim,
     resume,
-    sft,
     trainable as trainable_lib,
     workdir as workdir_lib,
 )
-
-
-class Diverged(InputError):
-    """Too many non-finite steps in a row (printed as one sentence by the CLI)."""
+from rossjax.train.export import model as export_lib
+from rossjax.train.sft import step as sft
 
 
 def check_recipe(cfg, paths) -> list[str]:

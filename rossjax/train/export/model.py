@@ -27,8 +27,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rossjax.errors import InputError
-from rossjax.train import checkpoint as ckpt_lib, export_tokenizer
-from rossjax.train.export_tokenizer import TOKENIZER_FILES, copy_tokenizer  # noqa: F401 (public)
+from rossjax.train import checkpoint as ckpt_lib
+from rossjax.train.export import tokenizer as export_tokenizer
+from rossjax.train.export.tokenizer import TOKENIZER_FILES, copy_tokenizer  # noqa: F401 (public)
 
 FORMATS = ("hf", "orbax", "peft")
 DTYPES = ("float32", "bfloat16", "float16")

@@ -1,7 +1,7 @@
 """`rossjax grpo` with an environment (config.agent.env set; configs/grpo_agentic.py).
 
 A step's batch is `contexts` tasks x `group_size` agent episodes on the rollout engine
-(rossjax.train.agentic). The trajectory reward is the environment's verdict (reward function
+(rossjax.train.rl.agentic). The trajectory reward is the environment's verdict (reward function
 "env": 1 passed, 0 failed, NaN undecided, which gets advantage 0), delivered through the same
 CPU-scores channel as the single-turn rewards (or, with reward.functions ("probe",) or
 ("solver",), PROPEL's reward on episodes the verdict passes and `invalid_reward` on the others:
@@ -28,7 +28,7 @@ import numpy as np
 
 from rossjax.errors import ConfigError
 from rossjax.sample import GenerationResult
-from rossjax.train import agentic, grpo_step, rollout
+from rossjax.train.rl import agentic, grpo_step, rollout
 
 ENV_REWARD = "env"
 GATED_BY = ("probe", "solver")  # rewards paid on valid episodes, -invalid_reward elsewhere
@@ -68,7 +68,9 @@ def check_config(cfg):
         raise ConfigError(f"config.agent.max_tokens ({a.max_tokens}) must exceed "
                           f"config.grpo.max_new_tokens ({g.max_new_tokens}, one turn's budget).")
     if r.functions[0] in GATED_BY:
-        from rossjax.train import propel_rewards  # the probe's calibration, the SIL section
+        from rossjax.train.propel import (
+            rewards as propel_rewards,  # the probe's calibration, the SIL section
+        )
 
         propel_rewards.check_config(r)
     spec = spec_of(cfg)
@@ -174,7 +176,7 @@ def generation(trajs, records) -> GenerationResult:
 
 
 def sample(run, params, tasks, step: int, refill: int = 0) -> dict:
-    """Run.sample for an agentic run: the batch dict grpo.Loop consumes."""
+    """Run.sample for an agentic run: the batch dict grpo.GRPOTrainer consumes."""
     cfg, g = run.cfg, run.cfg.grpo
     spec = spec_of(cfg)
     t0 = time.perf_counter()

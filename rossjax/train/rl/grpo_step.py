@@ -21,7 +21,8 @@ from jax.sharding import PartitionSpec as P
 
 from rossjax import models, sharding
 from rossjax.models import lora
-from rossjax.train import accumulate, grpo_losses, losses, state as state_lib
+from rossjax.train import accumulate, losses, state as state_lib
+from rossjax.train.rl import grpo_losses
 
 BATCH_KEYS = ("tokens", "positions", "segment_ids", "targets", "mask")
 _METRICS = ("pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean")  # grpo_loss's

@@ -43,23 +43,20 @@ import jax
 import numpy as np
 
 from rossjax import sharding
-from rossjax.errors import ConfigError
+from rossjax.errors import ConfigError, Diverged
 from rossjax.monitor import MetricsWriter, Progress, RunFile, read_metrics, step_at_most, write_plot
-from rossjax.train import (
+from rossjax.train import checkpoint as ckpt_lib, resume, workdir as workdir_lib
+from rossjax.train.rl import (
     advantages,
     agentic_grpo,
-    checkpoint as ckpt_lib,
     dynamic_sampling,
     grpo_losses,
     grpo_step,
     history,
-    resume,
     rollout,
-    workdir as workdir_lib,
 )
-from rossjax.train.grpo_config import check_config, default_config  # noqa: F401 (configs use it)
-from rossjax.train.grpo_setup import STEP_CACHE, Run, StepCache  # noqa: F401 (StepCache: callers)
-from rossjax.train.loop import Diverged
+from rossjax.train.rl.grpo_config import check_config, default_config  # noqa: F401 (configs use it)
+from rossjax.train.rl.grpo_setup import STEP_CACHE, Run, StepCache  # noqa: F401 (StepCache: callers)
 
 
 def _data_state(src_index, hist_bytes):
@@ -90,7 +87,7 @@ class _Scored:
     is_metrics: dict
 
 
-class Loop:
+class GRPOTrainer:
     """The GRPO run: `start()` restores or initializes, `step(i)` runs one step, `close()`."""
 
     def __init__(self, cfg, workdir: str, cpu_scorer=None, step_cache=STEP_CACHE):
@@ -225,7 +222,7 @@ class Loop:
                                               how=g.is_how, low=g.is_low, high=g.is_high)
 
     def refill(self, step: int, scored: _Scored, params, timer: _Timer) -> _Scored:
-        """DAPO's dynamic sampling (rossjax/train/dynamic_sampling.py): while fewer than
+        """DAPO's dynamic sampling (rossjax/train/rl/dynamic_sampling.py): while fewer than
         `contexts` groups have rewards that differ, sample and score `contexts` more prompts, at
         most `max_refill_rounds` times; the update batch takes the informative groups."""
         run, g = self.run, self.cfg.grpo
@@ -349,8 +346,8 @@ def run(cfg, workdir: str, *, cpu_scorer=None, step_cache=STEP_CACHE) -> dict:
     benchmark's chosen-cost reward). `step_cache` keeps compiled steps for the next run in
     this process with the same settings (a `StepCache`; the default is shared). Returns the
     final state, last metrics, tokenizer spec, history path and the run's model/step holder."""
-    with workdir_lib.unlock_at_end(workdir):  # the workdir lock Loop takes, however it ends
-        loop = Loop(cfg, workdir, cpu_scorer, step_cache)
+    with workdir_lib.unlock_at_end(workdir):  # the workdir lock GRPOTrainer takes, however it ends
+        loop = GRPOTrainer(cfg, workdir, cpu_scorer, step_cache)
         try:
             if loop.complete is not None:  # nothing to run: the last logged metrics
                 return {"state": None, "metrics": (read_metrics(workdir) or [{}])[-1],

@@ -9,7 +9,7 @@ import os
 from rossjax import defaults
 from rossjax.errors import ConfigError
 from rossjax.probes import reward as reward_lib
-from rossjax.train import (
+from rossjax.train.rl import (
     advantages,
     agentic_grpo,
     aggregation,
@@ -72,7 +72,9 @@ def check_config(cfg):
         for x in paths:
             if not os.path.exists(x + ".json"):
                 raise ConfigError(f"config.reward.probe: {x}.json (the probe's manifest) does not exist.")
-    from rossjax.train import propel_rewards  # PROPEL's reference model and SIL sections
+    from rossjax.train.propel import (
+        rewards as propel_rewards,  # PROPEL's reference model and SIL sections
+    )
 
     propel_rewards.check_config(r)
 

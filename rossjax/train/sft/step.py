@@ -22,8 +22,7 @@ from rossjax import defaults, models, sharding
 from rossjax.errors import ConfigError
 from rossjax.models import lora
 from rossjax.train import accumulate, losses, state as state_lib
-
-BATCH_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
+from rossjax.train.data import BATCH_KEYS
 
 # The three recipes of the paper (rows and mask a training dir must have been curated with),
 # defined as jax-free data so configs and `--help` read them.

@@ -10,7 +10,7 @@ reference it was trained on (probes/sweep.py) and another one is refused
 (`reward.check_reference`).
 
 SIL (`reward.functions=("solver",)`, configs/propel_sil.py): every candidate that passes the
-validity check W is posed to the solver (rossjax/train/solvers.py `Solver`, `trials`) K times (an
+validity check W is posed to the solver (rossjax/train/propel/solvers.py `Solver`, `trials`) K times (an
 induction task under the AZR protocol; a math problem once the two reference oracles agree on its
 answer, as label-corpus labels it) and paid the realized U_S = 1[lo <= solved / decided <= hi]
 (band "open": 0 < rate < 1), the label `rossjax label-corpus` + `probe-sweep` give a task; an invalid task,
@@ -43,7 +43,7 @@ def render_fn(cfg, tok, template: str):
     or `record`, the policy's own token ids."""
     if cfg.reward.probe.render not in ("task", "record"):
         raise ConfigError(f"config.reward.probe.render {cfg.reward.probe.render!r} is not task or record.")
-    from rossjax.train import rollout
+    from rossjax.train.rl import rollout
 
     def render(rec):
         msgs = [{"role": "user", "content": canonical_text(rec)}]
@@ -187,7 +187,7 @@ SWE_SOLVER_KINDS = ("fn", "endpoint")  # an agent policy: module:function or Ope
 
 def check_solver_config(r) -> None:
     """One sentence for a bad `reward.solver` section, before a model loads."""
-    from rossjax.train import solvers
+    from rossjax.train.propel import solvers
 
     s = r.get("solver")
     if s is None:
@@ -251,7 +251,7 @@ class SolverReward:
         return tasks
 
     def _math_tasks(self, records, valid, seed):
-        from rossjax.train import solvers
+        from rossjax.train.propel import solvers
 
         problems = [math_task.parse_generated_problem(r["messages"][-1].get("content") or "")
                     if v > 0.5 else None for r, v in zip(records, valid)]
@@ -266,7 +266,7 @@ class SolverReward:
                 for r, p, lab in zip(records, problems, labels)]
 
     def __call__(self, records, valid) -> dict:
-        from rossjax.train import solvers
+        from rossjax.train.propel import solvers
 
         s, n = self.s, len(records)
         valid = np.ones(n) if valid is None else np.asarray(valid)
@@ -368,7 +368,7 @@ def solver_reward(run):
     cfg = run.cfg
     if "solver" not in cfg.reward.functions:
         return None
-    from rossjax.train import solvers
+    from rossjax.train.propel import solvers
 
     s = cfg.reward.solver
     check_solver_config(cfg.reward)

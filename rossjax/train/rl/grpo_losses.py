@@ -1,7 +1,7 @@
 """The GRPO loss as pure functions of arrays: a policy loss, a KL estimator and a loss
-aggregation, each picked by name from its registry (rossjax.train.policy_losses
+aggregation, each picked by name from its registry (rossjax.train.rl.policy_losses
 POLICY_LOSS_REGISTRY, .kl KL_REGISTRY, .aggregation AGGREGATION_REGISTRY; advantages in
-rossjax.train.advantages ADVANTAGE_REGISTRY), plus truncated importance sampling between sampler
+rossjax.train.rl.advantages ADVANTAGE_REGISTRY), plus truncated importance sampling between sampler
 and trainer log-probabilities. The tuples here (POLICY_LOSSES, KL_ESTIMATORS, AGGREGATIONS,
 ADVANTAGES) are the built-in names.
 
@@ -16,15 +16,15 @@ import jax
 import jax.numpy as jnp
 
 from rossjax.errors import ConfigError
-from rossjax.train.advantages import ADVANTAGE_REGISTRY, group_advantages  # noqa: F401
-from rossjax.train.aggregation import (  # noqa: F401
+from rossjax.train.rl.advantages import ADVANTAGE_REGISTRY, group_advantages  # noqa: F401
+from rossjax.train.rl.aggregation import (  # noqa: F401
     AGGREGATION_REGISTRY,
     Aggregation,
     masked as _masked,
     normalizers,
 )
-from rossjax.train.kl import KL_REGISTRY
-from rossjax.train.policy_losses import POLICY_LOSS_REGISTRY
+from rossjax.train.rl.kl import KL_REGISTRY
+from rossjax.train.rl.policy_losses import POLICY_LOSS_REGISTRY
 
 IS_MODES = ("token", "sequence")
 IS_HOW = ("truncate", "mask")

@@ -1,0 +1,1 @@
+"""Export: HF / PEFT / orbax folders of a run, and its tokenizer."""

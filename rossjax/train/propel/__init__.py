@@ -1,0 +1,1 @@
+"""PROPEL: probe rewards, solvers, the label corpus and the generator evaluation."""

@@ -1,0 +1,1 @@
+"""SFT: the masked teacher-forcing step and the `rossjax train` trainer."""
