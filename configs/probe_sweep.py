@@ -6,8 +6,8 @@ RVP within `ba_tolerance` of the best validation balanced accuracy, and saves it
         --config.stores='("runs/acts_mean","runs/acts_last")' --config.labels=runs/labels.jsonl \
         --config.output=runs/probe_sweep
 
-Splits and scores as PROPEL, by `domain`: math and azr get one seeded random 80/10/10 split and
-the RL reward reads raw probe scores; swe gets a grouped 5-fold x 3 seeds and calibrated scores
+Splits and scores as PROPEL, by `domain`: math and azr get one seeded 80/10/10 split over whole
+groups (copies of one task on one side) and the RL reward reads raw probe scores; swe gets a grouped 5-fold x 3 seeds and calibrated scores
 (`split` overrides; the split is recorded in selected_probe.json and report.json).
 
 Needs: finished stores from `rossjax extract` (one per pooling, same ids) and a label JSONL with
@@ -18,10 +18,10 @@ Needs: finished stores from `rossjax extract` (one per pooling, same ids) and a 
 Writes cells.csv, summary.csv, report.json,
 heatmap_<head>.png, selected_probe/ + selected_probe.json, TensorBoard events (tb/) and metrics.jsonl.
 
-Time: cells = layers x poolings x heads x balances x seeds x folds (1 random, 5 group_kfold). On this 2-core CPU a cell takes a few
+Time: cells = layers x poolings x heads x balances x seeds x folds (1 random or group_random, 5 group_kfold). On this 2-core CPU a cell takes a few
 seconds for a linear head on a few thousand rows and tens of seconds for the deep MLP (the default
 grid on 3 layers x 2 stores, 10k rows: roughly 10-20 minutes with group_kfold, a fifth of that
-with the random split). The sweep runs on one device; on
+with an 80/10/10 split). The sweep runs on one device; on
 an accelerator the heads are too small to use it well and a cell is dominated by compilation
 (estimated, not measured: ~1-2 s the first time per head, the grid in a few minutes).
 
@@ -44,8 +44,9 @@ def get_config():
     c.seeds = (0, 1, 2)              # every seed x fold is trained; summaries are their means
     # U_S band: K=8 -> closed [1/8, 3/8]; K=3 -> band="open" (0 < rate < 1)
     c.lo, c.hi, c.band, c.min_valid = 1 / 8, 3 / 8, "closed", 2
-    c.split = ""                     # "" = the domain's: random (one seeded 80/10/10 split) for
-                                     # math/azr, group_kfold for swe (by the label file's "group";
+    c.split = ""                     # "" = the domain's: group_random (one seeded 80/10/10 split
+                                     # over groups) for math/azr, group_kfold for swe; random =
+                                     # row-level 80/10/10 (groups: the label file's "group";
                                      # a row without one is its own group)
     c.split_seed = 0
     c.folds, c.fold = 5, -1          # fold=-1: train and report every fold (mean over all)

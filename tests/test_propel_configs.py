@@ -21,9 +21,9 @@ def test_paper_settings():
     assert azr.data.tasks == "gen:induction" and (azr.data.induction.n_inputs, azr.data.induction.n_visible) == (10, 5)
     assert math.data.tasks == "gen:math_task" and math.reward.probe.validity == "math_validity"
     sweep = parse_config(["--config=configs/probe_sweep.py"])[0]
-    # PROPEL: a random 80/10/10 split for Math and AZR, grouped 5-fold for SWE
+    # PROPEL: an 80/10/10 split for Math and AZR (over whole groups), grouped 5-fold for SWE
     from rossjax.probes.sweep import split_kind
-    assert sweep.split == "" and split_kind(sweep) == "random" and sweep.fold == -1 and sweep.folds == 5
+    assert sweep.split == "" and split_kind(sweep) == "group_random" and sweep.fold == -1 and sweep.folds == 5
     sweep.domain = "swe"
     assert split_kind(sweep) == "group_kfold"
     assert tuple(sweep.seeds) == (0, 1, 2) and sweep.rvp_n == 512

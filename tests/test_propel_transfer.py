@@ -99,11 +99,11 @@ def test_sweep_records_reference_split_and_raw_scores(setup):
     assert (man["reference"]["model_type"], man["reference"]["d_model"],
             man["reference"]["n_layers"]) == ("llama", 96, 3)
     assert len(man["reference"]["weights_sha256"]) == 64
-    # PROPEL's AZR defaults: one random 80/10/10 split; the RL reward reads raw scores
-    assert man["split"] == "random" and man["fold"] == 0 and man["reward_scores"] == "raw"
+    # PROPEL's AZR defaults: one 80/10/10 split (over groups; one row each here); raw scores
+    assert man["split"] == "group_random" and man["fold"] == 0 and man["reward_scores"] == "raw"
     assert (man["n_train"], man["n_val"], man["n_test"]) == (64, 8, 8)
     report = json.load(open(os.path.join(setup["sweep"], "report.json")))
-    assert report["split"] == "random" and report["split_detail"].startswith("random 80/10/10")
+    assert report["split"] == "group_random" and report["split_detail"].startswith("grouped 80/10/10")
     assert report["rows"] == 80 and report["reference"] == man["reference"]
 
 

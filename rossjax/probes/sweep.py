@@ -13,9 +13,12 @@ ensemble) on its own sample of base-model completions (rossjax/probes/rvp.py); w
 `rvp_stores` it is NaN and the best balanced accuracy wins. When no cell meets the ECE ceiling
 the best-calibrated cell wins and the manifest records it.
 
-Splits, as PROPEL: `split=""` takes the domain's, one seeded random 80/10/10 split for math and
-azr, a grouped k-fold for swe (`group_kfold` trains every fold, `fold=-1`; test = one fold,
-validation the next, for every seed, and reports the mean over all of them: 5 folds x 3 seeds).
+Splits, as PROPEL, but never across a group: `split=""` takes the domain's, one seeded 80/10/10
+split for math and azr drawn over whole groups (`group_random`: rows sharing the label file's
+`group` -- label-corpus writes a hash of the canonical task text -- land on one side, so a
+duplicate task cannot sit in train and test), a grouped k-fold for swe (`group_kfold` trains every
+fold, `fold=-1`; test = one fold, validation the next, for every seed, and reports the mean over
+all of them: 5 folds x 3 seeds). `split=random` is the paper's row-level split, duplicates and all.
 Class balance: `balance=()` takes the domain's default, downsampling for math and azr, a
 reweighted loss for swe. The RL reward reads raw probe scores for math and azr and calibrated
 ones for swe (reward.calibrated_for), so RVP measures those.
@@ -50,7 +53,9 @@ FIELDS = ("layer", "pooling", "head", "balance", "seed", "fold", "epochs", "temp
 
 
 DOMAINS = {"math": "downsample", "azr": "downsample", "swe": "reweight"}
-SPLITS = {"math": "random", "azr": "random", "swe": "group_kfold"}  # PROPEL's probe protocols
+# PROPEL's probe protocols; math/azr's 80/10/10 is drawn over groups (duplicates stay together)
+SPLITS = {"math": "group_random", "azr": "group_random", "swe": "group_kfold"}
+SPLIT_KINDS = ("random", "group_random", "group_kfold")
 
 
 def make_reward(kind: str = "probe_only", invalid_reward: float = -0.2,
@@ -81,11 +86,12 @@ def balances(c) -> tuple:
 
 
 def split_kind(c) -> str:
-    """The split to use: the config's, else the domain's (random for math/azr, group_kfold for swe)."""
+    """The split to use: the config's, else the domain's (group_random for math/azr,
+    group_kfold for swe)."""
     if c.split:
-        if c.split not in ("random", "group_kfold"):
-            raise ConfigError(f"configs/probe_sweep.py: field 'split' is {c.split!r}, not random "
-                              "or group_kfold (or empty for the domain's).")
+        if c.split not in SPLIT_KINDS:
+            raise ConfigError(f"configs/probe_sweep.py: field 'split' is {c.split!r}, not one of "
+                              f"{', '.join(SPLIT_KINDS)} (or empty for the domain's).")
         return c.split
     if c.domain not in SPLITS:
         raise ConfigError(f"configs/probe_sweep.py: field 'domain' is {c.domain!r}, not one of "
@@ -96,6 +102,9 @@ def split_kind(c) -> str:
 def split_description(c) -> str:
     if split_kind(c) == "random":
         return f"random 80/10/10 (split_seed {c.split_seed}) x {len(c.seeds)} seeds"
+    if split_kind(c) == "group_random":
+        return (f"grouped 80/10/10 (whole groups; split_seed {c.split_seed}) x {len(c.seeds)} "
+                "seeds")
     return (f"grouped {c.folds}-fold (test fold f, validation fold f+1; split_seed {c.split_seed})"
             f" x {len(c.seeds)} seeds")
 
@@ -107,9 +116,39 @@ def folds(c) -> list:
     return [max(c.fold, 0)]
 
 
+def group_random_split(groups, seed: int = 0, fractions=(0.8, 0.1, 0.1)):
+    """Indices (train, val, test) of a seeded 80/10/10 split over whole groups: groups in a
+    seeded order fill train up to round(0.8 n) rows, then validation up to round(0.9 n), then
+    test. With one row per group the sizes are heads.random_split's."""
+    groups = [str(g) for g in groups]
+    n, uniq = len(groups), sorted(set(groups))
+    if len(uniq) < 3:
+        raise InputError(f"grouped 80/10/10 split: need at least 3 groups, got {len(uniq)}; "
+                         "give the label file distinct 'group' values or use split=random.")
+    a = int(round(fractions[0] * n))
+    b = a + int(round(fractions[1] * n))
+    sizes = {g: 0 for g in uniq}
+    for g in groups:
+        sizes[g] += 1
+    side, filled = {}, 0
+    for i in np.random.default_rng(seed).permutation(len(uniq)):
+        g = uniq[i]
+        side[g] = 0 if filled < a else 1 if filled < b else 2
+        filled += sizes[g]
+    of = np.asarray([side[g] for g in groups])
+    out = tuple(np.flatnonzero(of == k) for k in range(3))
+    if not all(len(x) for x in out):
+        raise InputError(f"grouped 80/10/10 split: {n} rows in {len(uniq)} groups leave "
+                         f"{'validation' if not len(out[1]) else 'test'} empty (the largest group "
+                         f"holds {max(sizes.values())} rows); label more distinct tasks.")
+    return out
+
+
 def _split(c, n, groups, fold):
     if split_kind(c) == "random":
         return heads.random_split(n, seed=c.split_seed)
+    if split_kind(c) == "group_random":
+        return group_random_split(groups, seed=c.split_seed)
     return heads.group_kfold(groups, k=c.folds, fold=fold, seed=c.split_seed)
 
 

@@ -147,7 +147,9 @@ def probe_summary(path: str) -> dict:
     return {"layer": m.get("layer"), "head": m.get("head"), "pooling": m.get("pooling"),
             "val_balanced_accuracy": s.get("val_balanced_accuracy"),
             "val_balanced_accuracy_std": s.get("val_balanced_accuracy_std"),
-            "note": m.get("selection_note", "")}
+            "note": m.get("selection_note", ""),
+            # runs from before the split was recorded used the sweep's then default: random
+            "split_detail": m.get("split_detail", "random 80/10/10, groups ignored")}
 
 
 def grpo(workdir: str, gen_hf: str, tasks_file: str, size: dict, seed: int, reward: list[str]):
@@ -286,7 +288,9 @@ def notes(res: dict) -> list[str]:
         f"times.",
         f"Probe: trained on {z['n_pool']} tasks the base generator wrote (utility {p['utility']:.3f}, "
         f"validity {p['validity']:.3f}); activations of the frozen base generator (`rossjax extract`, "
-        f"mean pooling, layers 1-2); `rossjax probe-sweep` (linear heads, 3 grouped folds) chose "
+        f"mean pooling, layers 1-2); `rossjax probe-sweep` (linear heads, "
+        f"{res['probe'].get('split_detail', 'random 80/10/10, groups ignored')}; group = the "
+        f"task's canonical text, so copies stay on one side when the split is grouped) chose "
         f"layer {res['probe']['layer']}: validation balanced accuracy "
         f"{res['probe']['val_balanced_accuracy']:.3f} ± {res['probe']['val_balanced_accuracy_std']:.3f}"
         f"{'; ' + res['probe']['note'] if res['probe']['note'] else ''}.",

@@ -16,7 +16,8 @@ run's history.jsonl) keeps its `rewards.probe_score` and `source.step`. Solvers:
 rossjax.train.propel.solvers (model, endpoint, fn, and the programmatic checks).
 
 Outputs (in the output dir):
-  labels.jsonl   {"id", "trials": [true|false|null x K], "valid": 0|1, ("invalid_reason"), "group", "family",
+  labels.jsonl   {"id", "trials": [true|false|null x K], "valid": 0|1, ("invalid_reason"), "group"
+                  (the pool row's, else task_group: a hash of the canonical task text), "family",
                   ["probe_score", "step"], (math: "reference", "oracle": status)}: an invalid
                   task has no trials (min_valid drops it from probe training; `valid` is the
                   gate W the sweep's RVP reward uses);
@@ -32,6 +33,7 @@ Outputs (in the output dir):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -136,6 +138,15 @@ def probe_input(task: dict | None, text: str, tok, template: str,
     return tok.encode(rendered), rendered
 
 
+def task_group(task: dict | None, text: str, domain: str = "induction") -> str:
+    """The default `group` of a label row: a hash of the task's canonical text with whitespace
+    collapsed, so copies of one task (generators repeat themselves) share a group and the probe
+    sweep's grouped splits keep them on one side of train / validation / test."""
+    canon = math_task.task_text if domain == "math" else induction_task.task_text
+    body = " ".join((canon(task) if task else (text or "")).split())
+    return "task:" + hashlib.sha1(body.encode()).hexdigest()[:16]
+
+
 OUTPUTS = ("labels.jsonl", "inputs.jsonl", "tasks.jsonl", "report.json")
 
 
@@ -237,7 +248,8 @@ def _label(c, out: str, pool: list[dict]) -> dict:
             extra = {}
         labels.append({"id": p["id"], "trials": tr, "valid": int(ok),
                        **({"invalid_reason": reason} if not ok else {}),
-                       "group": p["extra"].get("group", p["id"]), "family": fam, **extra,
+                       "group": p["extra"].get("group") or task_group(p["task"], p["text"], c.domain),
+                       "family": fam, **extra,
                        **{k: v for k, v in p["extra"].items() if k != "group"}})
         ids, text = probe_input(p["task"], p["text"], tok, c.template, c.domain)
         inputs.append({"id": p["id"], "input_ids": ids, "text": text})
