@@ -45,11 +45,14 @@ def solver_config(kind: str = "model"):
         base_url="",                 # "" = $OPENAI_BASE_URL, else http://127.0.0.1:8000/v1
         model="",                    # the model name the endpoint serves
         api_key_env="OPENAI_API_KEY",  # the variable holding the key (never the key itself)
-        temperature=1.0, max_tokens=4096, timeout_s=300.0, max_retries=4,
+        temperature=0.6, top_p=0.95, top_k=20,  # PROPEL's solver sampling (top_k: vLLM's field)
+        max_tokens=4096, timeout_s=300.0, max_retries=4,
         cache_dir="",                # answers cached on disk (a rerun asks nothing twice)
         workers=8,                   # requests in flight
         extra_body=""))              # JSON object of extra request fields (not seed: per trial)
+    # a checkpoint solver's (kind model) sampling: PROPEL's T=0.6, top_p 0.95, top_k 20
     return ml_collections.ConfigDict(dict(kind=kind, path="", preset="", fn="", system="",
+                                          temperature=0.6, top_p=0.95, top_k=20,
                                           endpoint=endpoint))
 
 
@@ -69,7 +72,7 @@ def get_config():
     c.induction = ml_collections.ConfigDict(dict(n_inputs=10, n_visible=5, split="first"))
     c.batch_tasks = 64              # tasks sampled per solver batch
     c.max_new_tokens = 768
-    c.temperature = 1.0
+    c.temperature = 1.0             # only for solver sections without their own temperature
     c.seed = 0
     c.sandbox = common.sandbox_config()
     return c

@@ -50,7 +50,7 @@ def solver_section(math: bool = False):
         k=8, lo=1 / 8, hi=3 / 8, band="closed", min_valid=2,  # U_S as probe-sweep labels it
         validity="math_validity" if math else "validity",      # W: which candidates are tried
         invalid_reward=-0.2,
-        max_new_tokens=768, temperature=1.0, batch_tasks=64))  # a model solver's sampling
+        max_new_tokens=768, batch_tasks=64))  # a model solver's budget; sampling: solver_config
     if math:
         s.oracles = ml_collections.ConfigDict(dict(
             a=label_corpus.solver_config(), b=label_corpus.solver_config(), attempts=2))

@@ -30,6 +30,8 @@ Reward (reward.functions, one of):
               The step's candidates' K episodes run `reward.solver.workers` (2) at a time, in
               threads (agents.swe.solver_trials_many): each has its own scratch copy, results
               come back in trial order; 1 runs them one after another.
+Sizes, the paper's: 30 GRPO steps of 256 episodes (32 contexts x group 8), up to 35 turns in a
+32,768-token trajectory budget; the solver samples at T 0.6, top_p 0.95, top_k 20.
 Optimization: DAPO-style: group-normalized advantages (`advantages=grpo`), token-level
 aggregation, clip-higher (eps_high 0.28), dynamic sampling (uniform groups dropped and refilled),
 and the soft overlong penalty on the trajectory's length (context included) against its budget
@@ -52,8 +54,9 @@ def get_config(arg: str | None = None):
     c.data.tasks = common.data_file("swe", "rl_tasks.jsonl")
     c.agent.env = "rossjax.agents.swe_env:SweBugEnv"
     c.agent.env_kwargs = '{"suite_timeout_s": 30.0}'
-    c.agent.max_turns = 16
-    c.agent.max_tokens = 16384
+    # PROPEL's SWE RL: 30 steps of 256 episodes, up to 35 turns in a 32k-token context
+    c.agent.max_turns = 35
+    c.agent.max_tokens = 32768
     c.agent.step_timeout_s = 30.0
     c.agent.episode_timeout_s = 600.0
     c.reward.functions, c.reward.weights = ("probe",), (1.0,)
@@ -61,7 +64,8 @@ def get_config(arg: str | None = None):
     p.path, p.validity, p.gate, p.invalid_reward = "", "env", "hard_gate", -0.2
     p.render, p.calibration = "record", "temperature"
     g = c.grpo
-    g.contexts, g.group_size, g.max_new_tokens = 8, 8, 1024
+    g.steps = 30
+    g.contexts, g.group_size, g.max_new_tokens = 32, 8, 1024  # 32 x 8 = the paper's 256 episodes
     g.advantages, g.agg, g.eps_low, g.eps_high = "grpo", "token_mean", 0.2, 0.28
     g.dynamic_sampling, g.async_sampling, g.max_refill_rounds = True, False, 3
     g.overlong_buffer, g.overlong_penalty = 4096, 1.0

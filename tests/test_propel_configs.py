@@ -59,3 +59,76 @@ def test_propel_math_runlocal(tmp_path):
     assert len(rows) == 2 * 4
     for r in rows:  # a random model writes no valid problem: the hard gate pays -0.2
         assert r["rewards"]["math_validity"] == 0 and r["reward"] == pytest.approx(-0.2)
+
+
+def test_swe_and_solver_paper_settings():
+    """PROPEL's SWE RL sizes and its solver sampling are the shipped defaults (issue 39 item 2);
+    :runlocal keeps its small sizes."""
+    swe = parse_config(["--config=configs/propel_swe.py"])[0]
+    assert swe.grpo.steps == 30 and swe.grpo.contexts * swe.grpo.group_size == 256
+    assert (swe.agent.max_turns, swe.agent.max_tokens) == (35, 32768)
+    local = parse_config(["--config=configs/propel_swe.py:runlocal"])[0]
+    assert local.grpo.steps == 2 and local.agent.max_turns == 3
+    sil = parse_config(["--config=configs/propel_sil.py"])[0].reward.solver
+    lab = parse_config(["--config=configs/label_corpus.py"])[0]
+    for s in (sil, lab.solver, lab.oracles.a):
+        assert (s.temperature, s.top_p, s.top_k) == (0.6, 0.95, 20)
+        e = s.endpoint
+        assert (e.temperature, e.top_p, e.top_k) == (0.6, 0.95, 20)
+
+
+def test_solver_sampling_reaches_the_sampler_and_the_request(monkeypatch):
+    import ml_collections
+
+    from rossjax import sample
+    from rossjax.train.propel import solvers
+
+    seen = {}
+
+    class Gen:
+        finish_reason = ["stop"]
+
+        def sequences(self):
+            return [[5]]
+
+    def fake(mc, params, prompts, n_new, **kw):
+        seen.update(kw)
+        return Gen()
+
+    monkeypatch.setattr(sample, "generate", fake)
+    lab = parse_config(["--config=configs/label_corpus.py"])[0]
+
+    class Tok:
+        eos_id = 0
+
+        def encode(self, s):
+            return [1]
+
+        def decode(self, ids):
+            return "x"
+
+    c = ml_collections.ConfigDict({"max_new_tokens": 4, "temperature": 1.0})
+    solvers.sample_texts(None, None, Tok(), [[{"role": "user", "content": "q"}]], 1, c, 0,
+                         sampling=solvers.section_sampling(lab.solver, c))
+    assert (seen["temperature"], seen["top_p"], seen["top_k"]) == (0.6, 0.95, 20)
+    assert solvers.endpoint_filters(lab.solver.endpoint) == {"top_p": 0.95, "top_k": 20}
+    assert solvers.endpoint_filters({"top_p": 1.0, "top_k": 0}) == {}
+
+
+def test_generator_prompts_carry_the_papers_instructions():
+    """App. 18's prompts, in rossjax's words: Math asks for a "## Problem" section and a
+    different area each time; AZR states input and message requirements (issue 39 item 2)."""
+    from rossjax.verify import induction_task, math_task
+
+    m = math_task.generator_prompt([{"problem": "What is 1 + 1?"}])
+    assert "## Problem" in m and "different area of mathematics each time" in m
+    assert "do not solve it" in m and m.index("## Examples") < m.index("## Task")
+    # the "## Problem" section is read with or without its block; a later answer is ignored
+    assert math_task.parse_generated_problem("## Problem\nFind x: 2x = 4.\n\n## Answer\n"
+                                             "\\boxed{2}") == {"problem": "Find x: 2x = 4."}
+    assert math_task.check_problem(math_task.parse_generated_problem(
+        "## Problem\n```problem\nFind x: 2x = 4.\n```\n\\boxed{2}")).passed
+    a = induction_task.generator_prompt(induction_task.Protocol(), [
+        {"program": "def f(a):\n    return a + 1", "inputs": ["1"] * 10, "message": "adds"}])
+    assert "### Input requirements" in a and "### Message requirements" in a
+    assert "### Output format" in a and "### Seed function" in a

@@ -1,7 +1,8 @@
 """PROPEL's Math domain: what a generator is asked for, the validity gate W of what it wrote, and
 the solver task a valid problem becomes.
 
-The generator writes the problem only, in a ```problem block; it is shown two example problems
+The generator writes the problem only, in a ```problem block under a "## Problem" heading (a
+bare "## Problem" section is read too); it is shown two example problems
 drawn from a pool (rossjax/verify/generator_context.py) and gives no answer. W: a non-empty
 problem that does not give its own answer away in a \\boxed{}. Anything the generator writes
 after the block (a \\boxed{} answer included) is ignored: the reference answer comes from the
@@ -17,10 +18,21 @@ import re
 from rossjax.verify.answers import _FENCE, extract_boxed
 from rossjax.verify.verdict import Verdict
 
+# PROPEL's Math generator prompt (App. 18), in rossjax's words: the task, its requirements (an
+# area of its own each time, one checkable answer, no solution) and the "## Problem" section
 INSTRUCTION = (
-    "Write a new challenging math problem with a single final answer. Put the problem "
-    "statement, and only the statement, in a ```problem block: do not solve it and do not state "
-    "its answer. Make it hard but solvable.")
+    "## Task\n"
+    "Write one new math problem that is challenging but solvable and has a single final answer "
+    "(a number or a short closed-form expression) that can be checked.\n\n"
+    "### Requirements\n"
+    "- choose a different area of mathematics each time (algebra, geometry, number theory, "
+    "combinatorics, probability, calculus, sequences, ...), not only the examples' area\n"
+    "- make it self-contained: state every quantity and definition it needs\n"
+    "- aim for several steps of reasoning, not a routine exercise\n"
+    "- do not solve it, hint at its answer or state the answer\n\n"
+    "### Output format\n"
+    "A section headed ## Problem holding the statement, and only the statement, in a "
+    "```problem block.")
 SOLVER_INSTRUCTION = "Solve the problem. Put your final answer in \\boxed{}."
 GENERATOR_PROMPT = INSTRUCTION  # the prompt without examples (context kind "instruction")
 MAX_PROBLEM_CHARS = 4000
@@ -32,14 +44,21 @@ def generator_prompt(examples: list[dict] | None = None) -> str:
         return INSTRUCTION
     shown = "\n\n".join(f"Example {i}:\n```problem\n{e['problem'].strip()}\n```"
                         for i, e in enumerate(examples, 1))
-    return (f"Here are {len(examples)} example math problems.\n\n{shown}\n\nWrite one new "
-            "problem of your own, different from the examples. " + INSTRUCTION)
+    return (f"## Examples\nHere are {len(examples)} example math problems; yours must be new and "
+            f"different from them.\n\n{shown}\n\n" + INSTRUCTION)
+
+
+_SECTION = re.compile(r"^##[ \t]+Problem[ \t]*\n(.*?)(?=^##[ \t]|\Z)", re.S | re.M | re.I)
 
 
 def parse_generated_problem(text: str) -> dict | None:
-    """{"problem"} from a generator's answer (its first ```problem block), or None."""
+    """{"problem"} from a generator's answer: its first ```problem block, else the text of its
+    "## Problem" section (up to the next ## heading) when that section has no block; or None."""
     problem = next((body for lang, body in _FENCE.findall(text or "") if lang.lower() == "problem"),
                    None)
+    if problem is None:
+        m = _SECTION.search(text or "")
+        problem = m.group(1) if m else None
     return None if problem is None else {"problem": problem.strip()}
 
 

@@ -346,6 +346,7 @@ class SweSolverReward:
 
 def swe_solver_reward(cfg) -> SweSolverReward:
     from rossjax.agents.rollout import OpenAIPolicy
+    from rossjax.train.propel import solvers
     from rossjax.verify.base import load_fn
 
     s = cfg.reward.solver
@@ -357,7 +358,8 @@ def swe_solver_reward(cfg) -> SweSolverReward:
                                                             "http://127.0.0.1:8000/v1"),
                               ep.model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
                               temperature=float(s.temperature),
-                              max_tokens=int(s.max_new_tokens))
+                              max_tokens=int(s.max_new_tokens),
+                              **solvers.endpoint_filters(s))  # PROPEL's top_p / top_k
     a = cfg.agent
     return SweSolverReward(s, policy, style=a.style, max_turns=a.max_turns,
                            step_timeout_s=a.step_timeout_s, episode_timeout_s=a.episode_timeout_s)

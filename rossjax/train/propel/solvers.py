@@ -57,14 +57,28 @@ def load_tokenizer(spec: str, workdir: str):
     return load(write_ascii_tokenizer(os.path.join(workdir, "tokenizer")) if spec == "ascii" else spec)
 
 
-def sample_texts(mc, params, tok, prompts_msgs, n, c, seed, template="chatml"):
+# PROPEL's solver sampling (temperature, nucleus, top-k): what solver_config's sections default
+# to, for a checkpoint solver and (sent in the request) an endpoint; oracles sample the same way
+PAPER_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+
+
+def section_sampling(section, c) -> dict:
+    """A model solver's sampling: the section's temperature / top_p / top_k; a section without
+    them (a config from before) samples as it did, at `c.temperature`, unfiltered."""
+    return {"temperature": float(section.get("temperature", c.temperature)),
+            "top_p": float(section.get("top_p", 1.0)), "top_k": int(section.get("top_k", 0))}
+
+
+def sample_texts(mc, params, tok, prompts_msgs, n, c, seed, template="chatml", sampling=None):
     """n answers per prompt (chat-rendered) from a model, decoded without the end marker; one
-    that reached max_new_tokens without it is a Truncated text."""
+    that reached max_new_tokens without it is a Truncated text. `sampling` (temperature, top_p,
+    top_k) defaults to `c.temperature`, unfiltered (a generator's sampling)."""
     from rossjax import sample
     from rossjax.templates import render_prompt
 
+    sampling = sampling or {"temperature": c.temperature}
     prompts = [tok.encode(render_prompt(m, template, tok)) for m in prompts_msgs]
-    gen = sample.generate(mc, params, prompts, c.max_new_tokens, temperature=c.temperature,
+    gen = sample.generate(mc, params, prompts, c.max_new_tokens, **sampling,
                           stop_ids=(tok.eos_id,), num_samples=n, seed=seed)
     texts = [tok.decode([t for t in s if t != tok.eos_id]) for s in gen.sequences()]
     return [Truncated(x) if why == "length" else x for x, why in zip(texts, gen.finish_reason)]
@@ -127,7 +141,8 @@ class Solver:
                 timeout_s=e.get("timeout_s", 300), max_retries=e.get("max_retries", 4),
                 temperature=e.get("temperature", 1.0), max_tokens=e.get("max_tokens", 4096),
                 cache_dir=e.get("cache_dir") or None,
-                extra_body={**_extra(e, self.field), "seed": int(seed)}, name="solver")
+                extra_body={**endpoint_filters(e), **_extra(e, self.field), "seed": int(seed)},
+                name="solver")
         return self._clients[seed]
 
     def answers(self, tasks: list[dict], k: int, seed: int) -> list[list[str | None]]:
@@ -153,7 +168,7 @@ class Solver:
                                                     self.field)
             system = self.section.get("system", "")
             texts = sample_texts(*self._model, self.tok, [_messages(t, system) for t in tasks],
-                                 k, self.c, seed)
+                                 k, self.c, seed, sampling=section_sampling(self.section, self.c))
             out = [texts[i * k:(i + 1) * k] for i in range(len(tasks))]
         self.stats["no_answer"] += sum(a is None for row in out for a in row)
         self.stats["cut_off"] += sum(isinstance(a, Truncated) for row in out for a in row)
@@ -201,6 +216,17 @@ class Solver:
             out["endpoint"] = {"url": next(iter(self._clients.values())).base_url, **tot}
             out["errors"] = list(self.errors)
         return out
+
+
+def endpoint_filters(e) -> dict:
+    """An endpoint's top_p / top_k request fields (top_k is vLLM's and SGLang's extension);
+    0 or absent sends none, so a server without them is asked nothing new."""
+    out = {}
+    if e.get("top_p") and float(e.get("top_p")) < 1.0:
+        out["top_p"] = float(e.get("top_p"))
+    if e.get("top_k") and int(e.get("top_k")) > 0:
+        out["top_k"] = int(e.get("top_k"))
+    return out
 
 
 def _extra(e, field) -> dict:
