@@ -718,3 +718,62 @@ def test_grpo_resume_refuses_another_config_or_task_file(tmp_path):
     grpo.run(c, work)  # accepted; the ASCII model's filled-in vocab_size is no change
     assert _steps(work) == [1, 2]
     assert json.load(open(os.path.join(work, "resume.json")))["accepted"][0]["data"]
+
+
+# ---------------------------------------------------------------- Ctrl-C saves (issue 42 item 1)
+
+@pytest.mark.slow  # two trainer processes, each compiling its step
+def test_train_ctrl_c_saves_exits_130_and_the_printed_command_resumes(tmp_path):
+    """The first Ctrl-C (SIGINT) finishes the step in progress, saves it and exits 130 with no
+    traceback; the last line names the step and the command that resumes, which completes."""
+    import shlex
+
+    data = write_curated(tmp_path / "data", n=200)
+    work = str(tmp_path / "run")
+    argv = _train_argv(data, work, "--config.train.num_steps=40", "--config.train.epochs=3",
+                       "--config.checkpoint.save_every=100", "--config.train.eval_every=-1")
+    p = _cli_sub(*argv)
+    seen = _wait_for_step(p, work, 2)
+    p.send_signal(signal.SIGINT)
+    out = p.communicate(timeout=300)[0]
+    assert p.returncode == 130 and "Traceback" not in out, out[-3000:]
+    saved = _ckpt_steps(work)
+    assert len(saved) == 1 and seen <= saved[0] < 40, (saved, out[-2000:])
+    at = saved[0]  # save_every=100: only the Ctrl-C can have written this checkpoint
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"rossjax train: stopped early at step {at} of 40 (SIGINT; loss "), last
+    cmd = shlex.split(last.split("Resume with: ", 1)[1])
+    assert cmd == ["rossjax", *argv], last
+    p = _cli_sub(*cmd[1:])
+    out = p.communicate(timeout=300)[0]
+    assert p.returncode == 0 and f"from step {at}" in out, out[-3000:]
+    assert _steps(work) == list(range(1, 41))
+
+
+def test_grpo_stopped_by_a_signal_says_so_and_how_to_resume(tmp_path, monkeypatch, capsys):
+    """After SIGTERM GRPO's last line says it stopped early at step N, not 'done in', and names
+    the command that resumes it; that command completes the run."""
+    import shlex
+
+    from rossjax.train.rl import grpo
+
+    work = str(tmp_path / "run")
+    argv = [f"--config={ROOT}/configs/grpo_verifier.py:runlocal", *GRPO[2:],
+            f"--workdir={work}", "--config.grpo.steps=3"]
+    real = grpo.GRPOTrainer.train_step
+
+    def preempted(self, step):  # SIGTERM arrives during step 1
+        if step == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, step)
+
+    monkeypatch.setattr(grpo.GRPOTrainer, "train_step", preempted)
+    assert cli.main(["grpo", *argv]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("rossjax grpo: stopped early at step 1 of 3 (SIGTERM; "), out
+    assert _ckpt_steps(work) == [1] and "done in" not in "\n".join(out)
+    cmd = shlex.split(out[-1].split("Resume with: ", 1)[1])
+    assert cmd == ["rossjax", "grpo", *argv]
+    monkeypatch.undo()
+    assert cli.main(cmd[1:]) == 0 and _steps(work) == [1, 2, 3]
+    assert "rossjax grpo: done in" in capsys.readouterr().out

@@ -9,6 +9,7 @@ import time
 def main(argv=None) -> int:
     from rossjax.cli.flags import command_config, complete_message
     from rossjax.train.rl import grpo
+    from rossjax.train.skeleton import stop_code, stopped_message
 
     cfg, workdir, _ = command_config(list(argv or []), "grpo",
                                      "configs/grpo_verifier.py (or another GRPO config)")
@@ -19,6 +20,10 @@ def main(argv=None) -> int:
         print(complete_message("grpo", workdir, out["step"], reward, "grpo.steps")
               + f" History: {out['history']}.")
         return 0
+    reward = f"reward {out['metrics'].get('reward_mean', float('nan')):.3f}"
+    if out.get("stopped"):  # a signal or stop_after: the checkpoint is saved, say how to go on
+        print(stopped_message("grpo", workdir, out, f"{time.time() - t0:.0f} s, {reward}", argv))
+        return stop_code(out)
     print(f"rossjax grpo: done in {time.time() - t0:.0f} s, reward "
           f"{out['metrics'].get('reward_mean', float('nan')):.3f}; history {out['history']} "
           f"(relearn: rossjax curate --config.input={out['history']} "

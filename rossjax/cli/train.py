@@ -12,6 +12,7 @@ def main(argv=None) -> int:
 
     from rossjax.cli.flags import command_config, complete_message
     from rossjax.train.sft import trainer as loop
+    from rossjax.train.skeleton import stop_code, stopped_message
 
     cfg, workdir, _ = command_config(list(argv or []), "train",
                                      "configs/ross_sft.py (or another SFT config)")
@@ -26,6 +27,11 @@ def main(argv=None) -> int:
                                    "train.num_steps" if capped else "train.epochs"),
                   file=sys.stdout)
         return 0
+    if out.get("stopped"):  # a signal: the checkpoint is saved, say how to go on
+        if jax.process_index() == 0:
+            print(stopped_message("train", workdir, out, f"loss {out.get('loss', float('nan')):.4f}",
+                                  argv), file=sys.stdout)
+        return stop_code(out)
     if jax.process_index() == 0:
         print(f"rossjax train: step {out['step']}, loss {out.get('loss', float('nan')):.4f}, "
               f"{time.time() - t0:.0f} s; checkpoints in {os.path.join(workdir, 'checkpoints')}.",

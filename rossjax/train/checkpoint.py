@@ -1,5 +1,5 @@
-"""Orbax checkpoints of a training run, and saves triggered by SIGTERM (TPU VM preemption) or
-SIGHUP (the terminal or SSH session that started the run went away).
+"""Orbax checkpoints of a training run, and saves triggered by SIGTERM (TPU VM preemption),
+SIGHUP (the terminal or SSH session that started the run went away) or a first Ctrl-C.
 
 A checkpoint step holds two items:
   * `state`: the train-state pytree (params, optimizer state, step, RNG, guard counters), saved
@@ -304,14 +304,17 @@ def read_lora_manifest(path: str):
 
 
 class PreemptionGuard:
-    """Turns SIGTERM and SIGHUP into a flag the training loop polls, so it can save and exit
-    cleanly (`signal_name` says which came first)."""
+    """Turns SIGTERM, SIGHUP and the first SIGINT (Ctrl-C) into a flag the training loop polls,
+    so it can save and exit cleanly (`signal_name` says which came first). After that Ctrl-C a
+    second one ends the process at once (the default action: no save; the checkpoints already
+    written stay), whatever the main thread is blocked in."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
-    def __init__(self):
+    def __init__(self, command: str = ""):
         self.requested = False
         self.signal_name = ""
+        self.command = command
         self._old = {}
 
     def __enter__(self):
@@ -325,6 +328,12 @@ class PreemptionGuard:
     def _handle(self, signum, frame):
         self.requested = True
         self.signal_name = self.signal_name or signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            # os.write, not print: the handler may interrupt a write to stderr (tqdm's bar)
+            os.write(2, (f"\nrossjax {self.command or 'run'}: Ctrl-C: stopping after the step in "
+                         f"progress with a checkpoint; Ctrl-C again stops at once without "
+                         f"saving.\n").encode())
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():

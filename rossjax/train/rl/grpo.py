@@ -44,8 +44,8 @@ import numpy as np
 
 from rossjax import sharding
 from rossjax.errors import ConfigError, Diverged
-from rossjax.monitor import MetricsWriter, Progress, RunFile, read_metrics, step_at_most, write_plot
-from rossjax.train import checkpoint as ckpt_lib, resume, workdir as workdir_lib
+from rossjax.monitor import RunFile, read_metrics, step_at_most
+from rossjax.train import resume, skeleton
 from rossjax.train.rl import (
     advantages,
     agentic_grpo,
@@ -87,68 +87,66 @@ class _Scored:
     is_metrics: dict
 
 
-class GRPOTrainer:
-    """The GRPO run: `start()` restores or initializes, `step(i)` runs one step, `close()`."""
+class GRPOTrainer(skeleton.Skeleton):
+    """The GRPO run on the shared skeleton (train/skeleton.py): its tasks, model and rewards
+    (grpo_setup.Run), history and samples files, and the step (`train_step`)."""
+
+    command, desc = "grpo", "grpo"
+    plot = (("reward_mean", ("train",)), ("loss", ("train",)), ("kl", ("train",)))
 
     def __init__(self, cfg, workdir: str, cpu_scorer=None, step_cache=STEP_CACHE):
-        sharding.initialize_distributed(cfg.distributed)
+        self.cpu_scorer, self.step_cache = cpu_scorer, step_cache
+        self.pending = None   # the next step's batch, sampled ahead with async_sampling
+        self.run = None
+        super().__init__(cfg, workdir)
+
+    def check_job(self, cfg):
         if jax.process_count() > 1 and "probe" in cfg.reward.functions:
             raise ConfigError(f"config.reward.functions uses 'probe', which runs on one host, but "
                               f"this job has {jax.process_count()} processes.")
-        self.cfg, self.workdir = cfg, workdir
-        self.lead = jax.process_index() == 0  # the process that writes files
-        ckpt_dir = os.path.join(workdir, "checkpoints")
-        workdir_lib.prepare(workdir, "grpo", ckpt_dir, lead=self.lead)
+
+    def prepare(self):
+        cfg = self.cfg
         self.source = rollout.TaskSource(cfg.data.tasks, cfg.data.seed,  # a bad task file fails first
                                          induction=cfg.data.get("induction"),
                                          math=cfg.data.get("math"))
-        self.ckpt = ckpt_lib.Checkpointer(ckpt_dir, save_every=cfg.checkpoint.save_every,
-                                          keep=cfg.checkpoint.keep,
-                                          async_save=cfg.checkpoint.async_save)
-        resume.check(workdir, cfg, "grpo", resuming=self.ckpt.latest_step() is not None,
-                     data=resume.tasks_fingerprint(cfg.data.tasks), data_field="data.tasks",
-                     lead=self.lead)
-        self.pending = None   # the next step's batch, sampled ahead with async_sampling
-        self.metrics: dict = {}
-        self.run = None
-        # A finished workdir: say so (run() returns its last metrics) without loading a model.
-        self.complete = workdir_lib.finished_step(self.ckpt, cfg.grpo.steps)
-        if self.complete is not None:
-            return
-        self.run = Run(cfg, workdir, cpu_scorer, step_cache=step_cache,
-                       fresh_start=self.ckpt.latest_step() is None)
-        workdir_lib.check_free_space(workdir, workdir_lib.tree_bytes(self.run.abstract_state()),
-                                     cfg.checkpoint.keep, "grpo")
 
-    def start(self):
-        """Restore the latest checkpoint (state, task index, history) or start fresh; open files."""
-        cfg, run, lead = self.cfg, self.run, self.lead
-        if lead:
-            workdir_lib.save_config(self.workdir, cfg)
+    def total_steps(self) -> int:
+        return self.cfg.grpo.steps
+
+    def data_fingerprint(self):
+        return resume.tasks_fingerprint(self.cfg.data.tasks), "data.tasks"
+
+    def build(self):
+        self.run = Run(self.cfg, self.workdir, self.cpu_scorer, step_cache=self.step_cache,
+                       fresh_start=self.ckpt.latest_step() is None)
+
+    def abstract_state(self):
+        return self.run.abstract_state()
+
+    def init_state(self):
+        return self.run.new_state()
+
+    def restored(self, data_state):
+        """The task index and history.jsonl of the restored step (or fresh ones)."""
         hist_path = os.path.join(self.workdir, "history.jsonl")
-        self.start_step, self.state, data_state = self.ckpt.restore_latest(
-            run.abstract_state(), "grpo")  # a damaged step: falls back
-        if self.start_step is not None:
+        if data_state is not None:
             self.source.set_state({"index": data_state["tasks_index"]})
             self.hist = history.HistoryWriter(hist_path, resume_bytes=data_state["history_bytes"],
-                                              enabled=lead)
+                                              enabled=self.lead)
         else:
-            self.start_step = 0
-            self.state = run.new_state()
-            self.hist = history.HistoryWriter(hist_path, enabled=lead)
-        if lead:  # model_config.json (+ lora.json: checkpoints then hold adapters only)
-            run.trainable.write_run_files(self.workdir)
-        log = cfg.get("log") or {}
-        self.writer = MetricsWriter(self.workdir, resume_step=self.start_step,
-                                    wandb=log.get("wandb", ""), config=cfg.to_dict())
-        if lead:
+            self.hist = history.HistoryWriter(hist_path, enabled=self.lead)
+
+    def run_files(self):  # model_config.json (+ lora.json: checkpoints then hold adapters only)
+        self.run.trainable.write_run_files(self.workdir)
+
+    def opened(self):
+        if self.lead:
             self.samples_f = RunFile(os.path.join(self.workdir, "samples.jsonl"))
             self.samples_f.rewind_lines(step_at_most(self.start_step))
         else:
             self.samples_f = open(os.devnull, "a")
         self.consumed = self.source.index
-        self.announce()
-        self.bar = Progress(cfg.grpo.steps, initial=self.start_step, desc="grpo")
 
     def announce(self):
         cfg, run, g = self.cfg, self.run, self.cfg.grpo
@@ -262,9 +260,8 @@ class GRPOTrainer:
             raise Diverged(f"stopped at step {step + 1}: non-finite GRPO updates.")
         return updates
 
-    def record(self, done: int, scored: _Scored, updates: list, timer: _Timer,
-               t_step: float) -> dict:
-        """History records (rewards, verdicts), metrics and samples of a finished step."""
+    def record(self, scored: _Scored, updates: list, timer: _Timer, t_step: float) -> dict:
+        """History records (rewards, verdicts) and the metrics of a finished step."""
         cfg, g = self.cfg, self.cfg.grpo
         for k, rec in enumerate(scored.sampled["records"]):
             rec["reward"] = float(scored.reward[k])
@@ -288,15 +285,9 @@ class GRPOTrainer:
                  time_update_s=s["update"], time_step_s=step_s,
                  accelerator_idle_frac=s["reward_wait"] / max(step_s, 1e-9))
         m.update(self.run.cost_metrics())  # solver trials (SIL) and peak memory
-        if done % cfg.log_every == 0 or done == g.steps:
-            self.writer.write(done, m)
-        if cfg.sample_every > 0 and done % cfg.sample_every == 0:
-            history.write_samples(self.samples_f, done,
-                                  scored.sampled["records"][:: max(1, g.group_size // 2)])
-        self.bar.update(1, reward=m["reward_mean"], kl=m["kl"], len=m["completion_len_mean"])
         return m
 
-    def step(self, step: int) -> dict:
+    def train_step(self, step: int) -> dict:
         t_step = time.perf_counter()
         timer = _Timer()
         params = self.run.policy(self.state)
@@ -306,38 +297,49 @@ class GRPOTrainer:
             scored = self.refill(step, scored, params, timer)
         updates = self.update(step, scored.update_rows, timer)
         self.ckpt.check_resumed_step(step, updates[0]["loss"], "grpo")  # a resume's first step: finite?
-        self.metrics = self.record(step + 1, scored, updates, timer, t_step)
-        return self.metrics
+        self.records = scored.sampled["records"]
+        return self.record(scored, updates, timer, t_step)
 
-    def fit(self):
-        """Steps to the end, to a SIGTERM or to `stop_after`; checkpoints as configured."""
-        g = self.cfg.grpo
-        with ckpt_lib.PreemptionGuard() as guard:
-            for step in range(self.start_step, g.steps):
-                self.step(step)
-                done = step + 1
-                # The data state counts only tasks of finished steps (a pending batch is redone).
-                data_state = _data_state(self.consumed, self.hist.tell())
-                self.ckpt.save(done, self.state, data_state)
-                if ckpt_lib.any_process(guard.requested) or done == g.stop_after:
-                    self.ckpt.save(done, self.state, data_state, force=True)
-                    why = (guard.signal_name or "SIGTERM") if guard.requested else "stop_after"
-                    self.bar.write(f"rossjax grpo: {why} at step {done}; checkpoint saved, exiting.")
-                    return
-            self.ckpt.save(g.steps, self.state, _data_state(self.consumed, self.hist.tell()),
-                           force=True)
+    def data_state(self):
+        # The data state counts only tasks of finished steps (a pending batch is redone).
+        return _data_state(self.consumed, self.hist.tell())
 
-    def close(self):
+    def log_every(self) -> int:
+        return self.cfg.log_every
+
+    def progress(self, m: dict) -> dict:
+        return {"reward": m["reward_mean"], "kl": m["kl"], "len": m["completion_len_mean"]}
+
+    def step_hooks(self):
+        half = max(1, self.cfg.grpo.group_size // 2)
+        return [skeleton.Hook(lambda i: history.write_samples(self.samples_f, i.done,
+                                                              self.records[::half]),
+                              every=self.cfg.sample_every)]
+
+    def stop_reason(self, done: int) -> str:
+        return "stop_after" if done == self.cfg.grpo.stop_after else ""
+
+    def release(self):
         if self.run is not None:
             self.run.workers.close()
-        self.ckpt.close()
-        for name in ("bar", "writer", "hist", "samples_f"):
+
+    def close_files(self):
+        for name in ("hist", "samples_f"):
             if hasattr(self, name):
                 getattr(self, name).close()
-        if hasattr(self, "writer"):
-            write_plot(self.workdir, [("reward_mean", ("train",)), ("loss", ("train",)),
-                                      ("kl", ("train",))], out="metrics.png",
-                       title=f"rossjax grpo {self.cfg.run_name}")
+
+    def plot_title(self) -> str:
+        return f"rossjax grpo {self.cfg.run_name}"
+
+    def complete_result(self) -> dict:  # nothing to run: the last logged metrics
+        return {"state": None, "metrics": (read_metrics(self.workdir) or [{}])[-1],
+                "tokenizer": None, "history": os.path.join(self.workdir, "history.jsonl"),
+                "run": None, "complete": True, "step": self.complete}
+
+    def result(self) -> dict:
+        return {"state": self.state, "metrics": self.metrics, "tokenizer": self.run.tok_spec,
+                "history": os.path.join(self.workdir, "history.jsonl"), "run": self.run,
+                **self.stop_info()}
 
 
 def run(cfg, workdir: str, *, cpu_scorer=None, step_cache=STEP_CACHE) -> dict:
@@ -346,16 +348,4 @@ def run(cfg, workdir: str, *, cpu_scorer=None, step_cache=STEP_CACHE) -> dict:
     benchmark's chosen-cost reward). `step_cache` keeps compiled steps for the next run in
     this process with the same settings (a `StepCache`; the default is shared). Returns the
     final state, last metrics, tokenizer spec, history path and the run's model/step holder."""
-    with workdir_lib.unlock_at_end(workdir):  # the workdir lock GRPOTrainer takes, however it ends
-        loop = GRPOTrainer(cfg, workdir, cpu_scorer, step_cache)
-        try:
-            if loop.complete is not None:  # nothing to run: the last logged metrics
-                return {"state": None, "metrics": (read_metrics(workdir) or [{}])[-1],
-                        "tokenizer": None, "history": os.path.join(workdir, "history.jsonl"),
-                        "run": None, "complete": True, "step": loop.complete}
-            loop.start()
-            loop.fit()
-        finally:
-            loop.close()
-    return {"state": loop.state, "metrics": loop.metrics, "tokenizer": loop.run.tok_spec,
-            "history": os.path.join(workdir, "history.jsonl"), "run": loop.run}
+    return GRPOTrainer.run(cfg, workdir, cpu_scorer, step_cache)

@@ -23,15 +23,14 @@ import jax
 from rossjax import sharding
 from rossjax.errors import ConfigError, Diverged, InputError
 from rossjax.models import loading
-from rossjax.monitor import MetricsWriter, Progress, read_metrics, write_plot
+from rossjax.monitor import read_metrics
 from rossjax.train import (
-    checkpoint as ckpt_lib,
     data as data_lib,
     metrics as metrics_lib,
     optim,
     resume,
+    skeleton,
     trainable as trainable_lib,
-    workdir as workdir_lib,
 )
 from rossjax.train.export import model as export_lib
 from rossjax.train.sft import step as sft
@@ -139,70 +138,72 @@ def with_model_path(cfg, path: str):
     return out
 
 
-class Trainer:
-    """One SFT run: set-up (`__init__`), then `fit()` runs the steps and `close()` ends it."""
+class Trainer(skeleton.Skeleton):
+    """One SFT run on the shared skeleton (train/skeleton.py): its data plan, model, steps,
+    eval and messages."""
 
-    def __init__(self, cfg, workdir: str):
-        sharding.initialize_distributed(cfg.distributed)
-        lead = jax.process_index() == 0
-        ckpt_dir = os.path.join(workdir, "checkpoints")
-        workdir_lib.prepare(workdir, "train", ckpt_dir, lead=lead)
+    command, desc = "train", "train"
+    plot = (("loss", ("train", "eval")),)
+
+    def configure(self, cfg):
         # a GRPO (or SFT) run's workdir as the model: start from its last checkpoint. The run's
         # own config (checked on resume, saved, trained from) names the exported params; the
         # caller's config is read, never written
-        cfg = with_model_path(cfg, export_lib.init_from_run(cfg.model.path, workdir))
-        self.cfg, self.workdir = cfg, workdir
-        data_lib.check_fits_model(cfg, loading.abstract_model(cfg.model)[0].vocab_size)
-        self.plan = plan_data(cfg, workdir)
-        self.ckpt = ckpt_lib.Checkpointer(ckpt_dir, save_every=cfg.checkpoint.save_every,
-                                          keep=cfg.checkpoint.keep,
-                                          async_save=cfg.checkpoint.async_save)
-        resume.check(workdir, cfg, "train", resuming=self.ckpt.latest_step() is not None, lead=lead,
-                     data=resume.curated_fingerprint(self.plan.train_paths), data_field="data.train")
-        self.part = sharding.partitioner_from_config(cfg)
-        # config.lora.enabled: the state trains LoRA adapters; the base is loaded frozen.
-        self.trainable = trainable_lib.Trainable(cfg, self.part)
-        self.model_cfg, self.source = self.trainable.model_cfg, self.trainable.source
+        return with_model_path(cfg, export_lib.init_from_run(cfg.model.path, self.workdir))
+
+    def prepare(self):
+        self.desc = f"train {self.cfg.recipe}"
+        data_lib.check_fits_model(self.cfg, loading.abstract_model(self.cfg.model)[0].vocab_size)
+        self.plan = plan_data(self.cfg, self.workdir)
+
+    def total_steps(self) -> int:
+        return self.plan.total
+
+    def data_fingerprint(self):
+        return resume.curated_fingerprint(self.plan.train_paths), "data.train"
+
+    def _trainable(self):
+        if not hasattr(self, "trainable"):
+            cfg = self.cfg
+            self.part = sharding.partitioner_from_config(cfg)
+            # config.lora.enabled: the state trains LoRA adapters; the base is loaded frozen.
+            self.trainable = trainable_lib.Trainable(cfg, self.part)
+            self.model_cfg, self.source = self.trainable.model_cfg, self.trainable.source
+        return self.trainable
+
+    def check_complete(self, step: int):
+        self.ckpt.check_compatible(step, self._trainable().abstract)
+
+    def build(self):
+        cfg, t = self.cfg, self._trainable()
         self.optimizer, self.schedule = optim.make_optimizer(cfg.optim, self.plan.total)
-        self.shardings = self.trainable.state_shardings(self.optimizer)
+        self.shardings = t.state_shardings(self.optimizer)
         self.batch_shard = self.part.rows(2, (self.plan.global_rows, cfg.data.seq_len),
                                           name="the training batch (config.train.global_batch)")
-        # A finished workdir (of this model): say so, run() returns its last metrics.
-        self.complete = workdir_lib.finished_step(self.ckpt, self.plan.total)
-        if self.complete is not None:
-            self.ckpt.check_compatible(self.complete, self.trainable.abstract)
-            return
-        workdir_lib.check_free_space(workdir, workdir_lib.tree_bytes(self.trainable.abstract_state(
-            self.optimizer, self.shardings)), cfg.checkpoint.keep, "train")
         self.it = iter(open_train(cfg, self.plan.train_paths, self.plan.rows))
-        self.start, self.state = self.restore_or_init()
-        if lead:
-            workdir_lib.save_config(workdir, cfg)
-            self.trainable.write_run_files(workdir)
+
+    def abstract_state(self):
+        return self.trainable.abstract_state(self.optimizer, self.shardings)
+
+    def init_state(self):
+        return self.trainable.init_state(self.optimizer, self.shardings)
+
+    def restored(self, data_state):
+        if data_state is not None:
+            self.it.set_state(data_state)
+
+    def run_files(self):
+        self.trainable.write_run_files(self.workdir)
+
+    def opened(self):
+        t = self.trainable
+        self.base = t.load_weights() if t.lora is not None else None  # LoRA's frozen base
         self.step_fn, self.eval_step = self.compile_steps()
-        log = cfg.get("log") or {}
-        self.writer = MetricsWriter(workdir, resume_step=self.start, wandb=log.get("wandb", ""),
-                                    config=cfg.to_dict())
         # Simulated CPU devices share one machine's cores: the yardstick is one matmul, not n.
         peak = metrics_lib.measure_matmul_flops(512) * (
             1 if jax.default_backend() == "cpu" else jax.device_count())
         self.thr = metrics_lib.Throughput(
-            metrics_lib.train_flops_per_token(self.model_cfg, cfg.data.seq_len), peak)
-        self.announce()
-        self.bar = Progress(self.plan.total, initial=self.start, desc=f"train {cfg.recipe}")
-
-    def restore_or_init(self):
-        """(first step, state): the latest checkpoint (with the data iterator's state), or a
-        fresh state from the configured model. A LoRA run loads its frozen base either way."""
-        t = self.trainable
-        self.base = t.load_weights() if t.lora is not None else None
-        start, state, data_state = self.ckpt.restore_latest(  # a damaged step: falls back
-            t.abstract_state(self.optimizer, self.shardings), "train")
-        if start is not None:
-            if data_state is not None:
-                self.it.set_state(data_state)
-            return start, state
-        return 0, t.init_state(self.optimizer, self.shardings)
+            metrics_lib.train_flops_per_token(self.model_cfg, self.cfg.data.seq_len), peak)
 
     def compile_steps(self):
         cfg, t = self.cfg, self.trainable
@@ -222,12 +223,12 @@ class Trainer:
                 eval_step and (lambda params, batch: eval_step(params, batch, self.base)))
 
     def announce(self):
-        if jax.process_index() == 0:
+        if self.lead:
             p, mc = self.plan, self.model_cfg
             print(f"rossjax train: {mc.model_type} {mc.num_params() / 1e6:.1f}M params "
                   f"({self.source}), {p.total} steps of {p.global_rows} x {self.cfg.data.seq_len} "
                   f"tokens, {p.n_sup} supervised of {p.n_tok} tokens per run, mesh "
-                  f"{dict(self.part.mesh.shape)}, from step {self.start}.", file=sys.stderr)
+                  f"{dict(self.part.mesh.shape)}, from step {self.start_step}.", file=sys.stderr)
             if data_lib.too_long_note(p.too_long):
                 print(f"rossjax train: {data_lib.too_long_note(p.too_long)}.", file=sys.stderr)
 
@@ -253,63 +254,48 @@ class Trainer:
                            f"had a non-finite loss or gradient.")
         return m
 
-    def after_step(self, done: int, m: dict):
-        """Log, evaluate, checkpoint (and the resume tests' simulated host loss). Everything a
-        step records is written before its checkpoint: a run lost after the save resumes past
-        this step and would never write a row that came later (e.g. its eval)."""
-        cfg, total = self.cfg, self.plan.total
-        if done % cfg.train.log_every == 0 or done == total:
-            m.update(self.thr.rates(), **data_lib.too_long_metrics(self.plan.too_long))
-            self.writer.write(done, m)
-        self.bar.update(1, loss=m["loss"], gnorm=m["grad_norm"], lr=m["lr"])
-        if (self.eval_step is not None and cfg.train.eval_every > 0
-                and done % cfg.train.eval_every == 0 and done != total):
-            self.writer.write(done, self.evaluate(), prefix="eval")
-        self.ckpt.save(done, self.state, self.data_state())
-        if cfg.train.debug_kill_at_step == done:
-            self.ckpt.wait()  # the SIGKILL below simulates losing the host right after a save
+    def log_every(self) -> int:
+        return self.cfg.train.log_every
+
+    def log_metrics(self, m: dict) -> dict:
+        m.update(self.thr.rates(), **data_lib.too_long_metrics(self.plan.too_long))
+        return m
+
+    def progress(self, m: dict) -> dict:
+        return {"loss": m["loss"], "gnorm": m["grad_norm"], "lr": m["lr"]}
+
+    def step_hooks(self):
+        if self.eval_step is None:
+            return []
+        # the last step's eval comes from finish()
+        return [skeleton.Hook(lambda i: self.writer.write(i.done, self.evaluate(), prefix="eval"),
+                              every=self.cfg.train.eval_every, last=False)]
+
+    def hooks(self):
+        return super().hooks() + [skeleton.Hook(self._debug_kill)]
+
+    def _debug_kill(self, info):
+        if self.cfg.train.debug_kill_at_step == info.done:
+            self.ckpt.wait()  # the SIGKILL simulates losing the host right after a save
             os.kill(os.getpid(), 9)
 
-    def fit(self) -> dict:
-        """Train to the end (or to a SIGTERM: checkpoint and stop). Returns the last metrics."""
-        last, stopped, m = None, False, {}
-        with ckpt_lib.PreemptionGuard() as guard:
-            for step in range(self.start, self.plan.total):
-                m = self.train_step(step)
-                done = step + 1
-                self.after_step(done, m)
-                if ckpt_lib.any_process(guard.requested):
-                    self.ckpt.save(done, self.state, self.data_state(), force=True)
-                    self.bar.write(f"rossjax train: {guard.signal_name or 'SIGTERM'} at step "
-                                   f"{done}; checkpoint saved, exiting.")
-                    stopped = True
-                    break
-                last = done
-        if not stopped and last is not None:
-            if self.eval_step is not None:  # before the save, as in after_step
-                self.writer.write(last, self.evaluate(), prefix="eval")
-            self.ckpt.save(last, self.state, self.data_state(), force=True)
-        return {"step": last if last is not None else self.start, "stopped": stopped, **m}
+    def finish(self, last):
+        if last is not None and self.eval_step is not None:  # before the save, as the hooks
+            self.writer.write(last, self.evaluate(), prefix="eval")
 
-    def close(self):
-        self.ckpt.close()
-        if self.complete is not None:
-            return
-        self.bar.close()
-        self.writer.close()
-        write_plot(self.workdir, [("loss", ("train", "eval"))], out="metrics.png",
-                   title=f"rossjax train {self.cfg.recipe}")
+    def plot_title(self) -> str:
+        return f"rossjax train {self.cfg.recipe}"
+
+    def complete_result(self) -> dict:
+        last = (read_metrics(self.workdir) or [{}])[-1]
+        return {**last, "step": self.complete, "stopped": False, "complete": True}
+
+    def result(self) -> dict:
+        return {**self.stop_info(), **self.metrics}
 
 
 def run(cfg, workdir: str) -> dict:
-    """`rossjax train`: returns {"step", "stopped", **the last step's metrics}; for a workdir
-    already trained to its last step also "complete": True (and its last logged metrics)."""
-    with workdir_lib.unlock_at_end(workdir):  # the workdir lock Trainer takes, however it ends
-        trainer = Trainer(cfg, workdir)
-        try:
-            if trainer.complete is not None:
-                last = (read_metrics(workdir) or [{}])[-1]
-                return {**last, "step": trainer.complete, "stopped": False, "complete": True}
-            return trainer.fit()
-        finally:
-            trainer.close()
+    """`rossjax train`: returns {"step", "stopped", "stopped_by", "total", **the last step's
+    metrics}; for a workdir already trained to its last step "complete": True (and its last
+    logged metrics)."""
+    return Trainer.run(cfg, workdir)
