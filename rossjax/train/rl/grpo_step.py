@@ -171,99 +171,123 @@ def logp_entropy(model_cfg, params, batch, chunk: int, temperature: float = 1.0)
                           temperature=temperature)
 
 
+def make_logprobs(model_cfg, *, chunk: int, temperature: float, group: int, max_new: int):
+    """`logprobs(params, batch, with_entropy, shared)`: token_logprobs at `temperature`, or with
+    `shared` the shared-prompt path (shared_prompt_logprobs over groups of `group` rows)."""
+    def logprobs(params, b, with_entropy, shared):
+        if shared:
+            return shared_prompt_logprobs(model_cfg, params, b, chunk, with_entropy, temperature,
+                                          group, max_new)
+        return token_logprobs(model_cfg, params, b, chunk, with_entropy, temperature)
+    return logprobs
+
+
+def metric_names(c) -> tuple:
+    """What an update of loss config `c` reports beside loss, grad norm, lr and the guards."""
+    live = on_policy(c)
+    return _METRICS + (ON_POLICY_METRICS if live else ()) + (
+        IS_METRICS if live and c.is_mode != "none" else ())
+
+
+def make_loss_fn(logprobs, c, *, lora_alpha, max_new: int):
+    """`loss_fn(trainable, base, norm, micro_batch, shared) -> (loss, metrics)`: the policy loss
+    (grpo_losses.grpo_loss) of one micro-batch as its share of the minibatch's (`norm`). Off
+    policy the batch carries old log-probs and IS weights; on policy (`on_policy(c)`) they come
+    from this forward, with the entropy and the sampler-mismatch metrics."""
+    live = on_policy(c)
+
+    def loss_fn(trainable, base, norm, mb, shared):
+        params = policy_params(trainable, base, lora_alpha)
+        if not live:
+            logp = logprobs(params, mb, False, shared)
+            old, is_w, extra = mb["old_logp"], mb["is_weights"], {}
+        else:
+            # On-policy: old log-probs are this forward's (grpo_loss stops their gradient);
+            # entropy and the sampler-mismatch weights come from it too.
+            logp, ent = logprobs(params, mb, True, shared)
+            old, mask, cnt = logp, mb["mask"].astype(jnp.float32), norm[1]
+            extra = {"entropy": jnp.sum(jax.lax.stop_gradient(ent) * mask) / cnt}
+            is_w = None
+            if c.is_mode != "none":
+                is_w, is_m = grpo_losses.importance_weights(
+                    logp, mb["sampler_logp"], mask, mode=c.is_mode, how=c.is_how,
+                    low=c.is_low, high=c.is_high)
+                # micro-batch means -> additive shares of the batch's token means
+                share = jnp.maximum(mask.sum(), 1.0) / cnt
+                extra.update({k: v * share for k, v in is_m.items()})
+        loss, m = grpo_losses.grpo_loss(
+            logp, old, mb["ref_logp"] if c.beta else None, mb["adv"],
+            mb["mask"], c.eps_low, c.eps_high, c.beta, c.agg,
+            is_weights=is_w if c.is_mode != "none" else None,
+            max_len=max_new, norm=norm, policy_loss=c.get("policy_loss", "ppo_clip"),
+            kl=c.get("kl", "k3"))
+        return loss, {**m, **extra}
+    return loss_fn
+
+
+def make_update(loss_fn, optimizer, schedule, c, *, partitioner, max_new: int):
+    """`update(state, base, batch, shared) -> (state, metrics)`: the SFT step's shape over the
+    minibatch `batch` (accumulate.split_batch / accumulate / apply_if_finite, state.advance)."""
+    names, n_micro = metric_names(c), int(c.micro_batches)
+
+    def update(state, base, batch, shared):
+        # Exact gradient accumulation: every micro-batch divides by the whole minibatch's
+        # normalizers, so the summed shares are the minibatch's loss and gradient.
+        norm = grpo_losses.normalizers(batch["mask"], c.agg, max_new)
+        micro = accumulate.split_batch(batch, n_micro, partitioner)
+        g_sum, (loss, m) = accumulate.accumulate(
+            lambda t, mb: loss_fn(t, base, norm, mb, shared), state["params"], micro,
+            {k: jnp.zeros((), jnp.float32) for k in names})
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), g_sum, state["params"])
+        gnorm = optax.tree.norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+        new_params, new_opt = accumulate.apply_if_finite(
+            optimizer, state["params"], state["opt_state"], grads, finite)
+        new_state = state_lib.advance(state, new_params, new_opt, finite)
+        return new_state, {"loss": loss, "grad_norm": gnorm, "lr": schedule(state["step"]),
+                           "skipped": 1 - finite.astype(jnp.int32),
+                           "bad_steps": new_state["bad_steps"], **m}
+    return update
+
+
 class StepFns:
-    """Jitted pieces with explicit shardings: merge, log-probs, update (state donated).
-    `partitioner` (rossjax.sharding.Partitioner) places rows over the batch axes; a step is the
-    SFT step's shape: accumulate.split_batch / accumulate / apply_if_finite, state.advance."""
+    """Jitted pieces with explicit shardings: merge, log-probs, update (state donated), each
+    built by the functions above. `partitioner` (rossjax.sharding.Partitioner) places rows over
+    the batch axes; `_logp` / `_update` hold the row-wise (False) and shared-prompt (True)
+    programs, which `logp` / `update` choose between per batch."""
 
     def __init__(self, model_cfg, optimizer, schedule, *, partitioner, param_shardings,
                  state_shardings, base_shardings, lora_alpha, loss_cfg, chunk: int, max_new: int):
-        self.lora_alpha = lora_alpha
-        part = self.partitioner = partitioner
-        rows = part.sharding(P("batch", None))
-        repl = part.replicated()
+        part, c = partitioner, loss_cfg
+        self.lora_alpha, self.partitioner, self.max_new = lora_alpha, part, max_new
+        self.row_sharding = rows = part.sharding(P("batch", None))
         bsh = {k: rows for k in (*BATCH_KEYS, "old_logp", "ref_logp", "is_weights",
                                  "sampler_logp")}
         bsh["adv"] = part.sharding(P("batch"))
-        self.row_sharding = rows
-        train_sh = state_shardings["params"]
-
         self.merge = jax.jit(lambda t, b: policy_params(t, b, lora_alpha),
-                             in_shardings=(train_sh, base_shardings), out_shardings=param_shardings)
-        c = loss_cfg
-        # Trainer, old-policy and reference log-probs all at the sampling temperature: the
-        # sampler's log-probs are of softmax(logits / T), so the ratios compare like with like.
-        temp = sampling_temperature(c.get("temperature", 1.0))
-        n_micro = int(c.micro_batches)
+                             in_shardings=(state_shardings["params"], base_shardings),
+                             out_shardings=param_shardings)
         # One device, one micro-batch (split_micro interleaves rows, which splits groups): a
         # batch in the sampler's group layout runs each prompt once (shared_prompt_logprobs;
-        # the host checks the layout, see `_shared`). On a mesh rows keep the row-wise layout.
-        self.group = int(c.group_size) if part.mesh.devices.size == 1 and n_micro == 1 else 1
-        self.max_new = max_new
-
-        def logprobs(params, b, with_entropy, shared):
-            if shared:
-                return shared_prompt_logprobs(model_cfg, params, b, chunk, with_entropy, temp,
-                                              self.group, max_new)
-            return token_logprobs(model_cfg, params, b, chunk, with_entropy, temp)
-
+        # the host checks the layout, see `_order`). On a mesh rows keep the row-wise layout.
+        self.group = (int(c.group_size) if part.mesh.devices.size == 1
+                      and int(c.micro_batches) == 1 else 1)
+        # Trainer, old-policy and reference log-probs all at the sampling temperature: the
+        # sampler's log-probs are of softmax(logits / T), so the ratios compare like with like.
+        logprobs = make_logprobs(model_cfg, chunk=chunk, group=self.group, max_new=max_new,
+                                 temperature=sampling_temperature(c.get("temperature", 1.0)))
         self._logp = {sh: jax.jit(models.transformer.under_mesh(
             lambda p, b, sh=sh: logprobs(p, b, True, sh), part),
             in_shardings=(param_shardings, {k: rows for k in BATCH_KEYS}),
             out_shardings=(rows, rows)) for sh in (False, True)}
-        self.on_policy = live = on_policy(c)
-        metric_names = _METRICS + (ON_POLICY_METRICS if live else ()) + (
-            IS_METRICS if live and c.is_mode != "none" else ())
-
-        def loss_fn(trainable, base, norm, mb, shared):
-            params = policy_params(trainable, base, lora_alpha)
-            if not live:
-                logp = logprobs(params, mb, False, shared)
-                old, is_w, extra = mb["old_logp"], mb["is_weights"], {}
-            else:
-                # On-policy: old log-probs are this forward's (grpo_loss stops their gradient);
-                # entropy and the sampler-mismatch weights come from it too.
-                logp, ent = logprobs(params, mb, True, shared)
-                old, mask, cnt = logp, mb["mask"].astype(jnp.float32), norm[1]
-                extra = {"entropy": jnp.sum(jax.lax.stop_gradient(ent) * mask) / cnt}
-                is_w = None
-                if c.is_mode != "none":
-                    is_w, is_m = grpo_losses.importance_weights(
-                        logp, mb["sampler_logp"], mask, mode=c.is_mode, how=c.is_how,
-                        low=c.is_low, high=c.is_high)
-                    # micro-batch means -> additive shares of the batch's token means
-                    share = jnp.maximum(mask.sum(), 1.0) / cnt
-                    extra.update({k: v * share for k, v in is_m.items()})
-            loss, m = grpo_losses.grpo_loss(
-                logp, old, mb["ref_logp"] if c.beta else None, mb["adv"],
-                mb["mask"], c.eps_low, c.eps_high, c.beta, c.agg,
-                is_weights=is_w if c.is_mode != "none" else None,
-                max_len=max_new, norm=norm, policy_loss=c.get("policy_loss", "ppo_clip"),
-                kl=c.get("kl", "k3"))
-            return loss, {**m, **extra}
-
-        def step(state, base, batch, shared):
-            # Exact gradient accumulation: every micro-batch divides by the whole minibatch's
-            # normalizers, so the summed shares are the minibatch's loss and gradient.
-            norm = grpo_losses.normalizers(batch["mask"], c.agg, max_new)
-            micro = accumulate.split_batch(batch, n_micro, part)
-            g_sum, (loss, m) = accumulate.accumulate(
-                lambda t, mb: loss_fn(t, base, norm, mb, shared), state["params"], micro,
-                {k: jnp.zeros((), jnp.float32) for k in metric_names})
-            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), g_sum, state["params"])
-            gnorm = optax.tree.norm(grads)
-            finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-            new_params, new_opt = accumulate.apply_if_finite(
-                optimizer, state["params"], state["opt_state"], grads, finite)
-            new_state = state_lib.advance(state, new_params, new_opt, finite)
-            return new_state, {"loss": loss, "grad_norm": gnorm, "lr": schedule(state["step"]),
-                               "skipped": 1 - finite.astype(jnp.int32),
-                               "bad_steps": new_state["bad_steps"], **m}
-
+        self.on_policy = on_policy(c)
+        step = make_update(make_loss_fn(logprobs, c, lora_alpha=lora_alpha, max_new=max_new),
+                           optimizer, schedule, c, partitioner=part, max_new=max_new)
         self._update = {sh: jax.jit(models.transformer.under_mesh(
             lambda st, base, b, sh=sh: step(st, base, b, sh), part),
             in_shardings=(state_shardings, base_shardings, bsh),
-            out_shardings=(state_shardings, repl), donate_argnums=0) for sh in (False, True)}
+            out_shardings=(state_shardings, part.replicated()), donate_argnums=0)
+            for sh in (False, True)}
 
     def _order(self, batch):
         """(take the shared-prompt path, row order or None): one device, its int arrays read
