@@ -5,7 +5,11 @@ Run:
       --config.data.train=CURATED_DIR --workdir=runs/ross
   (or `python -m rossjax.cli train ...`). Variants after a colon, comma-separated:
   `configs/ross_sft.py:agentic` (65,536-token rows, 8 epochs), `:ross_no_mask`, `:positive_sft`,
-  `:token_budget`, `:runlocal` (tiny random model; e.g. `--config=configs/ross_sft.py:runlocal`).
+  `:token_budget`, `:runlocal` (tiny random model over ASCII bytes, rows up to 1,280 tokens), on
+  the shipped sample:
+    rossjax curate --config=configs/curate.py --config.tokenizer=ascii --config.output=/tmp/cur
+    rossjax train --config=configs/ross_sft.py:runlocal --config.data.train=/tmp/cur \
+        --workdir=/tmp/run
 
 Needs: a curated dir written by `rossjax curate` (ArrayRecord shards of compiled examples),
 curated with the flags of `recipe` (the same rollouts and optimizer, differing only in rows and
@@ -105,7 +109,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             c.train.epochs = 8
         elif v == "runlocal":
             common.tiny_model(c.model)
-            c.data.seq_len = 128
+            # the shipped sample (data/rollouts/sample.jsonl) curated with the tiny model's
+            # tokenizer (--config.tokenizer=ascii) is at most 1,038 tokens a row
+            c.data.seq_len = 1280
             c.train.global_batch = 8
             c.train.micro_batches = 2
             c.train.epochs = 1

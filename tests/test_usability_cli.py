@@ -140,3 +140,36 @@ def test_probe_heatmap_colour_scale_covers_the_data():
     assert color_range(np.array([[0.62, 0.9], [0.7, np.nan]])) == (0.5, 1.0)
     assert color_range(np.array([[0.31, 0.55]])) == (0.31, 1.0)
     assert color_range(np.full((2, 2), np.nan)) == (0.5, 1.0)
+
+
+def test_runlocal_fits_the_shipped_sample_curated_with_the_ascii_tokenizer(tmp_path):
+    """Issue 42 items 4 and 7: `--config.tokenizer=ascii` (the GRPO configs' name) works on
+    curate, and every valid row of the shipped sample then fits ross_sft.py:runlocal's model and
+    seq_len (it stopped on a too-long row)."""
+    from rossjax import cli
+    from rossjax.cli.flags import parse_config
+    from rossjax.models import PRESETS
+
+    out = tmp_path / "cur"
+    assert cli.main(["curate", "--config.tokenizer=ascii", "--config.recipe=sft",
+                     f"--config.output={out}", "--config.progress=False"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["buckets"]["kept"] >= 20, report["buckets"]
+    cfg, _, _ = parse_config([f"--config={config_path('ross_sft.py')}:runlocal"])
+    assert report["kept_lengths"]["max"] <= cfg.data.seq_len, report["kept_lengths"]
+    assert report["token_ids"]["max"] < PRESETS[cfg.model.preset].vocab_size
+
+
+def test_train_overrides_without_config_and_the_recipe_hint_names_train(tmp_path, capsys):
+    """Issue 42 item 4: `--config.recipe` without `--config=` overrides the shipped ross_sft.py
+    (as on curate), and a dir curated for another recipe says `train --config.recipe=...`."""
+    from rossjax import cli
+
+    cur = tmp_path / "cur"
+    cur.mkdir()
+    (cur / "report.json").write_text(json.dumps(
+        {"config": {"recipe": "sft", "rows": "verifier_positive", "mask_mode": "eligible"}}))
+    assert cli.main(["train", f"--config.data.train={cur}", f"--workdir={tmp_path / 'w'}"]) == 2
+    err = capsys.readouterr().err
+    assert "no --config given; using configs/ross_sft.py" in err
+    assert "curated for recipe 'sft'" in err and "train it with --config.recipe=sft" in err

@@ -187,6 +187,12 @@ def command_config(argv, command: str, example: str, *, default_config: str | No
     `example` starts with the shipped config whose fields --help lists ("configs/x.py ...")."""
     shipped = example.split()[0]
     help_config = repo_config(os.path.basename(shipped)) if shipped.startswith("configs/") else None
+    given = any(a == "--config" or a.startswith("--config=") for a in argv)
+    if (default_config is None and help_config and not given
+            and any(a.startswith("--config.") for a in argv)):
+        # `--config.x=y` alone overrides the command's shipped config, as curate's do
+        print(f"rossjax {command}: no --config given; using {shipped}.", file=sys.stderr)
+        default_config = help_config
     cfg, fv, rest = parse_config(argv, default_config=default_config, extra_flags=extra_flags,
                                  help_config=help_config)
     if cfg is None:

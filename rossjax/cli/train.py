@@ -11,11 +11,13 @@ def main(argv=None) -> int:
     import jax
 
     from rossjax.cli.flags import command_config, complete_message
+    from rossjax.cli.recipe import check_train_recipe
     from rossjax.train.sft import trainer as loop
     from rossjax.train.skeleton import stop_code, stopped_message
 
     cfg, workdir, _ = command_config(list(argv or []), "train",
                                      "configs/ross_sft.py (or another SFT config)")
+    check_train_recipe(cfg)
     t0 = time.time()
     out = loop.run(cfg, workdir)
     if out.get("complete"):

