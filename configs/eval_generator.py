@@ -51,7 +51,8 @@ def get_config(arg: str | None = None):
     # score 0); endpoint: solver.endpoint.base_url / model / ...
     c.solver = solver_config()
     # math: the two reference oracles, `attempts` answers each; all must agree
-    c.oracles = ml_collections.ConfigDict(dict(a=solver_config(), b=solver_config(), attempts=2))
+    c.oracles = ml_collections.ConfigDict(dict(a=solver_config(), b=solver_config(), attempts=2,
+                                               allow_same=False))  # True: one model as both
     # AZR protocol: n_inputs per task, n_visible shown with outputs (+ the message), the rest
     # hidden and scored; split: first | seeded (shuffle keyed by the task id); the generator's
     # context: paper (seed function, n_examples reference tasks, banned imports) | instruction

@@ -66,7 +66,9 @@ def get_config():
     c.template = "chatml"           # as config.template of the GRPO run that uses the probe
     c.solver = solver_config()
     # math: the two reference oracles, `attempts` answers each; all must agree (math_oracle.py)
-    c.oracles = ml_collections.ConfigDict(dict(a=solver_config(), b=solver_config(), attempts=2))
+    # allow_same: one model as both oracles (refused by default: PROPEL uses two models)
+    c.oracles = ml_collections.ConfigDict(dict(a=solver_config(), b=solver_config(), attempts=2,
+                                               allow_same=False))
     c.k = 8                         # trials per task (K = 8: band [1/8, 3/8]; K = 3: band "open")
     c.lo, c.hi = 1 / 8, 3 / 8       # only for report.json's band rate; the sweep applies its own
     c.induction = ml_collections.ConfigDict(dict(n_inputs=10, n_visible=5, split="first"))

@@ -12,7 +12,12 @@ data/propel/math_examples.jsonl, or a JSONL of {"id", "problem"} rows of your ow
 new problem only, in a ```problem block, with no answer; W = `math_validity` (a non-empty
 problem that does not give its answer away in a \\boxed{}). The reference answers behind the
 probe's labels come from two oracles that must agree 2 x 2 (`rossjax label-corpus
---config.domain=math`, rossjax/verify/math_oracle.py), never from the generator. Reward: the
+--config.domain=math`, rossjax/verify/math_oracle.py), never from the generator. The oracles are
+two different models, as in the paper; one model as both is refused unless
+`--config.oracles.allow_same=True`:
+  rossjax label-corpus --config=configs/label_corpus.py --config.domain=math --config.pool=POOL \
+      --config.solver.path=SOLVER_DIR --config.oracles.a.path=ORACLE_A_DIR \
+      --config.oracles.b.path=ORACLE_B_DIR --workdir=runs/propel_math_labels Reward: the
 probe's P(in the solver's learnable band) on the generator's answer rendered as a user turn
 (`reward.probe.render=task`), `hard_gate` -0.2 for invalid ones. The probe must come from a
 sweep (configs/probe_sweep.py with `domain=math`: downsampled classes) over the same rendering.

@@ -53,7 +53,8 @@ def solver_section(math: bool = False):
         max_new_tokens=768, batch_tasks=64))  # a model solver's budget; sampling: solver_config
     if math:
         s.oracles = ml_collections.ConfigDict(dict(
-            a=label_corpus.solver_config(), b=label_corpus.solver_config(), attempts=2))
+            a=label_corpus.solver_config(), b=label_corpus.solver_config(), attempts=2,
+            allow_same=False))  # True: one model as both oracles (PROPEL uses two)
     return s
 
 
@@ -73,6 +74,7 @@ def get_config(arg: str | None = None):
             for name in ("a", "b"):
                 c.reward.solver.oracles[name].kind = "fn"
                 c.reward.solver.oracles[name].fn = "rossjax.configs.propel_sil:echo_answer"
+            c.reward.solver.oracles.allow_same = True  # one stand-in function as both
         c.grpo.steps = 2
     return c
 

@@ -132,3 +132,37 @@ def test_generator_prompts_carry_the_papers_instructions():
         {"program": "def f(a):\n    return a + 1", "inputs": ["1"] * 10, "message": "adds"}])
     assert "### Input requirements" in a and "### Message requirements" in a
     assert "### Output format" in a and "### Seed function" in a
+
+
+def test_one_model_as_both_math_oracles_is_refused_unless_allowed(tmp_path, capsys):
+    """PROPEL's two oracles are two different models (issue 39 item 4)."""
+    from rossjax.cli import main
+    from rossjax.train.propel import solvers
+
+    lab = parse_config(["--config=configs/label_corpus.py"])[0]
+    for n in "ab":
+        lab.oracles[n].kind, lab.oracles[n].endpoint.model = "endpoint", "same-model"
+    with pytest.raises(ValueError, match="config.oracles.a and config.oracles.b are the same model"):
+        solvers.check_oracles(lab.oracles)
+    lab.oracles.b.endpoint.model = "other-model"
+    solvers.check_oracles(lab.oracles)
+    lab.oracles.b.endpoint.model, lab.oracles.allow_same = "same-model", True
+    solvers.check_oracles(lab.oracles)
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text(json.dumps({"id": "a", "problem": "What is 1 + 2?"}) + "\n")
+    argv = ["label-corpus", "--config=configs/label_corpus.py", "--config.domain=math",
+            f"--config.pool={pool}", f"--config.output={tmp_path / 'o'}",
+            "--config.tokenizer=ascii", "--config.solver.kind=oracle",
+            "--config.oracles.a.kind=model", "--config.oracles.a.preset=tiny_qwen2",
+            "--config.oracles.b.kind=model", "--config.oracles.b.preset=tiny_qwen2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "same model" in err and "allow_same" in err and "Traceback" not in err
+    # the SIL reward's oracles are checked the same way; :runlocal,math's stand-in says so
+    from rossjax.train.propel import rewards as propel_rewards
+
+    sil = parse_config(["--config=configs/propel_sil.py:runlocal,math"])[0]
+    assert sil.reward.solver.oracles.allow_same
+    sil.reward.solver.oracles.allow_same = False
+    with pytest.raises(ValueError, match="reward.solver.oracles.a and .*same model"):
+        propel_rewards.check_solver_config(sil.reward)

@@ -99,7 +99,7 @@ def _label(pool, out, solver_fn=f"{FN}:oracle_fn"):
                  f"--config.pool={pool}", f"--config.output={out}", "--config.tokenizer=ascii",
                  "--config.k=2", "--config.solver.kind=fn", f"--config.solver.fn={solver_fn}",
                  "--config.oracles.a.kind=fn", f"--config.oracles.a.fn={FN}:oracle_fn",
-                 "--config.oracles.b.kind=fn", f"--config.oracles.b.fn={FN}:oracle_fn"])
+                 "--config.oracles.b.kind=fn", f"--config.oracles.b.fn={FN}:oracle_fn", "--config.oracles.allow_same=True"])
 
 
 def broken_solver(task, k, seed):
@@ -127,10 +127,10 @@ def test_eval_generator_rerun_that_fails_leaves_no_stale_result(tmp_path, monkey
             "--config.num_tasks=1", "--config.k=2", "--config.solver.kind=fn",
             f"--config.solver.fn={FN}:solver_fn", "--config.oracles.a.kind=fn",
             f"--config.oracles.a.fn={FN}:oracle_fn", "--config.oracles.b.kind=fn",
-            f"--config.oracles.b.fn={FN}:oracle_fn"]
+            f"--config.oracles.b.fn={FN}:oracle_fn", "--config.oracles.allow_same=True"]
     ev.run(parse_config(args)[0], str(tmp_path))
     assert os.path.isfile(tmp_path / "eval_generator.json")
-    bad = parse_config([*args[:-5], f"--config.solver.fn={FN}_hostile:broken_solver", *args[-4:]])
+    bad = parse_config([*args[:-6], f"--config.solver.fn={FN}_hostile:broken_solver", *args[-5:]])
     with pytest.raises(RuntimeError, match="died halfway"):
         ev.run(bad[0], str(tmp_path))
     assert not os.path.exists(tmp_path / "eval_generator.json")
@@ -176,7 +176,8 @@ def test_label_corpus_config_values_are_one_sentence(tmp_path, capsys, flag, say
                  "--config.tokenizer=ascii", "--config.solver.kind=fn",
                  f"--config.solver.fn={FN}:oracle_fn", "--config.oracles.a.kind=fn",
                  f"--config.oracles.a.fn={FN}:oracle_fn", "--config.oracles.b.kind=fn",
-                 f"--config.oracles.b.fn={FN}:oracle_fn", flag]) == 2
+                 f"--config.oracles.b.fn={FN}:oracle_fn", "--config.oracles.allow_same=True",
+                 flag]) == 2
     assert says in capsys.readouterr().err
 
 

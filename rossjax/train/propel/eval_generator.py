@@ -206,8 +206,7 @@ def check_config(c):
         raise ConfigError("config.generator.path and config.generator.preset are both empty; give "
                           "a model folder or a preset name.")
     if c.get("domain") == "math":
-        for name in ("a", "b"):
-            solvers.check_section(c.oracles[name], f"config.oracles.{name}")
+        solvers.check_oracles(c.oracles)
         if c.oracles.attempts < 1:
             raise ConfigError(f"config.oracles.attempts is {c.oracles.attempts}; it must be at "
                               f"least 1.")

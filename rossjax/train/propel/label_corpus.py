@@ -172,8 +172,7 @@ def check_config(c, out: str):
                           f"satisfy 0 <= lo <= hi <= 1.")
     solvers.check_section(c.solver, "config.solver")
     if c.domain == "math":
-        for name in ("a", "b"):
-            solvers.check_section(c.oracles[name], f"config.oracles.{name}")
+        solvers.check_oracles(c.oracles)
         if c.oracles.attempts < 1:
             raise ConfigError(f"config.oracles.attempts is {c.oracles.attempts}; it must be at "
                               f"least 1.")

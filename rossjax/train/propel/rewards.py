@@ -216,8 +216,7 @@ def check_solver_config(r) -> None:
             raise ConfigError(f"{SOLVER_FIELD}.validity is math_validity but {SOLVER_FIELD} has no "
                               "oracles section (the two reference oracles); start from "
                               "configs/propel_sil.py:math.")
-        for name in ("a", "b"):
-            solvers.check_section(s.oracles[name], f"{SOLVER_FIELD}.oracles.{name}")
+        solvers.check_oracles(s.oracles, f"{SOLVER_FIELD}.oracles")
         if s.oracles.attempts < 1:
             raise ConfigError(f"{SOLVER_FIELD}.oracles.attempts is {s.oracles.attempts}; it must "
                               "be at least 1.")

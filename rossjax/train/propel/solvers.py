@@ -98,6 +98,33 @@ def check_section(section, field: str = "config.solver"):
         raise ConfigError(f"{field}.endpoint.model is empty: name the model the endpoint serves.")
 
 
+def model_identity(section) -> tuple | None:
+    """What model a solver section asks (kind and its path / preset / endpoint / fn), or None
+    for the programmatic kinds, which are checks, not models."""
+    kind = section.get("kind")
+    if kind == "model":
+        return (kind, section.get("path") or "", section.get("preset") or "")
+    if kind == "endpoint":
+        e = section.get("endpoint") or {}
+        return (kind, e.get("base_url") or "", e.get("model") or "")
+    if kind == "fn":
+        return (kind, section.get("fn") or "")
+    return None
+
+
+def check_oracles(oracles, field: str = "config.oracles"):
+    """PROPEL's two oracles are two different models: the same model as both is refused
+    unless `allow_same` says so (two draws of one model agree more often than two models)."""
+    for name in ("a", "b"):
+        check_section(oracles[name], f"{field}.{name}")
+    same = model_identity(oracles["a"])
+    if same is not None and same == model_identity(oracles["b"]) and not oracles.get(
+            "allow_same", False):
+        raise ConfigError(f"{field}.a and {field}.b are the same model ({' '.join(same)}); "
+                          f"PROPEL's reference answers come from two different models: name "
+                          f"another for {field}.b, or set {field}.allow_same=True.")
+
+
 def _messages(task: dict, system: str) -> list[dict]:
     return ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": task["prompt"]}]
