@@ -11,7 +11,9 @@ server, OpenAI, or `rossjax serve` on a local checkpoint):
   `:runlocal` needs nothing started by hand: it builds a tiny random model, serves it with
   `rossjax serve` on a free 127.0.0.1 port and stops it at the end (its answers are noise, so
   its artifacts end invalid or withheld; report.json still accounts for every one).
-  Baselines: --config.method=forwardgen | artifact_only | next_n (next_n: --config.next_n=N).
+  Baselines: --config.method=forwardgen | artifact_only (the same reconstruction with its
+  trajectory removed); the selection ablations (next-N replace, single-signal filters) are
+  `rossjax retrogen --config.selection=...` over these records.
 
 Needs: config.input, artifacts as JSONL ({"id", "domain", "text", "kind"?, "title"?}; shipped:
 data/retrogen/artifacts.jsonl, a related-work section, a 10-K narrative and a judgment per
@@ -39,8 +41,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.input = common.data_file("retrogen", "artifacts.jsonl")
     c.corpus = common.data_file("retrogen", "corpus.jsonl")
     c.output = ""  # or --workdir=DIR
-    c.method = "retrogen"  # retrogen | forwardgen | artifact_only | next_n
-    c.next_n = 4  # next_n: tool steps anchored on the artifact before forward generation
+    c.method = "retrogen"  # retrogen | forwardgen | artifact_only
     c.seed = 0  # the diversity draws (per artifact and method, independent of row order)
     c.endpoint = ml_collections.ConfigDict()
     c.endpoint.base_url = ""  # "" = $OPENAI_BASE_URL, else http://127.0.0.1:8000/v1
@@ -60,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.answer_retries = 1  # re-asks of a stage whose answer fails its check
     c.max_answer_chars = 50_000
     c.min_artifact_chars = 200
-    c.max_artifact_chars = 20_000  # every anchored prompt carries the artifact whole
+    c.max_artifact_chars = 20_000  # every induction prompt carries the artifact whole
     # anchor
     c.max_cues = 24
     c.rubric_min = 3

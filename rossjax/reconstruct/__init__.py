@@ -8,9 +8,10 @@ serializes (rossjax/curate/retrogen.py: one record schema end to end).
   anchor     artifact-anchored initialization: cues (rules, then the model), task induction
              with leak rules, the instance rubric, artifact-conditioned retrieval (Ê)
   trace      the plan over Search / Open / Extract / Compare / Outline / Draft, materialized
-             step by step; observations are real executions of the corpus environment
+             step by step from x̂ and Ê (never y*); observations are real executions of the
+             corpus environment
   verify     s_rub, s_qual, s_grd, s_con scored by the model; Eq. 4
-  baselines  ForwardGen, Artifact-Only, next-N replace: what each method shows the agent
+  baselines  ForwardGen (x̂ alone), Artifact-Only (the same reconstruction, trajectory removed)
   run        the command: every artifact ends kept / withheld / invalid, resumable
   local      `rossjax serve` as a subprocess, for `:runlocal`
 

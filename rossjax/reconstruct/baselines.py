@@ -1,25 +1,29 @@
 """The methods one run reconstructs with (config.method), RetroGen and the paper's baselines,
 all from the same anchor (task x̂, rubric, Ê) and scored by the same four signals:
 
-  retrogen       the artifact y* and Ê are shown to the agent at every step (artifact-anchored)
-  forwardgen     the same agent from x̂ alone: no artifact, no Ê, the same tools and budget
-  artifact_only  x̂ -> ỹ in one answer, no intermediate interactions (no trace: the record
-                 carries artifact_only, which the retrogen gate accepts without tool calls)
-  next_n         next-N replace: anchored for the first `next_n` tool steps, then the artifact
-                 is replaced by forward generation for the rest of the steps and the draft
+  retrogen       the agent works from x̂ and Ê (ids and titles) with the corpus tools; y* is
+                 never shown to it (only induction, cues, retrieval and the quality judge read it)
+  forwardgen     the same agent from x̂ alone: no Ê, the same tools and budget
+  artifact_only  the SAME reconstruction as retrogen (the same prompts, so a shared cache_dir
+                 replays its answers), with the tool calls, observations and notes removed: the
+                 record keeps x̂ and ỹ, and the scores the retrogen record was selected by
+                 (scored on the full trajectory, never re-scored on the empty one, whose
+                 consistency would be the judge's view of nothing). `rossjax retrogen
+                 :artifact_only` makes the same baseline from retrogen's records at
+                 serialization time.
 
-A run with the same `cache_dir` as an earlier one replays its anchor answers, so methods are
-compared on the same tasks and rubrics.
+The selection ablations (next-N replace, single-signal filters) act on scored records in
+`rossjax retrogen` (curate/retrogen.py `selection`), not here.
 """
 
 from __future__ import annotations
 
 from rossjax.reconstruct import prompts, verify
 from rossjax.reconstruct.anchor import initialize
-from rossjax.reconstruct.asking import Asker, want_text
+from rossjax.reconstruct.asking import Asker
 from rossjax.reconstruct.trace import reconstruct
 
-METHODS = ("retrogen", "forwardgen", "artifact_only", "next_n")
+METHODS = ("retrogen", "forwardgen", "artifact_only")
 
 
 def _public(evidence: list[dict]) -> list[dict]:
@@ -29,12 +33,9 @@ def _public(evidence: list[dict]) -> list[dict]:
 def run_artifact(asker: Asker, art: dict, index, tools, cfg) -> dict:
     """The record of one artifact (curate/retrogen.py's schema plus provenance), or Settled."""
     a = initialize(asker, art, index, cfg)
-    if cfg.method == "artifact_only":
-        draft = asker.ask("direct", prompts.direct(art, a.task),
-                          lambda o: want_text(o, "text", "direct"))
-        rec = {"plan": [], "trace": [], "draft": draft, "draws": {}, "tool_steps": 0}
-    else:
-        rec = reconstruct(asker, art, a.task, a.evidence, tools, cfg.method, cfg)
+    # artifact_only reconstructs exactly as retrogen (same draws, same prompts), then strips
+    method = "retrogen" if cfg.method == "artifact_only" else cfg.method
+    rec = reconstruct(asker, art, a.task, a.evidence, tools, method, cfg)
     scores, detail = verify.verify(asker, art, a.task, a.rubric, rec["trace"], rec["draft"],
                                    a.evidence, cfg)
     out = {
@@ -50,5 +51,6 @@ def run_artifact(asker: Asker, art: dict, index, tools, cfg) -> dict:
         "leak_retries": a.leak_retries, "prompt_version": prompts.PROMPT_VERSION,
     }
     if cfg.method == "artifact_only":
-        out["artifact_only"] = True
+        out.update(trace=[], plan=[], artifact_only=True, tool_steps=0,
+                   scored_on="the retrogen trajectory this record was stripped from")
     return out

@@ -3,13 +3,19 @@
 Every request is [system, user]; the user turn opens with `STAGE: <name>` and
 `Artifact id: <id>` lines, so a transcript (or a scripted test server) can tell the stages and
 artifacts apart. Answers are one JSON object of the shape each prompt ends with.
+
+Which stages see the expert artifact y* (RetroGen App. A.1, C): cues, task and rubric
+(induction), and the quality judge's reference. The execution stages (plan, step, whose last
+answer is the draft) see the induced task x̂, the retrieved evidence Ê (ids and titles; RetroGen
+only) and the tool observations, never y*: the draft is written from what the agent found, not
+copied (tests/test_reconstruct_blind.py checks every request for an 8-word span of y*).
 """
 
 from __future__ import annotations
 
 import json
 
-PROMPT_VERSION = "reconstruct-v1"
+PROMPT_VERSION = "reconstruct-v2"  # v2: plan and step never carry y*
 SYSTEM = ("You reconstruct the evidence-seeking work behind expert documents: the task an expert "
           "was given, the searches and readings that led to the document, and checks of the "
           "result. Answer with one JSON object only, exactly in the shape asked for.")
@@ -71,25 +77,27 @@ def evidence_lines(evidence: list[dict]) -> str:
     return "\n".join(f"- {e['id']}: {e['title']}" for e in evidence) or "- (none)"
 
 
-def plan(art: dict, task_text: str, anchored: bool, evidence: list[dict], draws: dict,
+def _found(evidence: list[dict] | None) -> str:
+    # Ê by id and title, what artifact-conditioned retrieval found: never y*'s text
+    return (f"\n\nCorpus documents retrieved for this task:\n{evidence_lines(evidence)}"
+            if evidence is not None else "")
+
+
+def plan(art: dict, task_text: str, evidence: list[dict] | None, draws: dict,
          max_steps: int) -> list[dict]:
-    anchor = (f"\n\n{_artifact(art)}\n\nCorpus documents behind it:\n{evidence_lines(evidence)}"
-              if anchored else "")
+    """evidence: Ê (RetroGen) or None (ForwardGen: x̂ alone)."""
     return _msgs(f"""{_head("plan", art)}
 
-TASK: {task_text}{anchor}
+TASK: {task_text}{_found(evidence)}
 
-Plan the work {"that arrives at the artifact above" if anchored else "for this task"}, as steps
-over the actions {", ".join(ACTIONS)} ({max_steps} tool steps at most: search, open, extract and
-compare run on a document corpus; outline and draft are your own writing). The plan ends with
-draft. Realize it {draws["plan_realization"]}.
+Plan the work for this task, as steps over the actions {", ".join(ACTIONS)} ({max_steps} tool
+steps at most: search, open, extract and compare run on a document corpus; outline and draft
+are your own writing). The plan ends with draft. Realize it {draws["plan_realization"]}.
 Answer: {{"plan": [{{"action": "search", "purpose": "why this step"}}, ...]}}""")
 
 
-def step(art: dict, task_text: str, anchored: bool, evidence: list[dict], plan_steps: list[dict],
+def step(art: dict, task_text: str, evidence: list[dict] | None, plan_steps: list[dict],
          history: str, used: int, max_steps: int, draws: dict, reflect: bool) -> list[dict]:
-    anchor = (f"\n\n{_artifact(art)}\n\nCorpus documents behind it:\n{evidence_lines(evidence)}"
-              if anchored else "")
     planned = "\n".join(f"{k + 1}. {p['action']}: {p['purpose']}" for k, p in enumerate(plan_steps))
     actions = "\n".join(f"- {a} {_ARGS[a]}" for a in ACTIONS)
     if used >= max_steps:
@@ -102,7 +110,7 @@ def step(art: dict, task_text: str, anchored: bool, evidence: list[dict], plan_s
         style += " In this step's note, first reflect on what the evidence so far shows and lacks."
     return _msgs(f"""{_head("step", art)}
 
-TASK: {task_text}{anchor}
+TASK: {task_text}{_found(evidence)}
 
 PLAN:
 {planned}
@@ -115,16 +123,6 @@ HISTORY:
 Actions:
 {actions}
 Answer: {{"note": "what you do and why", "action": "...", "arguments": {{...}}}}""")
-
-
-def direct(art: dict, task_text: str) -> list[dict]:
-    """Artifact-Only: x̂ -> ỹ in one answer, no intermediate interactions."""
-    return _msgs(f"""{_head("direct", art)}
-
-TASK: {task_text}
-
-Write the finished document for this task in one answer.
-Answer: {{"text": "the finished document"}}""")
 
 
 def _evidence_texts(evidence: list[dict], per_doc: int) -> str:

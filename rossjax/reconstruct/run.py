@@ -49,7 +49,7 @@ def check_config(cfg):
         raise ConfigError(f"config.reask {cfg.reask!r} must be one of {', '.join(REASK)}")
     for key, lo in (("max_tool_steps", 1), ("window_chars", 200), ("retrieval_depth", 1),
                     ("max_evidence", 1), ("rubric_min", 1), ("answer_retries", 0),
-                    ("max_writing_steps", 0), ("next_n", 0), ("max_cues", 0),
+                    ("max_writing_steps", 0), ("max_cues", 0),
                     ("evidence_chars", 100), ("search_k", 1), ("max_answer_chars", 1),
                     ("min_artifact_chars", 1), ("leak.max_task_chars", 1),
                     ("endpoint.max_tokens", 1)):

@@ -160,17 +160,17 @@ def reconstruct(asker: Asker, art: dict, task: str, evidence: list[dict], tools:
                 method: str, cfg) -> dict:
     """{"plan", "trace", "draft", "draws", "tool_steps"}; raises Settled when the trace fails."""
     d = draws(cfg.seed, art["id"], method)
-    anchored_plan = method in ("retrogen", "next_n")
-    plan_steps = asker.ask("plan", prompts.plan(art, task, anchored_plan, evidence, d,
-                                                cfg.max_tool_steps),
+    # the agent sees x̂, Ê (RetroGen only) and its own observations: y* is never shown (item 1 of
+    # issue 38; prompts.py says which stages may read it)
+    shown = evidence if method == "retrogen" else None
+    plan_steps = asker.ask("plan", prompts.plan(art, task, shown, d, cfg.max_tool_steps),
                            lambda o: check_plan(o, cfg.max_tool_steps + 10))
     trace: list[dict] = []
     used = writing = 0
     while True:
-        anchored = method == "retrogen" or (method == "next_n" and used < cfg.next_n)
         reflect = bool(d["reflect_every"]) and used > 0 and used % d["reflect_every"] == 0
-        msgs = prompts.step(art, task, anchored, evidence, plan_steps,
-                            window(trace, cfg.window_chars), used, cfg.max_tool_steps, d, reflect)
+        msgs = prompts.step(art, task, shown, plan_steps, window(trace, cfg.window_chars), used,
+                            cfg.max_tool_steps, d, reflect)
         note, action, args = asker.ask("step", msgs, check_step)
         if action in prompts.TOOL_ACTIONS and used >= cfg.max_tool_steps:
             raise Settled("withheld", "step_cap", f"{asker.where}: the trace reached the cap of "

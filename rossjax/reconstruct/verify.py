@@ -6,7 +6,8 @@ its own request, and Eq. 4.
   s_grd  the claims of the notes and of the draft, each supported or not by a document of Ê;
          the share supported (a claim "supported" by no id, or by an id outside Ê, is not)
   s_con  the workflow's internal references (entry -> earlier entry), each consistent or not;
-         the share consistent (a trace with no reference to judge scores 1)
+         the share consistent; none listed scores 0 (an empty trace earns no free
+         consistency: Eq. 4 would hand it +0.25)
   Eq. 4  S = λ (s_rub + s_qual + s_grd + s_con), λ = 0.25
 
 An answer that misses a criterion, names an entry the workflow does not have, or gives a score
@@ -115,7 +116,7 @@ def consistency(asker: Asker, art, task, trace, draft):
 
     refs = asker.ask("verify_consistency", prompts.verify_consistency(art, task, "\n".join(lines)),
                      check)
-    return (sum(refs) / len(refs) if refs else 1.0), {"references": len(refs),
+    return (sum(refs) / len(refs) if refs else 0.0), {"references": len(refs),
                                                      "consistent": sum(refs)}
 
 
