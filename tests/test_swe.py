@@ -58,9 +58,9 @@ def _symlink_patch():
 
 CASES = {
     "empty": (lambda b: "", "invalid_patch: the patch is empty"),
-    "garbage": (lambda b: "not a diff\n", "patch_does_not_apply: patch: **** Only garbage"),
+    "garbage": (lambda b: "not a diff\n", "patch_does_not_apply: error: No valid patches"),
     "stale_hunk": (lambda b: bug_patch(b).replace("width:", "wdth:"),
-                   "patch_does_not_apply: 1 out of 1 hunk FAILED"),
+                   "patch_does_not_apply: error: textkit/core.py: patch does not apply"),
     "test_edit": (lambda b: rrepo.unified_diff(b.files, edited(
         b, "tests/test_core.py", '== "hello-world"', '== "x"')),
         "forbidden_change: tests/test_core.py is a test file"),
@@ -118,6 +118,30 @@ def test_diff_round_trips(base):
     assert why is None and got == after
     assert rrepo.changed(base.files, after) == {
         CORE: "modified", "textkit/__init__.py": "deleted", "textkit/extra.py": "added"}
+
+
+def test_patches_apply_as_git_apply_recount(base):
+    """PROPEL applies a bug with `git apply --recount` (issue 39 item 6): wrong @@ line counts
+    (a hand-edited diff) still apply, an empty file's deletion applies, and a patch with one
+    stale hunk applies nothing (no half-applied bug)."""
+    import re
+
+    after = edited(base, CORE, "import re\n", "import re\n\n\nWIDTH = 3\n")
+    good = rrepo.unified_diff(base.files, after)
+    miscounted = re.sub(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@",
+                        lambda m: f"@@ -{m[1]},{int(m[2]) + 7} +{m[3]},{int(m[4]) + 9} @@", good,
+                        flags=re.M)
+    assert miscounted != good
+    got, why = swe.apply_patch(base.files, miscounted)
+    assert why is None and got == after
+    empty = {**base.files, "textkit/empty.py": ""}
+    got, why = swe.apply_patch(empty, rrepo.unified_diff(empty, base.files))
+    assert why is None and got == base.files
+    two = {**after, "textkit/__init__.py": base.files["textkit/__init__.py"] + "# more\n"}
+    stale = rrepo.unified_diff(base.files, two).replace(" __all__", " __al__")
+    assert stale.count("__al__") == 1   # the core.py hunk still applies; the patch as a whole not
+    got, why = swe.apply_patch(base.files, stale)
+    assert got is None and why.startswith("patch_does_not_apply")
 
 
 def test_trees_refuse_links_special_files_and_binary(tmp_path):

@@ -105,13 +105,18 @@ def write_tree(files: dict[str, str], dst: str) -> None:
 
 
 def unified_diff(before: dict[str, str], after: dict[str, str]) -> str:
-    """A git-style unified diff (a/ b/ prefixes, /dev/null for added and deleted files), which
-    `patch -p1` applies to `before`."""
+    """A git-style unified diff (a `diff --git` line per file, a/ b/ prefixes, /dev/null and a
+    file mode for added and deleted files), which `git apply --recount -p1` (verify/swe.py) and
+    `patch -p1` apply to `before`. The per-file header is what lets --recount, which ignores the
+    @@ counts, tell the next file's `--- a/...` from a removed line."""
     out = []
     for rel in sorted(set(before) | set(after)):
         a, b = before.get(rel), after.get(rel)
         if a == b:
             continue
+        out.append(f"diff --git a/{rel} b/{rel}\n")
+        if a is None or b is None:
+            out.append(f"{'new' if a is None else 'deleted'} file mode 100644\n")
         lines = difflib.unified_diff(
             (a or "").splitlines(keepends=True), (b or "").splitlines(keepends=True),
             "/dev/null" if a is None else f"a/{rel}", "/dev/null" if b is None else f"b/{rel}")

@@ -4,7 +4,8 @@ of a bug-writing task, and the check of a solver's fix.
 The generator's artifact is a unified diff against the clean repository (rossjax.verify.repo.
 unified_diff writes it from a bash episode's final scratch copy; a diff from elsewhere works
 the same). `verify_bug(base, patch)` passes iff, in order:
-  1. the patch applies: GNU `patch -p1 --forward`, run inside the sandbox over a fresh copy;
+  1. the patch applies: `git apply --recount -p1`, as PROPEL, inside the sandbox over a fresh
+     copy (all hunks or nothing);
   2. it changes only existing non-test Python files: no test file (under tests/ or test/,
      test_*.py, *_test.py, conftest.py), no pytest or packaging config, no file added or
      deleted, no link (an added conftest.py, pytest.py or sitecustomize.py could steer the run);
@@ -55,7 +56,11 @@ from rossjax.verify.repo import (
 )
 from rossjax.verify.verdict import Verdict
 
-APPLY = "patch -p1 --batch --forward --no-backup-if-mismatch --reject-file=- --silent"
+# As PROPEL applies patches: `git apply --recount` (hunk line counts are re-read from the body,
+# so a hand-edited diff with wrong @@ counts still applies; no fuzz, no half-applied patch).
+# The scratch copy is no repository: discovery stops at its parent, no user or system config.
+APPLY = ('GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" GIT_CONFIG_NOSYSTEM=1 '
+         'GIT_CONFIG_GLOBAL=/dev/null git apply --recount -p1 --whitespace=nowarn')
 CONFIG = frozenset({"pyproject.toml", "setup.cfg", "setup.py", "pytest.ini", "tox.ini"})
 MAX_PATCH = 1 << 20
 _FAILS = ("FAILED", "ERROR")
@@ -249,7 +254,7 @@ def baseline(repo_dir: str, *, timeout_s: float = 30.0) -> Baseline:
 
 
 def apply_patch(files: dict[str, str], patch: str) -> tuple[dict | None, str | None]:
-    """(the patched files, None) or (None, why): `patch -p1` inside the sandbox."""
+    """(the patched files, None) or (None, why): `git apply --recount` inside the sandbox."""
     if not isinstance(patch, str) or not patch.strip():
         return None, "invalid_patch: the patch is empty or not text"
     if len(patch) > MAX_PATCH:
