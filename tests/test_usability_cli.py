@@ -173,3 +173,35 @@ def test_train_overrides_without_config_and_the_recipe_hint_names_train(tmp_path
     err = capsys.readouterr().err
     assert "no --config given; using configs/ross_sft.py" in err
     assert "curated for recipe 'sft'" in err and "train it with --config.recipe=sft" in err
+
+
+def test_review_that_asks_nothing_names_the_setting(tmp_path, capsys):
+    """Issue 42 item 4: the shipped sample stores few verdicts, so review's defaults send nothing
+    to the reviewer; the run says so and names --config.unverified=keep."""
+    from rossjax import cli
+
+    assert cli.main(["review", f"--workdir={tmp_path / 'rev'}", "--config.endpoint.model=m",
+                     "--config.endpoint.base_url=http://127.0.0.1:9/v1",
+                     "--config.progress=False"]) == 0
+    err = capsys.readouterr().err
+    assert "no row was sent to the reviewer (0 requests)" in err
+    assert "withheld as unverified" in err and "--config.unverified=keep" in err
+
+
+def test_reconstruct_next_line_on_an_empty_output_says_so(tmp_path, monkeypatch, capsys):
+    """Issue 42 item 4: a `next:` command that would read an empty file is not printed."""
+    from rossjax import cli
+    from rossjax.reconstruct import run as rc_run
+
+    traj = str(tmp_path / "rc" / "trajectories.jsonl")
+    report = {"buckets": {"kept": 0, "withheld": 2, "invalid": 0}, "input_rows": 2,
+              "resumed": 0, "requests": {"requests": 4, "cache_hits": 0},
+              "reasons": {"withheld": {"no_draft": 2}, "invalid": {}},
+              "outputs": {"trajectories": traj, "withheld": "withheld.jsonl"},
+              "next": f"rossjax retrogen --config.input={traj} --config.output=x"}
+    monkeypatch.setattr(rc_run, "run", lambda cfg, out, serve_model=None: report)
+    assert cli.main(["reconstruct", f"--workdir={tmp_path / 'rc'}",
+                     "--config.endpoint.model=m"]) == 0
+    out = capsys.readouterr().out
+    assert "rossjax retrogen --config.input" not in out
+    assert f"next: nothing yet: {traj} holds no trajectory" in out

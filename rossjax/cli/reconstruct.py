@@ -47,5 +47,10 @@ def main(argv=None) -> int:
     print(f"kept {b['kept']}, withheld {b['withheld']}, invalid {b['invalid']} "
           f"({', '.join(f'{k} {n}' for k, n in sorted(why.items())) or 'none'}) -> "
           f"{report['outputs']['trajectories']}")
-    print(f"next: {report['next']}")
+    if b["kept"]:
+        print(f"next: {report['next']}")
+    else:  # the printed command would run on an empty file: say why there is nothing to pass on
+        print(f"next: nothing yet: {report['outputs']['trajectories']} holds no trajectory, so "
+              f"`rossjax retrogen` would read an empty file; each artifact's reason is in "
+              f"{os.path.join(out_dir, report['outputs']['withheld'])} and invalid.jsonl")
     return 0

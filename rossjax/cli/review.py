@@ -53,7 +53,9 @@ def classify(cfg, workdir: str) -> int:
 
 
 def main(argv=None) -> int:
-    from rossjax.review.run import check_kept, run
+    import sys
+
+    from rossjax.review.run import check_kept, nothing_asked, run
 
     cfg, workdir, _ = command_config(list(argv or []), "review", "configs/review.py",
                                      default_config=repo_config("review.py"))
@@ -62,5 +64,7 @@ def main(argv=None) -> int:
     report = run(cfg, workdir)
     for line in summary(report, workdir):
         print(line)
+    if nothing_asked(report):
+        print(f"rossjax review: {nothing_asked(report)}", file=sys.stderr)
     check_kept(report, cfg, workdir)  # kept nothing: one sentence why, exit 2
     return 0

@@ -360,6 +360,18 @@ def run(cfg, workdir: str) -> dict:
         return r.execute()
 
 
+def nothing_asked(report: dict) -> str:
+    """A run that asked the reviewer nothing although rows were withheld before review: the
+    reasons with the setting that would review them ("" when something was asked)."""
+    q = report["requests"]
+    withheld = {k: n for k, n in report["reasons"]["withheld"].items() if k in NOT_ELIGIBLE}
+    if q["requests"] + q["cache_hits"] or not withheld:
+        return ""
+    why = "; ".join(f"{n} withheld as {k}: {NOT_ELIGIBLE[k]}"
+                    for k, n in sorted(withheld.items(), key=lambda kv: -kv[1]))
+    return f"no row was sent to the reviewer (0 requests): {why}"
+
+
 def check_kept(report: dict, cfg, workdir: str) -> None:
     """A run that read rows but kept none is an InputError: one sentence with the top reasons,
     each with the setting that changes it."""
