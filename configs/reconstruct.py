@@ -12,8 +12,8 @@ server, OpenAI, or `rossjax serve` on a local checkpoint):
   `rossjax serve` on a free 127.0.0.1 port and stops it at the end (its answers are noise, so
   its artifacts end invalid or withheld; report.json still accounts for every one).
   Baselines: --config.method=forwardgen | artifact_only (the same reconstruction with its
-  trajectory removed); the selection ablations (next-N replace, single-signal filters) are
-  `rossjax retrogen --config.selection=...` over these records.
+  trajectory removed); the selection ablations (next-N replace, single-signal filters) act on
+  these records in `rossjax retrogen` (rossjax/curate/retrogen.py `selection`).
 
 Needs: config.input, artifacts as JSONL ({"id", "domain", "text", "kind"?, "title"?}; shipped:
 data/retrogen/artifacts.jsonl, a related-work section, a 10-K narrative and a judgment per

@@ -24,6 +24,11 @@ Input record (one JSON object per line):
    results in the next user turn as `<tool_response>...</tool_response>`) or ReAct (`Thought:`
    before `Action:` / `Action Input:`, as that format defines, then `Observation:`).
    `artifact_only` keeps task (+ evidence) and draft only (the ablation).
+   Selection (`selection`): "threshold" (the method: keep score >= threshold); "next_n_replace"
+   (the paper's selection ablation: per domain, the K rows the threshold keeps are replaced by
+   the next K by score, ranks K+1..2K, fewer when the domain has fewer below the threshold);
+   "signal:NAME" (a single-signal filter: the score is that one signal, weight 1, the others 0;
+   thresholds as configured).
 4. Loss scope (`loss`): "sequence" (the paper's Eq. 7) marks each rollout `loss_scope:
    "sequence"`, so the compiler supervises every token of the serialized sample (task, evidence,
    observations and template included); "assistant" leaves the usual assistant-only mask.
@@ -42,6 +47,7 @@ import numpy as np
 from rossjax.errors import ConfigError, InputError
 
 SIGNALS = ("rubric", "quality", "grounding", "consistency")
+SELECTIONS = ("threshold", "next_n_replace") + tuple(f"signal:{k}" for k in SIGNALS)
 DEFAULT_WEIGHTS = {k: 0.25 for k in SIGNALS}
 FORMS = ("json", "react")
 NOTE_POSITIONS = ("after_call", "before_call")
@@ -133,13 +139,17 @@ def _check_weights(weights) -> dict:
 
 
 def score_traces(records, weights=None, *, threshold: float = 0.5, quantile: float | None = None,
-                 domain_thresholds: dict | None = None) -> Scored:
+                 domain_thresholds: dict | None = None, selection: str = "threshold") -> Scored:
     """Gate, score and threshold `records` per domain (see the module docstring).
 
     threshold: the fixed threshold; quantile: when set (0..1), each domain's threshold is that
     quantile of its gated scores instead (linear interpolation); domain_thresholds: fixed
-    per-domain overrides, which win over both.
+    per-domain overrides, which win over both; selection: one of SELECTIONS (module docstring).
     """
+    if selection not in SELECTIONS:
+        raise ConfigError(f"config.selection {selection!r} must be one of {', '.join(SELECTIONS)}")
+    if selection.startswith("signal:"):  # one signal alone decides
+        weights = {k: float(k == selection.split(":", 1)[1]) for k in SIGNALS}
     w = _check_weights(weights)
     if not math.isfinite(threshold):
         raise InputError(f"threshold must be finite, got {threshold!r}.")
@@ -173,22 +183,33 @@ def score_traces(records, weights=None, *, threshold: float = 0.5, quantile: flo
             thr, mode = float(np.quantile(scores, quantile)), f"quantile {quantile:g}"
         else:
             thr, mode = float(threshold), "fixed"
-        n_kept = 0
+        above = [(k, rec, s) for k, rec, s in rows if s >= thr]
+        picked = above
+        if selection == "next_n_replace":  # the next K by score stand in for the K selected
+            below = sorted((r for r in rows if r[2] < thr), key=lambda r: (-r[2], r[0]))
+            picked = below[:len(above)]
+        ids = {k for k, _, _ in picked}
         for k, rec, s in rows:
-            if s >= thr:
+            if k in ids:
                 kept.append({"record": rec, "score": s, "threshold": thr})
-                n_kept += 1
+            elif s >= thr:  # next_n_replace: a selected row, replaced
+                discarded.append({"index": k, "id": rec.get("id"), "domain": dom,
+                                  "reason": "replaced_by_next_n",
+                                  "detail": f"score {s:.4f} >= threshold {thr:.4f}, replaced by "
+                                            f"the next-highest (selection next_n_replace)"})
             else:
                 discarded.append({"index": k, "id": rec.get("id"), "domain": dom,
                                   "reason": "below_threshold",
                                   "detail": f"score {s:.4f} < threshold {thr:.4f}"})
+        n_kept = len(picked)
         q = (lambda p: float(np.percentile(scores, p))) if len(scores) else (lambda p: None)
         report[dom] = {"rows": len(rows) + sum(failed.get(dom, {}).values()),
                        "gate_failed": dict(sorted(failed.get(dom, {}).items())),
                        "scored": len(rows), "kept": n_kept,
                        "mean": float(scores.mean()) if len(scores) else None,
                        "median": q(50), "p25": q(25), "p75": q(75),
-                       "threshold": thr, "threshold_mode": mode}
+                       "threshold": thr, "threshold_mode": mode, "selection": selection,
+                       "selected": len(above)}
     return Scored(kept, discarded, report)
 
 
@@ -315,7 +336,8 @@ def run(cfg, workdir: str | None = None) -> Scored:
             records.append(row.record)
             lines.append(row.row)
     res = score_traces(records, dict(cfg.weights), threshold=cfg.threshold, quantile=cfg.quantile,
-                       domain_thresholds=dict(cfg.domain_thresholds))
+                       domain_thresholds=dict(cfg.domain_thresholds),
+                       selection=cfg.get("selection", "threshold"))
     name = os.path.basename(cfg.input)
     for d in res.discarded:  # name the input line, so a person can find the trajectory
         d["row"] = lines[d.pop("index")]
@@ -339,6 +361,6 @@ def run(cfg, workdir: str | None = None) -> Scored:
         json.dump({"input": cfg.input, "rows": n_in, "kept": len(rows),
                    "discarded": dict(sorted(Counter(d["reason"] for d in res.discarded).items())),
                    "forms": {x: forms.count(x) for x in FORMS}, "artifact_only": cfg.artifact_only,
-                   "loss": cfg.get("loss", "sequence"),
+                   "selection": cfg.get("selection", "threshold"), "loss": cfg.get("loss", "sequence"),
                    "domains": res.report}, f, indent=2)
     return res
