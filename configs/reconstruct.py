@@ -8,9 +8,11 @@ server, OpenAI, or `rossjax serve` on a local checkpoint):
         --config.endpoint.model=Qwen/Qwen3-32B
     rossjax retrogen --config=configs/retrogen.py --config.input=/tmp/rc/trajectories.jsonl \
         --config.output=/tmp/rc/retrogen
-  `:runlocal` needs nothing started by hand: it builds a tiny random model, serves it with
-  `rossjax serve` on a free 127.0.0.1 port and stops it at the end (its answers are noise, so
-  its artifacts end invalid or withheld; report.json still accounts for every one).
+  `:runlocal` needs nothing started by hand: it starts a STAND-IN endpoint on a free 127.0.0.1
+  port (rossjax/reconstruct/standin.py: rule-based answers over the shipped corpus, NOT a
+  model; model id rules-standin) and stops it at the end, so the run ends with kept
+  trajectories scored on all four signals; its figures measure the rules, not RetroGen.
+  --config.serve.model=tiny serves a random tiny model with `rossjax serve` instead.
   Baselines: --config.method=forwardgen | artifact_only (the same reconstruction with its
   trajectory removed); the selection ablations (next-N replace, single-signal filters) act on
   these records in `rossjax retrogen` (rossjax/curate/retrogen.py `selection`).
@@ -78,15 +80,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # verification
     c.evidence_chars = 1500  # characters of each Ê document shown to the grounding judge
     c.lam = 0.25  # Eq. 4
-    # serve a local checkpoint for the run: a model folder, or "tiny" (a random tiny model)
+    # serve a local checkpoint for the run: a model folder, "tiny" (a random tiny model) or
+    # "standin" (rule-based answers over the corpus, not a model: standin.py)
     c.serve = ml_collections.ConfigDict(dict(model="", model_id="local", max_len=8192, slots=4,
                                              startup_s=300.0))
     c.progress = True
     if "runlocal" in variants:
         c.output = "runs/reconstruct_local"
-        c.serve.model = "tiny"
+        # the rule-driven stand-in endpoint (rossjax/reconstruct/standin.py): NOT a model; it
+        # shows every stage, check and output end to end, not RetroGen's gains. "tiny" serves a
+        # random tiny model instead (its answers are noise: every artifact ends invalid).
+        c.serve.model = "standin"
         c.endpoint.temperature = 0.0
-        c.endpoint.max_tokens = 32
         c.endpoint.concurrency = 4
         c.endpoint.max_retries = 1
         c.answer_retries = 0

@@ -2,7 +2,7 @@
 answers every stage: the whole path to serialized SFT rows through `rossjax retrogen`,
 observations verbatim from the corpus, a trace past the step cap, the leak rule, malformed
 answers and artifacts invalid with the artifact and field named, resume without duplicates, the
-baselines, and `:runlocal` serving its own tiny model."""
+baselines, and a served tiny model (`:runlocal`'s stand-in: test_reconstruct_standin.py)."""
 
 import json
 import os
@@ -520,17 +520,21 @@ def test_cli_needs_a_model_or_a_checkpoint(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_runlocal_serves_its_own_tiny_model_and_accounts_for_every_artifact(tmp_path):
+def test_a_served_tiny_model_is_accounted_for_artifact_by_artifact(tmp_path):
+    """--config.serve.model=tiny: `rossjax serve` on a random tiny model, started and stopped by
+    the run; its answers are noise, yet every artifact lands in a bucket, and a rerun, all
+    journaled, serves nothing."""
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
     env.pop("OPENAI_BASE_URL", None)
     r = subprocess.run([sys.executable, "-m", "rossjax.cli", "reconstruct",
-                        "--config=configs/reconstruct.py:runlocal", f"--workdir={tmp_path / 'w'}"],
+                        "--config=configs/reconstruct.py:runlocal", "--config.serve.model=tiny",
+                        "--config.endpoint.max_tokens=32", f"--workdir={tmp_path / 'w'}"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.load(open(tmp_path / "w" / "report.json"))
     adds_up(rep)
     assert rep["input_rows"] == 6 and rep["requests"]["requests"] >= 6
-    assert rep["model"]["model"] == "local" and "next: rossjax retrogen" in r.stdout
+    assert rep["model"]["model"] == "local" and "standin" not in rep["model"]
     again = subprocess.run(r.args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     rep2 = json.load(open(tmp_path / "w" / "report.json"))  # all journaled: nothing served

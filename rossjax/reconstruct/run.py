@@ -309,13 +309,21 @@ class ReconstructRun:
                            "mean": round(sum(steps) / len(steps), 2)} if steps else {},
             "diversity": {k: dict(sorted(v.items())) for k, v in sorted(draws.items())},
             "model": {"url": self.client.url, "model": self.client.model,
-                      "prompt_version": prompts.PROMPT_VERSION},
+                      "prompt_version": prompts.PROMPT_VERSION,
+                      **({"standin": standin_notice()} if self.cfg.serve.model == "standin"
+                         else {})},
             "outputs": {"trajectories": path, "withheld": "withheld.jsonl",
                         "invalid": "invalid.jsonl", "transcripts": "transcripts.jsonl"},
             "next": f"rossjax retrogen --config.input={path} "
                     f"--config.output={os.path.join(self.workdir, 'retrogen')}",
             "config": self.ledger.config, "elapsed_s": round(elapsed_s, 3),
         }
+
+
+def standin_notice() -> str:
+    from rossjax.reconstruct.standin import NOTICE
+
+    return NOTICE
 
 
 def run(cfg, workdir: str, serve_model: str | None = None) -> dict:
@@ -342,6 +350,14 @@ def _served(cfg, workdir: str, derived: dict) -> dict:
     model = derived.get("serve.model", cfg.serve.model)
     if not model:
         return _run(cfg, workdir, derived)
+    if model == "standin":  # rules, not a model: `:runlocal` offline (standin.py)
+        from rossjax.reconstruct.standin import MODEL_ID, StandinServer
+
+        derived = {**derived, "endpoint.model": MODEL_ID}
+        if not _pending(cfg, workdir, derived):
+            return _run(cfg, workdir, {**derived, "endpoint.base_url": "http://127.0.0.1:9/v1"})
+        with StandinServer(cfg.corpus) as srv:
+            return _run(cfg, workdir, {**derived, "endpoint.base_url": srv.url})
     # the served run names the model by its id; the URL is not fingerprinted
     derived = {**derived, "endpoint.model": cfg.serve.model_id}
     if not _pending(cfg, workdir, derived):

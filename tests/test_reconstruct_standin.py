@@ -1,0 +1,68 @@
+"""`:runlocal` end to end offline with nothing started by hand (issue 38 item 5): the run starts
+the rule-driven stand-in endpoint (rossjax/reconstruct/standin.py, named a stand-in in the
+report and on stderr) on 127.0.0.1, every artifact ends kept with its four signals scored,
+`rossjax retrogen` applies the thresholds and serializes SFT rows, and a rerun asks nothing.
+The stand-in's judges are rules that can say no: a ForwardGen draft citing a document outside
+Ê scores lower grounding, and a draft with no citation fails the rubric."""
+
+import json
+import os
+
+from rossjax import cli
+from rossjax.configs import retrogen as rg_config
+from rossjax.curate import retrogen
+from rossjax.reconstruct.standin import MODEL_ID, Rules
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def runlocal(tmp_path, name, *extra):
+    assert cli.main(["reconstruct", f"--config={ROOT}/configs/reconstruct.py:runlocal",
+                     f"--workdir={tmp_path / name}", *extra]) == 0
+    rep = json.load(open(tmp_path / name / "report.json"))
+    recs = [json.loads(x) for x in open(tmp_path / name / "trajectories.jsonl")]
+    return rep, recs
+
+
+def test_runlocal_ends_with_kept_scored_trajectories_and_sft_rows(tmp_path, capsys):
+    rep, recs = runlocal(tmp_path, "w")
+    out = capsys.readouterr()
+    assert "stand-in endpoint (rules-standin)" in out.err and "NOT a model" in out.err
+    assert rep["model"]["model"] == MODEL_ID and "NOT a model" in rep["model"]["standin"]
+    assert rep["buckets"] == {"kept": 6, "withheld": 0, "invalid": 0}
+    for r in recs:
+        assert retrogen.gate(r) is None and r["model"] == MODEL_ID
+        assert set(r["scores"]) == set(retrogen.SIGNALS) and r["tool_steps"] >= 2
+        assert [c["name"] for c in r["trace"] if c["type"] == "call"][:2] == ["search", "open"]
+        assert [x["aspect"] for x in r["rubric"]] == ["coverage", "structure", "synthesis",
+                                                      "citation"]
+    g = rg_config.get_config()
+    g.input, g.output = str(tmp_path / "w" / "trajectories.jsonl"), str(tmp_path / "rg")
+    res = retrogen.run(g)
+    assert {d: r["threshold"] for d, r in res.report.items()} == retrogen.PAPER_THRESHOLDS
+    assert len(res.kept) == 6 and all(k["score"] >= k["threshold"] for k in res.kept)
+    rows = [json.loads(x) for x in open(tmp_path / "rg" / "retrogen.jsonl")]
+    assert len(rows) == 6 and all(r["messages"][-1]["role"] == "assistant" for r in rows)
+    again, _ = runlocal(tmp_path, "w")  # all journaled: nothing asked, nothing served
+    assert again["resumed"] == 6 and again["requests"]["requests"] == 0
+
+
+def test_forwardgen_under_the_standin_grounds_less_than_retrogen(tmp_path):
+    rg, _ = runlocal(tmp_path, "rg")
+    fw, _ = runlocal(tmp_path, "fw", "--config.method=forwardgen")
+    assert fw["buckets"]["kept"] == 6
+    mean = lambda rep: sum(d["grounding"] for d in rep["scores"].values()) / 3  # noqa: E731
+    assert mean(fw) < mean(rg) == 1.0
+
+
+def test_the_standin_judges_can_fail_a_draft():
+    rules = Rules(os.path.join(ROOT, "data", "retrogen", "corpus.jsonl"))
+    got = rules.answer("STAGE: verify_rubric\n1. (coverage) a\n2. (citation) b\n\n"
+                       "ANSWER TO JUDGE:\n<<<\nRevenue rose.\n>>>")
+    assert [v["verdict"] for v in got["verdicts"]] == ["missed", "missed"]
+    ground = rules.answer("STAGE: verify_grounding\nEVIDENCE (the documents the claims may rest "
+                          "on):\n[shipping-rates] t\nContract rates declined less than spot "
+                          "rates.\n\nNOTES OF THE WORK:\n(no notes)\n\nFINAL ANSWER:\n<<<\n"
+                          "Contract rates declined less than spot rates. [shipping-rates]\n"
+                          "Spot rates doubled. [shipping-rates]\n>>>")
+    assert [c["supported"] for c in ground["claims"]] == [True, False]
