@@ -8,6 +8,11 @@ Run:
   50M-token budget, rows longer than 32,768 tokens dropped. Change a share with
   --config.sources.science.share=0.5. `configs/mixture.py:by_recipe` is the other layout
   (math / code / agentic / retrogen = 40 / 20 / 20 / 20 of 100M tokens).
+  `configs/mixture.py:public_baseline` is the paper's Public-Baseline: a user's public tool-use
+  SFT data (curated; --config.sources.public_tool_use.path=DIR) takes the 80% agentic slice the
+  three RetroGen domains hold, general keeps its 20%, on the same 50M-token budget and length
+  cap, so both mixtures train on the same token count (report.json: target vs achieved tokens
+  per source).
 
 Needs: curated output dirs written by `rossjax curate` (read with compiled.read_compiled).
 Writes DIR/compiled-NNNNN.array_record (the drawn examples, curated format: train on DIR
@@ -21,6 +26,8 @@ import ml_collections
 from rossjax.configs import common
 
 PAPER_SHARES = {"science": 0.4, "finance": 0.2, "legal": 0.2, "general": 0.2}
+# the agentic 80% (science + finance + legal) replaced by one public tool-use source
+PUBLIC_BASELINE_SHARES = {"public_tool_use": 0.8, "general": 0.2}
 BY_RECIPE_SHARES = {"math": 0.4, "code": 0.2, "agentic": 0.2, "retrogen": 0.2}
 
 
@@ -29,7 +36,7 @@ def _sources(shares: dict) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    variants = common.variants(arg, ("by_recipe",), "mixture.py")
+    variants = common.variants(arg, ("by_recipe", "public_baseline"), "mixture.py")
     c = ml_collections.ConfigDict()
     c.output = ""
     c.sources = _sources(PAPER_SHARES)
@@ -42,4 +49,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if "by_recipe" in variants:
         c.sources = _sources(BY_RECIPE_SHARES)
         c.budget_tokens = 100_000_000
+    if "public_baseline" in variants:
+        c.sources = _sources(PUBLIC_BASELINE_SHARES)
     return c
