@@ -41,3 +41,43 @@ def test_first_ctrl_c_is_a_stop_request_and_arms_a_second_to_end_the_process():
         # the next Ctrl-C is the kernel's default action: the process ends at once, unsaved
         assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL
     assert signal.getsignal(signal.SIGINT) == before
+
+
+def test_workers_started_under_ctrl_c_blocked_never_see_a_terminals_ctrl_c():
+    """A terminal's Ctrl-C reaches the whole process group; GRPO's reward workers start with
+    SIGINT blocked (checkpoint.ctrl_c_blocked), so only the trainer acts on it."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    from rossjax.train.checkpoint import ctrl_c_blocked
+
+    def child_mask(blocked):
+        with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+            if blocked:
+                with ctrl_c_blocked():
+                    fut = ex.submit(signal.pthread_sigmask, signal.SIG_BLOCK, [])
+            else:
+                fut = ex.submit(signal.pthread_sigmask, signal.SIG_BLOCK, [])
+            return fut.result()
+
+    assert signal.SIGINT in child_mask(True) and signal.SIGINT not in child_mask(False)
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # unblocked after
+
+
+def test_ctrl_c_in_set_up_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    """Before the first step (data scan, model load) there is no step to finish: Ctrl-C stops
+    with one line naming the command to rerun, not a traceback."""
+    from rossjax import cli
+    from rossjax.train.sft import trainer
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer.Trainer, "prepare", interrupted)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = [f"--config={root}/configs/ross_sft.py:runlocal", f"--config.data.train={tmp_path}/d",
+            f"--workdir={tmp_path}/run"]
+    assert cli.main(["train", *argv]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("rossjax train: stopped by Ctrl-C outside a training step"), err
+    assert err[-1].endswith(shlex.join(["rossjax", "train", *argv]))

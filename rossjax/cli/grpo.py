@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 
 def main(argv=None) -> int:
     from rossjax.cli.flags import command_config, complete_message
     from rossjax.train.rl import grpo
-    from rossjax.train.skeleton import stop_code, stopped_message
+    from rossjax.train.skeleton import interrupted_message, stop_code, stopped_message
 
     cfg, workdir, _ = command_config(list(argv or []), "grpo",
                                      "configs/grpo_verifier.py (or another GRPO config)")
     t0 = time.time()
-    out = grpo.run(cfg, workdir)
+    try:
+        out = grpo.run(cfg, workdir)
+    except KeyboardInterrupt:  # Ctrl-C in set-up or the closing save (a step saves)
+        print(interrupted_message("grpo", workdir, argv), file=sys.stderr)
+        return 130
     if out.get("complete"):
         reward = f"reward {out['metrics'].get('reward_mean', float('nan')):.3f}"
         print(complete_message("grpo", workdir, out["step"], reward, "grpo.steps")

@@ -13,13 +13,17 @@ def main(argv=None) -> int:
     from rossjax.cli.flags import command_config, complete_message
     from rossjax.cli.recipe import check_train_recipe
     from rossjax.train.sft import trainer as loop
-    from rossjax.train.skeleton import stop_code, stopped_message
+    from rossjax.train.skeleton import interrupted_message, stop_code, stopped_message
 
     cfg, workdir, _ = command_config(list(argv or []), "train",
                                      "configs/ross_sft.py (or another SFT config)")
     check_train_recipe(cfg)
     t0 = time.time()
-    out = loop.run(cfg, workdir)
+    try:
+        out = loop.run(cfg, workdir)
+    except KeyboardInterrupt:  # Ctrl-C in set-up or the closing save (a step saves)
+        print(interrupted_message("train", workdir, argv), file=sys.stderr)
+        return 130
     if out.get("complete"):
         if jax.process_index() == 0:
             # num_steps only extends a run it caps; otherwise the epochs decide its length

@@ -20,6 +20,7 @@ step gives a non-finite loss, and stops the run (the rerun resumes from the prev
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import json
 import math
@@ -340,6 +341,18 @@ class PreemptionGuard:
             signal.signal(sig, old)
         self._old = {}
         return False
+
+
+@contextlib.contextmanager
+def ctrl_c_blocked():
+    """Processes started inside (GRPO's reward workers) never see a terminal's Ctrl-C, which
+    reaches its whole process group: SIGINT is blocked while they start and they inherit the
+    mask, so the trainer alone decides how the run stops. A Ctrl-C meanwhile waits, not lost."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def any_process(flag: bool) -> bool:

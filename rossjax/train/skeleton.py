@@ -11,7 +11,7 @@ the config and run files, opens the metrics writer and the progress bar. `fit()`
 under a PreemptionGuard: after each step its hooks run in order (metrics, progress, the
 trainer's own, the periodic checkpoint: Levanter's trainer hooks), then a stop request (SIGTERM,
 SIGHUP, the first Ctrl-C, or the trainer's `stop_reason`) saves a checkpoint and ends the loop.
-`close()` ends the files and draws metrics.png. `stopped_message` is the last line a stopped
+`close()` ends the files and draws metrics.png; `execute()` is all of it. `stopped_message` is the last line a stopped
 run prints: the step it stopped at and the command that resumes it.
 """
 
@@ -73,6 +73,13 @@ def stopped_message(command: str, workdir: str, out: dict, summary: str, argv=No
             f"{resume_command(command, workdir, argv)}")
 
 
+def interrupted_message(command: str, workdir: str, argv=None) -> str:
+    """What a Ctrl-C outside the steps says (set-up, or the closing save: no step is cut)."""
+    return (f"rossjax {command}: stopped by Ctrl-C outside a training step; checkpoints already "
+            f"in {os.path.join(workdir, 'checkpoints')} are kept. Rerun to start or resume: "
+            f"{resume_command(command, workdir, argv)}")
+
+
 class Skeleton:
     """One training run. Subclasses set `command`, `desc` and `plot` and implement the hooks
     below that raise NotImplementedError; the others are optional."""
@@ -98,7 +105,7 @@ class Skeleton:
         resume.check(workdir, cfg, self.command, resuming=self.ckpt.latest_step() is not None,
                      data=data, data_field=field, lead=self.lead)
         self.stopped_by, self.step_done, self.metrics = "", None, {}
-        # A finished workdir: say so (run() returns its last metrics) without loading the model.
+        # A finished workdir: say so (execute() returns its last metrics), load no model.
         self.complete = workdir_lib.finished_step(self.ckpt, self.total)
         if self.complete is not None:
             self.check_complete(self.complete)
@@ -260,7 +267,7 @@ class Skeleton:
             write_plot(self.workdir, list(self.plot), out="metrics.png", title=self.plot_title())
 
     @classmethod
-    def run(cls, cfg, workdir: str, *args, **kwargs) -> dict:
+    def execute(cls, cfg, workdir: str, *args, **kwargs) -> dict:
         """Set up, train, close; `complete_result()` for a finished workdir, else `result()`."""
         with workdir_lib.unlock_at_end(workdir):  # the lock __init__ takes, however it ends
             trainer = cls(cfg, workdir, *args, **kwargs)

@@ -45,7 +45,7 @@ import numpy as np
 from rossjax import sharding
 from rossjax.errors import ConfigError, Diverged
 from rossjax.monitor import RunFile, read_metrics, step_at_most
-from rossjax.train import resume, skeleton
+from rossjax.train import checkpoint as ckpt_lib, resume, skeleton
 from rossjax.train.rl import (
     advantages,
     agentic_grpo,
@@ -170,7 +170,8 @@ class GRPOTrainer(skeleton.Skeleton):
         timer.s["sample"] = 0.0 if self.pending is not None else sampled["sample_s"]
         self.pending = None
         self.consumed += g.contexts
-        get_cpu = self.run.workers.submit(self.run.cpu_kinds, sampled["records"])
+        with ckpt_lib.ctrl_c_blocked():  # workers it starts are deaf to a terminal's Ctrl-C
+            get_cpu = self.run.workers.submit(self.run.cpu_kinds, sampled["records"])
         if g.async_sampling and step + 1 < g.steps:
             self.pending = self.run.sample(params, self.source.next(g.contexts), step + 1)
             timer.s["sample"] += self.pending["sample_s"]
@@ -231,9 +232,9 @@ class GRPOTrainer(skeleton.Skeleton):
             sampled = run.sample(params, self.source.next(g.contexts), step, refill=len(rounds))
             timer.s["sample"] += sampled["sample_s"]
             self.consumed += g.contexts
-            rounds.append(self.score(sampled,
-                                     run.workers.submit(run.cpu_kinds, sampled["records"]),
-                                     params, timer))
+            with ckpt_lib.ctrl_c_blocked():
+                get_cpu = run.workers.submit(run.cpu_kinds, sampled["records"])
+            rounds.append(self.score(sampled, get_cpu, params, timer))
         out, metrics = dynamic_sampling.assemble(rounds, g.contexts, g.group_size)
         f = out.update_rows
         _, out.is_metrics = self._is_weights(f["old_logp"], out.sampled["batch"]["sampler_logp"],
@@ -348,4 +349,4 @@ def run(cfg, workdir: str, *, cpu_scorer=None, step_cache=STEP_CACHE) -> dict:
     benchmark's chosen-cost reward). `step_cache` keeps compiled steps for the next run in
     this process with the same settings (a `StepCache`; the default is shared). Returns the
     final state, last metrics, tokenizer spec, history path and the run's model/step holder."""
-    return GRPOTrainer.run(cfg, workdir, cpu_scorer, step_cache)
+    return GRPOTrainer.execute(cfg, workdir, cpu_scorer, step_cache)

@@ -298,4 +298,4 @@ def run(cfg, workdir: str) -> dict:
     """`rossjax train`: returns {"step", "stopped", "stopped_by", "total", **the last step's
     metrics}; for a workdir already trained to its last step "complete": True (and its last
     logged metrics)."""
-    return Trainer.run(cfg, workdir)
+    return Trainer.execute(cfg, workdir)
