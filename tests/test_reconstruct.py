@@ -44,10 +44,12 @@ def user(body):
 
 def good_task(rid):
     return {"task": f"Research the sources behind topic {rid.replace('-', ' ')} and write the "
-                    f"document an expert in the field would write.",
-            "rubric": [{"criterion": "Covers the main sources", "aspect": "coverage"},
-                       {"criterion": "States each source's finding accurately", "aspect": "accuracy"},
-                       {"criterion": "Every claim rests on a retrieved document", "aspect": "grounding"}]}
+                    f"document an expert in the field would write."}
+
+
+RUBRIC = {"rubric": [{"criterion": "Covers the main sources", "aspect": "coverage"},
+                     {"criterion": "Relates the sources' findings", "aspect": "synthesis"},
+                     {"criterion": "Every claim cites a retrieved document", "aspect": "citation"}]}
 
 
 def step_answer(body):
@@ -92,6 +94,8 @@ def expert(rid, body, overrides=None):
         first = ARTS.get(rid, {"text": "x"})["text"].split(". ")[0].split()[:3]
         return json.dumps({"cues": [{"text": " ".join(first), "kind": "term"},
                                     {"text": "a phrase the artifact never says", "kind": "term"}]})
+    if stage == "rubric":
+        return json.dumps(RUBRIC)
     if stage == "task":
         return json.dumps(good_task(rid))
     if stage == "plan":
@@ -178,18 +182,24 @@ def test_whole_path_to_serialized_sft_rows(tmp_path):
                                "grounding": 0.5, "consistency": 1.0}
         assert r["score"] == pytest.approx(0.25 * (2.5 / 3 + 0.75 + 0.5 + 1.0), abs=1e-6)
         assert r["cues_dropped"] == ["a phrase the artifact never says"]
-        assert r["model"] == "scripted" and r["prompt_version"] == "reconstruct-v2"
+        assert r["model"] == "scripted" and r["prompt_version"] == "reconstruct-v3"
         assert any(c["source"] == "model" for c in r["cues"])
         assert set(r["diversity"]) == {"query_style", "plan_realization", "outline",
-                                       "reflect_every", "format"}
+                                       "reflect_every", "format", "persona", "tool_schema",
+                                       "thought"}
         assert r["evidence"] and all(e.split(": ", 1)[0] in DOCS for e in r["evidence"])
     st = rep["stages"]
     assert st["task"]["requests"] == st["plan"]["requests"] == st["verify_rubric"]["requests"] == 6
     assert st["step"]["requests"] == 6 * 6 and rep["requests"]["requests"] == len(srv.requests)
     # the diversity draws are seeded per artifact and reach the prompts
-    first = {artifact_of(b): user(b) for b in reversed(srv.bodies(stage="step"))}
-    for r in recs:
-        assert r["diversity"]["query_style"] in first[r["id"]]
+    first = {artifact_of(b): b for b in reversed(srv.bodies(stage="step"))}
+    from rossjax.reconstruct import prompts
+    for r in recs:  # A.2's axes too: persona (system prompt), tool schema, thought template
+        d, b = r["diversity"], first[r["id"]]
+        assert d["query_style"] in user(b) and d["thought"] in user(b)
+        assert b["messages"][0]["content"].startswith(prompts.PERSONAS[d["persona"]])
+        assert ("; arguments {" in user(b)) == (d["tool_schema"] == "described")
+    assert len({tuple(sorted(r["diversity"].items())) for r in recs}) > 1
     # `rossjax retrogen` gates, thresholds and serializes them into SFT rollouts
     g = rg_config.get_config()
     g.input, g.output = str(tmp_path / "rc" / "trajectories.jsonl"), str(tmp_path / "rg")
@@ -324,7 +334,7 @@ def test_malformed_answers_and_artifacts_are_invalid_naming_artifact_and_field(t
     body += "\n" + json.dumps(ARTS["sci-rw-1"]) + "\n"  # a repeated id
     bad.write_text(body)
     over = {
-        "task": lambda b: (json.dumps({**good_task("x"), "rubric": [
+        "rubric": lambda b: (json.dumps({"rubric": [
             {"criterion": "a", "aspect": "coverage"}, {"criterion": "b"},
             {"criterion": "c", "aspect": "style"}]}) if artifact_of(b) == "sci-rw-1" else None),
         "plan": lambda b: "I will search first." if artifact_of(b) == "fin-10k-1" else None,
@@ -342,8 +352,8 @@ def test_malformed_answers_and_artifacts_are_invalid_naming_artifact_and_field(t
     adds_up(rep)
     assert rep["input_rows"] == 8 and rep["buckets"]["kept"] == 0
     inv = {(r["row"], r["reason"]): r["detail"] for r in lines(tmp_path / "rc" / "invalid.jsonl")}
-    assert "arts.jsonl row 1 (artifact sci-rw-1): task answer: task.rubric[1].aspect must be a " \
-           "non-empty string" in inv[(1, "model_malformed")]
+    assert "arts.jsonl row 1 (artifact sci-rw-1): rubric answer: rubric.rubric[1].aspect must be " \
+           "a non-empty string" in inv[(1, "model_malformed")]
     assert "(artifact fin-10k-1): plan answer: the answer is not one JSON object" in \
         inv[(2, "model_unparseable")]
     assert "verify_rubric.verdicts must hold 3 to 3 items" in inv[(3, "model_malformed")]
@@ -353,8 +363,8 @@ def test_malformed_answers_and_artifacts_are_invalid_naming_artifact_and_field(t
     wh = {r["row"]: r for r in lines(tmp_path / "rc" / "withheld.jsonl")}
     assert wh[4]["reason"] == "malformed_tool_call" and "no document with id 'nope'" in wh[4]["detail"]
     assert wh[5]["reason"] == "failed_retrieval" and "'no match'" in wh[5]["detail"]
-    assert len(srv.bodies("sci-rw-1", "task")) == 2  # asked again once, the check quoted
-    assert rep["stages"]["task"]["failed_checks"] == {"reviewer_malformed": 2}
+    assert len(srv.bodies("sci-rw-1", "rubric")) == 2  # asked again once, the check quoted
+    assert rep["stages"]["rubric"]["failed_checks"] == {"reviewer_malformed": 2}
 
 
 def test_resume_asks_nothing_twice_and_lists_each_artifact_once(tmp_path):
@@ -417,7 +427,7 @@ def test_a_killed_run_resumes_from_its_journal_and_cache(tmp_path):
         total_first = len(srv.requests)
     assert total_first == first and not os.path.exists(tmp_path / "w" / "report.json")
     journal = lines(tmp_path / "w" / "journal.jsonl")
-    assert [e["id"] for e in journal[1:]] == ["sci-rw-1"]  # 13 requests an artifact
+    assert [e["id"] for e in journal[1:]] == ["sci-rw-1"]  # 14 requests an artifact
     with serve() as srv:
         r = subprocess.run([*argv, f"--config.endpoint.base_url={srv.url}"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=120)
@@ -428,8 +438,8 @@ def test_a_killed_run_resumes_from_its_journal_and_cache(tmp_path):
     rep = json.load(open(tmp_path / "w" / "report.json"))
     adds_up(rep)
     assert rep["resumed"] == 1 and rep["buckets"]["kept"] == 6
-    assert rep["requests"]["cache_hits"] == first - 13  # the cut-off artifact's answers
-    assert asked == rep["requests"]["requests"] == 6 * 13 - first
+    assert rep["requests"]["cache_hits"] == first - 14  # the cut-off artifact's answers
+    assert asked == rep["requests"]["requests"] == 6 * 14 - first
     assert [x["id"] for x in lines(tmp_path / "w" / "trajectories.jsonl")] == list(ARTS)
 
 
@@ -504,7 +514,7 @@ def test_json_object_response_format_reaches_every_request(tmp_path):
         rep = rc_run.run(config(srv.url, tmp_path, input=str(one),
                                 **{"endpoint.response_format": "json_object"}), str(tmp_path / "w"))
         bodies = srv.bodies()
-    assert rep["buckets"]["kept"] == 1 and len(bodies) == 13
+    assert rep["buckets"]["kept"] == 1 and len(bodies) == 14
     assert all(b["response_format"] == {"type": "json_object"} for b in bodies)
     from rossjax.errors import ConfigError
     with pytest.raises(ConfigError, match="response_format 'json_schema' must be none or"):

@@ -6,6 +6,7 @@ as the evidence they are); the stages
 that may read y* (cues, task induction, the quality judge) do carry it, so the check can see
 one. Consistency of an empty trace is no free point."""
 
+import json
 import re
 
 import pytest
@@ -59,3 +60,19 @@ def test_consistency_of_an_empty_trace_is_not_a_free_point():
 
     score, detail = verify.consistency(Asker(), ARTS["fin-10k-1"], "t", [], "a draft")
     assert score == 0.0 and detail == {"references": 0, "consistent": 0}
+
+
+def test_side_context_feeds_induction_only(tmp_path):
+    one = tmp_path / "one.jsonl"
+    marker = "Abstract: the side context of this filing, quoted here as an xyzzy marker."
+    one.write_text(json.dumps({**ARTS["fin-10k-1"], "context": marker}) + "\n")
+    with serve() as srv:
+        rep = rc_run.run(config(srv.url, tmp_path, input=str(one)), str(tmp_path / "w"))
+        seen = {st for _, st, b, _ in srv.requests if "xyzzy marker" in json.dumps(b)}
+    assert rep["buckets"]["kept"] == 1 and seen == {"rubric", "task"}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({**ARTS["fin-10k-1"], "context": 3}) + "\n")
+    with serve() as srv:
+        rep = rc_run.run(config(srv.url, tmp_path, input=str(bad)), str(tmp_path / "b"))
+    assert "context must be a string when given" in \
+        lines(tmp_path / "b" / "invalid.jsonl")[0]["detail"]

@@ -1,6 +1,7 @@
-"""Artifact-anchored initialization (RetroGen §1): from the expert artifact y*, its cues (rules
-first, the model for the rest), the induced task x̂ under the leak rules, the instance rubric
-R = {(criterion, aspect)} and the evidence set Ê retrieved from the corpus by the cues.
+"""Artifact-anchored initialization (RetroGen §1): from the expert artifact y* (and its side
+context, when it has one), its cues (rules first, the model for the rest), the instance rubric
+R = {(criterion, aspect)} in the paper's categories, then the task x̂ conditioned on R under the
+leak rules (App. C's order), and the evidence set Ê retrieved from the corpus by the cues.
 """
 
 from __future__ import annotations
@@ -54,34 +55,47 @@ def model_cues(asker: Asker, art: dict, found: list[dict], max_cues: int):
     return kept[:room], dropped
 
 
-def induce(asker: Asker, art: dict, cue_list: list[dict], rules: dict):
-    """(task, rubric, leak retries): the task must pass the leak rules (cues.leak); a leaking
-    answer is asked again with the broken rule quoted, then the artifact is withheld task_leak."""
+def induce_rubric(asker: Asker, art: dict, rules: dict) -> list[dict]:
+    """The instance rubric first (App. C order), each criterion in one of the paper's
+    categories (prompts.RUBRIC_CATEGORIES)."""
+    def check(obj):
+        rubric = want_items(obj, "rubric", "rubric", lo=rules["rubric_min"], hi=rules["rubric_max"])
+        out = []
+        for j, r in enumerate(rubric):
+            crit = want_text(r, "criterion", f"rubric.rubric[{j}]", max_chars=500)
+            aspect = want_text(r, "aspect", f"rubric.rubric[{j}]", max_chars=40).lower()
+            if aspect not in prompts.RUBRIC_CATEGORIES:
+                raise bad(f"rubric.rubric[{j}].aspect", f"must be one of "
+                          f"{', '.join(prompts.RUBRIC_CATEGORIES)}, got {aspect!r:.40}")
+            out.append({"criterion": crit, "aspect": aspect})
+        return out
+
+    return asker.ask("rubric", prompts.rubric(art, rules), check)
+
+
+def induce(asker: Asker, art: dict, cue_list: list[dict], rules: dict, rubric: list[dict]):
+    """(task, leak retries): x̂ conditioned on the rubric; it must pass the leak rules
+    (cues.leak); a leaking answer is asked again with the broken rule quoted, then the artifact
+    is withheld task_leak."""
     leaks = []
 
     def check(obj):
         task = want_text(obj, "task", "task")
-        rubric = want_items(obj, "rubric", "task", lo=rules["rubric_min"], hi=rules["rubric_max"])
-        out = []
-        for j, r in enumerate(rubric):
-            crit = want_text(r, "criterion", f"task.rubric[{j}]", max_chars=500)
-            aspect = want_text(r, "aspect", f"task.rubric[{j}]", max_chars=40).lower()
-            out.append({"criterion": crit, "aspect": aspect})
         why = cue_rules.leak(task, art["text"], cue_list, ngram=rules["ngram"],
                              max_chars=rules["max_chars"], max_ratio=rules["max_ratio"])
         if why:
             leaks.append(why)
             raise bad("task.task", f"leaks the artifact: {why}")
-        return task, out
+        return task
 
     try:
-        task, rubric = asker.ask("task", prompts.task(art, cue_list, rules), check)
+        task = asker.ask("task", prompts.task(art, cue_list, rules, rubric), check)
     except Settled as e:
         if leaks and e.code == "model_malformed" and "leaks the artifact" in e.detail:
             raise Settled("withheld", "task_leak", f"{asker.where}: the induced task {leaks[-1]}; "
                           f"still leaking after {len(leaks)} answer(s)", "task") from None
         raise
-    return task, rubric, len(leaks)
+    return task, len(leaks)
 
 
 def retrieve(index, art: dict, cue_list: list[dict], depth: int, max_evidence: int,
@@ -120,7 +134,8 @@ def initialize(asker: Asker, art: dict, index, cfg) -> Anchor:
     rules = {"ngram": cfg.leak.ngram, "max_chars": cfg.leak.max_task_chars,
              "max_ratio": cfg.leak.max_task_ratio, "leak_kinds": cue_rules.LEAK_KINDS,
              "rubric_min": cfg.rubric_min, "rubric_max": cfg.rubric_max}
-    task, rubric, leak_retries = induce(asker, art, cue_list, rules)
+    rubric = induce_rubric(asker, art, rules)
+    task, leak_retries = induce(asker, art, cue_list, rules, rubric)
     evidence = retrieve(index, art, cue_list, cfg.retrieval_depth, cfg.max_evidence,
                         cfg.retrieval_min_ratio)
     if not evidence:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-PROMPT_VERSION = "reconstruct-v2"  # v2: plan and step never carry y*
+PROMPT_VERSION = "reconstruct-v3"  # v2: y* never in plan/step; v3: rubric, then task; A.2 draws
 SYSTEM = ("You reconstruct the evidence-seeking work behind expert documents: the task an expert "
           "was given, the searches and readings that led to the document, and checks of the "
           "result. Answer with one JSON object only, exactly in the shape asked for.")
@@ -38,8 +38,37 @@ def _artifact(art: dict) -> str:
     return f"EXPERT ARTIFACT:\n<<<\n{art['text']}\n>>>"
 
 
-def _msgs(user: str) -> list[dict]:
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+def _side(art: dict) -> str:
+    # the artifact's side context (an abstract, a filing's header): induction only
+    return f"\n\nSIDE CONTEXT:\n<<<\n{art['context']}\n>>>" if art.get("context") else ""
+
+
+def _msgs(user: str, system: str = SYSTEM) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+# The paper's rubric categories (App. C), what each criterion of that category checks.
+RUBRIC_CATEGORIES = {
+    "coverage": "the sources, facts and sub-questions a complete answer must include",
+    "structure": "the organization the document's kind calls for",
+    "synthesis": "relating, contrasting or weighing sources rather than listing them",
+    "citation": "each claim attributed to the source document it rests on"}
+
+# A.2 diversity: the agent's persona (its system prompt), the tool-schema rendering and the
+# thought template of its notes, drawn per trajectory (trace.draws), recorded in the record.
+PERSONAS = {
+    "analyst": "You are a careful research analyst with a document corpus and four tools.",
+    "librarian": "You are a reference librarian: you find, open and read sources before you "
+                 "write anything.",
+    "reviewer": "You are a skeptical domain expert who trusts only what a source says."}
+SCHEMAS = ("signature", "described")
+_WHAT = {"search": "rank corpus documents for a query", "open": "read a document whole",
+         "extract": "the lines of a document holding a pattern",
+         "compare": "one aspect read from several documents, side by side",
+         "outline": "your own plan of the write-up", "draft": "the finished document: ends the work"}
+THOUGHTS = ("Goal: ... Found so far: ... Next: ...",
+            "I still need ... because ..., so I will ...",
+            "What the last observation shows: ... What is missing: ...")
 
 
 def cues(art: dict, found: list[dict], max_new: int) -> list[dict]:
@@ -57,20 +86,38 @@ exactly as it is written in the artifact; do not repeat the cues above.
 Answer: {{"cues": [{{"text": "...", "kind": "entity|organization|dataset|method|term|date|other"}}]}}""")
 
 
-def task(art: dict, cue_list: list[dict], rules: dict) -> list[dict]:
+def rubric(art: dict, rules: dict) -> list[dict]:
+    """App. C order: the rubric first, from y*; the task is then induced against it."""
+    cats = "\n".join(f"- {k}: {v}" for k, v in RUBRIC_CATEGORIES.items())
+    return _msgs(f"""{_head("rubric", art)}
+
+{_artifact(art)}{_side(art)}
+
+Write the instance rubric a reviewer applies to any answer to the request behind this artifact:
+{rules["rubric_min"]}-{rules["rubric_max"]} criteria, each checkable on an answer alone, each in one
+of these categories, every category used at least once:
+{cats}
+A criterion states what a good answer does, not what this artifact says: no citation, figure or
+case name of the artifact in it.
+Answer: {{"rubric": [{{"criterion": "...", "aspect": "{'|'.join(RUBRIC_CATEGORIES)}"}}]}}""")
+
+
+def task(art: dict, cue_list: list[dict], rules: dict, rub: list[dict]) -> list[dict]:
     named = ", ".join(repr(c["text"]) for c in cue_list if c["kind"] in rules["leak_kinds"])
+    crit = "\n".join(f"- ({r['aspect']}) {r['criterion']}" for r in rub)
     return _msgs(f"""{_head("task", art)}
 
-{_artifact(art)}
+{_artifact(art)}{_side(art)}
 
-1. Write the task the expert was given before writing this artifact: what to research and what
-to produce, as a request to an analyst, in 1-3 sentences. It must not give away the content:
-no run of {rules["ngram"]} or more consecutive words of the artifact, none of its citations,
-statutes, case names or figures ({named or "none found"}), at most {rules["max_chars"]} characters.
-2. Write an instance rubric of {rules["rubric_min"]}-{rules["rubric_max"]} criteria a reviewer can
-apply to any answer to that task, each with the aspect it checks (coverage, accuracy, grounding,
-structure, reasoning or style).
-Answer: {{"task": "...", "rubric": [{{"criterion": "...", "aspect": "..."}}]}}""")
+RUBRIC the answer will be judged by:
+{crit}
+
+Write the task the expert was given before writing this artifact: what to research and what to
+produce, as a request to an analyst, in 1-3 sentences, such that an answer meeting the rubric
+fulfils it. It must not give away the content: no run of {rules["ngram"]} or more consecutive words
+of the artifact, none of its citations, statutes, case names or figures ({named or "none found"}),
+at most {rules["max_chars"]} characters.
+Answer: {{"task": "..."}}""")
 
 
 def evidence_lines(evidence: list[dict]) -> str:
@@ -83,6 +130,11 @@ def _found(evidence: list[dict] | None) -> str:
             if evidence is not None else "")
 
 
+def _system(draws: dict) -> str:
+    persona = PERSONAS.get(draws.get("persona", ""), "")
+    return f"{persona} {SYSTEM}" if persona else SYSTEM
+
+
 def plan(art: dict, task_text: str, evidence: list[dict] | None, draws: dict,
          max_steps: int) -> list[dict]:
     """evidence: Ê (RetroGen) or None (ForwardGen: x̂ alone)."""
@@ -93,19 +145,24 @@ TASK: {task_text}{_found(evidence)}
 Plan the work for this task, as steps over the actions {", ".join(ACTIONS)} ({max_steps} tool
 steps at most: search, open, extract and compare run on a document corpus; outline and draft
 are your own writing). The plan ends with draft. Realize it {draws["plan_realization"]}.
-Answer: {{"plan": [{{"action": "search", "purpose": "why this step"}}, ...]}}""")
+Answer: {{"plan": [{{"action": "search", "purpose": "why this step"}}, ...]}}""", _system(draws))
 
 
 def step(art: dict, task_text: str, evidence: list[dict] | None, plan_steps: list[dict],
          history: str, used: int, max_steps: int, draws: dict, reflect: bool) -> list[dict]:
     planned = "\n".join(f"{k + 1}. {p['action']}: {p['purpose']}" for k, p in enumerate(plan_steps))
-    actions = "\n".join(f"- {a} {_ARGS[a]}" for a in ACTIONS)
+    if draws.get("tool_schema") == "described":
+        actions = "\n".join(f"- {a}: {_WHAT[a]}; arguments {_ARGS[a]}" for a in ACTIONS)
+    else:
+        actions = "\n".join(f"- {a} {_ARGS[a]}" for a in ACTIONS)
     if used >= max_steps:
         nxt = f"The tool budget is spent ({used} of {max_steps} tool steps): the action must be draft."
     else:
         nxt = f"Tool steps used: {used} of {max_steps}. Take the next step of the plan, or change course if the observations call for it."
     style = (f"Write search queries as {draws['query_style']}; outline at {draws['outline']} "
              f"granularity; format notes and the draft as {draws['format']}.")
+    if draws.get("thought"):
+        style += f" Write the note in the form: {draws['thought']}"
     if reflect:
         style += " In this step's note, first reflect on what the evidence so far shows and lacks."
     return _msgs(f"""{_head("step", art)}
@@ -122,7 +179,7 @@ HISTORY:
 {style}
 Actions:
 {actions}
-Answer: {{"note": "what you do and why", "action": "...", "arguments": {{...}}}}""")
+Answer: {{"note": "what you do and why", "action": "...", "arguments": {{...}}}}""", _system(draws))
 
 
 def _evidence_texts(evidence: list[dict], per_doc: int) -> str:

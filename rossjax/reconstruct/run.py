@@ -1,7 +1,8 @@
 """`run(cfg, workdir)`: expert artifacts in, verified trajectories out, every artifact in one
 bucket of curate's ledger (curate/ledger.py: report.json's buckets add up to the input rows).
 
-  read     config.input (.jsonl): {"id", "domain", "text", "kind"?, "title"?} per line; a line
+  read     config.input (.jsonl): {"id", "domain", "text", "kind"?, "title"?, "context"?} per
+           line (context: side context such as an abstract, shown to induction only); a line
            that is not JSON or lacks a field is invalid (invalid_artifact, naming file, row and
            field), a repeated id is invalid (duplicate_id)
   anchor   anchor.py; trace trace.py; verify verify.py; per config.method (baselines.py)
@@ -107,10 +108,10 @@ def read_artifacts(path: str, min_chars: int, max_chars: int = 20_000):
             why = (f"{where} (artifact {rid}): text must be a string of {min_chars} to {max_chars} "
                    f"characters (config.min_artifact_chars, max_artifact_chars), got {size}")
         else:
-            for key in ("kind", "title"):
+            for key in ("kind", "title", "context"):
                 if rec.get(key) is not None and not isinstance(rec[key], str):
                     why = f"{where} (artifact {rid}): {key} must be a string when given"
-            for key in ("domain", "text", "kind", "title"):
+            for key in ("domain", "text", "kind", "title", "context"):
                 if not why and isinstance(rec.get(key), str) and LONE_SURROGATE.search(rec[key]):
                     why = f"{where} (artifact {rid}): {key} {NOT_TEXT}"
         if why:
@@ -120,7 +121,8 @@ def read_artifacts(path: str, min_chars: int, max_chars: int = 20_000):
         else:
             seen.add(rid)
             art = {"id": rid, "domain": rec["domain"].strip(), "text": rec["text"].strip(),
-                   "kind": rec.get("kind") or "", "title": rec.get("title") or ""}
+                   "kind": rec.get("kind") or "", "title": rec.get("title") or "",
+                   **({"context": rec["context"].strip()} if rec.get("context") else {})}
             yield line.row, art, rid, None, f"{where} (artifact {rid})"
 
 
@@ -173,6 +175,7 @@ class ReconstructRun:
         self.client = make_client(cfg, cfg.cache_dir or os.path.join(workdir, "cache"),
                                   base_url=derived.get("endpoint.base_url"),
                                   model=derived.get("endpoint.model"))
+        self.client.name = "reconstruct"  # its messages name this command, not review's reviewer
         self.ledger = Report(public_config(config_view(cfg, derived)))
         self.journal = journal_lib.Journal(workdir, fingerprint(cfg, derived))
         self.lists = RowLists(workdir, self.ledger)

@@ -10,9 +10,10 @@ claim against the evidence text they are shown. Figures it yields measure these 
 model: they show that every stage, check and output works, nothing about RetroGen's gains.
 
   cues      none beyond the rules'
+  rubric    the paper's rubric categories (coverage, structure, synthesis, citation), one
+            criterion each
   task      a request to research the artifact's kind on its most frequent content words
-            (no leak-rule cue, no 8-word run), and the paper's rubric categories
-            (coverage, structure, synthesis, citation), one criterion each
+            (no leak-rule cue, no 8-word run)
   plan      search, open, draft
   step      RetroGen: search each Ê title and open that document (3 at most); ForwardGen:
             search the task's words, open the hits; then a draft of each opened document's
@@ -76,12 +77,14 @@ class Rules:
                  if w not in STOP and not any(w in n for n in named)]
         top = [w for w, _ in Counter(words).most_common(5)]
         return {"task": f"Research in the document corpus the sources on {', '.join(top)}, and "
-                        f"write the {kind} an expert would, citing the document behind each claim.",
-                "rubric": [
-                    {"criterion": "Covers the main sources the subject needs", "aspect": "coverage"},
-                    {"criterion": "Is organized into clear, ordered points", "aspect": "structure"},
-                    {"criterion": "Relates the sources to one another", "aspect": "synthesis"},
-                    {"criterion": "Cites the source document of every claim", "aspect": "citation"}]}
+                        f"write the {kind} an expert would, citing the document behind each claim."}
+
+    def rubric(self, user):
+        return {"rubric": [
+            {"criterion": "Covers the main sources the subject needs", "aspect": "coverage"},
+            {"criterion": "Is organized into clear, ordered points", "aspect": "structure"},
+            {"criterion": "Relates the sources to one another", "aspect": "synthesis"},
+            {"criterion": "Cites the source document of every claim", "aspect": "citation"}]}
 
     def plan(self, user):
         return {"plan": [{"action": "search", "purpose": "find the documents on the subject"},

@@ -12,7 +12,8 @@ kept (a newest entry longer than the window alone: its start, marked as cut). A 
 
 Diversity (`draws`): per artifact and method a seeded draw, independent of row order, picks the
 query formulation, plan realization, outline granularity, reflection frequency and surface
-formatting the prompts ask for; each record carries its draw.
+formatting the prompts ask for, and (App. A.2) the agent's persona (its system prompt), the
+tool-schema rendering and the thought template of its notes; each record carries its draw.
 """
 
 from __future__ import annotations
@@ -40,9 +41,13 @@ def draws(seed: int, artifact_id: str, method: str) -> dict:
     h = hashlib.blake2b(f"{seed}:{method}:{artifact_id}".encode(), digest_size=8).digest()
     rng = np.random.default_rng(int.from_bytes(h, "little"))
     pick = lambda xs: xs[int(rng.integers(len(xs)))]  # noqa: E731
-    return {"query_style": pick(QUERY_STYLES), "plan_realization": pick(REALIZATIONS),
-            "outline": pick(OUTLINES), "reflect_every": int(pick(REFLECT_EVERY)),
-            "format": pick(FORMATS)}
+    out = {"query_style": pick(QUERY_STYLES), "plan_realization": pick(REALIZATIONS),
+           "outline": pick(OUTLINES), "reflect_every": int(pick(REFLECT_EVERY)),
+           "format": pick(FORMATS)}
+    # A.2's further axes, drawn after the first five so their draws are unchanged
+    out.update(persona=pick(sorted(prompts.PERSONAS)), tool_schema=pick(prompts.SCHEMAS),
+               thought=pick(prompts.THOUGHTS))
+    return out
 
 
 class Tools:
