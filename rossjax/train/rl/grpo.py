@@ -14,7 +14,8 @@ bit-exact (sampling seeds and minibatch order follow the step). A workdir whose 
 reaches `grpo.steps` is reported as complete. Before the model loads, the workdir is checked
 writable and stale temporary checkpoint folders are removed; before step 1, that a checkpoint
 fits on its disk; the full config is saved as config.json/config.py, and metrics.png is drawn at
-the end. The workdir may be `gs://...` (etils.epath).
+the end. The workdir may be `gs://...` (etils.epath). That scaffolding, and SIGTERM, SIGHUP or a
+first Ctrl-C saving and stopping the run, is the shared run skeleton's (train/skeleton.py).
 
 Deviation: with `async_sampling` the next batch is sampled before this step's update, so it is
 one update behind the policy it trains (the usual one-step-off-policy pipelining); the sampler

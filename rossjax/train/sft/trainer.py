@@ -1,7 +1,8 @@
 """The `rossjax train` loop: config -> mesh, model, data, optimizer, checkpoints, metrics.
 
-`run(cfg, workdir)` is the command (rossjax/cli/train.py parses the flags): a `Trainer` sets up
-(plan_data, the model via rossjax.models.loading, state, compiled steps) and `fit()`s.
+`run(cfg, workdir)` is the command (rossjax/cli/train.py parses the flags): a `Trainer` (on the
+shared run skeleton, train/skeleton.py) sets up (plan_data, the model via rossjax.models.loading,
+state, compiled steps) and `fit()`s; SIGTERM, SIGHUP or a first Ctrl-C save and stop it.
 
 Resume is automatic: if `WORKDIR/checkpoints` holds a step, params, optimizer state, step, RNG
 and the data iterator state are restored from it and the run continues bit-for-bit; metrics.jsonl
