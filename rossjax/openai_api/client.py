@@ -14,7 +14,9 @@ user:password in the URL is sent as Basic auth when there is no key. Neither is 
 messages and reports show the URL without credentials, and the key and URL credentials are
 scrubbed from every text the server sends back (error bodies, answers) before it is shown,
 logged or cached. `name` says whose endpoint it is in every message ("reviewer endpoint URL
-failed ..."). `extra_body` fields (seed, top_p, chat_template_kwargs, ...) go into every `ask`
+failed ...": each caller passes its own). A max_tokens over the server's context (`max_model_len`
+in GET /v1/models, vLLM's and rossjax serve's) is lowered to what the prompt leaves, with one
+note (limits.py). `extra_body` fields (seed, top_p, chat_template_kwargs, ...) go into every `ask`
 request body, as the official client's `extra_body` does; `response_format` may also come per
 request (a JSON schema per stage).
 
@@ -51,7 +53,7 @@ from collections import Counter
 from typing import NamedTuple
 
 from rossjax.errors import ConfigError, InputError
-from rossjax.openai_api import transport
+from rossjax.openai_api import limits, transport
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 _RETRY_STATUS = (408, 409, 425, 429)  # plus every 5xx
@@ -168,6 +170,7 @@ class ChatClient:
         self._local = threading.local()  # one kept-alive connection per worker thread
         self.stats: dict[str, Counter] = {}
         self.connections = 0
+        self.limits = limits.Limits(self)  # the server's max_model_len, read on the first ask
 
     # -- accounting -------------------------------------------------------------------------
     def _count(self, stage: str, **kw):
@@ -361,9 +364,12 @@ class ChatClient:
                     return reply
             else:
                 self._count(stage, reasked=1)
-        slim = self._slim(self.post(payload, stage))  # check before caching: never cache junk
+        # cached under the request as configured (a resumed run replays it with no server);
+        # the entry records the body sent, max_tokens fitted to the server's context
+        sent = self.limits.fit(payload)
+        slim = self._slim(self.post(sent, stage))  # check before caching: never cache junk
         self._count(stage, **slim["usage"])
-        self._cache_write(key, {"request": payload, "response": slim})
+        self._cache_write(key, {"request": sent, "response": slim})
         return self._reply(slim, key, False)
 
     def complete(self, messages, stage: str = "review") -> str:

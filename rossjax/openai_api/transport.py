@@ -112,10 +112,11 @@ class Connection:
     def close(self):
         self.conn.close()
 
-    def post(self, path: str, data: bytes, headers: dict) -> tuple[int, bytes, str | None, bool]:
-        """(status, body, Retry-After, reusable) of one POST; raises Timeout past the deadline,
-        TooLarge past the byte cap, and http.client / OSError errors as they come. The
-        connection is closed after any raise."""
+    def post(self, path: str, data: bytes | None, headers: dict,
+             method: str = "POST") -> tuple[int, bytes, str | None, bool]:
+        """(status, body, Retry-After, reusable) of one POST (or `method`: GET with no data);
+        raises Timeout past the deadline, TooLarge past the byte cap, and http.client / OSError
+        errors as they come. The connection is closed after any raise."""
         deadline = _Deadline(self.conn, self.timeout_s)
         t0 = time.monotonic()
         try:
@@ -123,7 +124,7 @@ class Connection:
                 self.conn.connect()
             deadline.hold(self.conn.sock)
             self.conn.sock.settimeout(self.timeout_s)
-            self.conn.request("POST", path, body=data, headers=headers)
+            self.conn.request(method, path, body=data, headers=headers)
             resp = self.conn.getresponse()
             body = self._read(resp, deadline)
             deadline.check()

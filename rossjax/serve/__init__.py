@@ -3,7 +3,8 @@ reconstruction agent and model solvers fully offline on a local checkpoint.
 
   worker   the engine's thread (continuous batching across concurrent requests, stop strings,
            incremental detokenization)
-  app      the aiohttp handlers: /v1/models, /v1/chat/completions, /v1/completions
+  app      the aiohttp handlers: /v1/models, /v1/chat/completions, /v1/completions, /health,
+           /tokenize, /detokenize
 
     server = build("runs/sft/export", slots=16, max_len=2048)
     url, stop = start_background(server, port=0)      # tests, notebooks

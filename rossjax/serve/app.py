@@ -1,10 +1,13 @@
-"""The OpenAI-compatible HTTP surface (aiohttp): /v1/models, /v1/chat/completions,
-/v1/completions, each request a job on the engine thread (rossjax.serve.worker).
+"""The OpenAI-compatible HTTP surface (aiohttp): /v1/models (with vLLM's max_model_len: the
+--max_len), /v1/chat/completions, /v1/completions, and vLLM's /health, /tokenize, /detokenize;
+each request a job on the engine thread (rossjax.serve.worker).
 
 aiohttp because one maintained library gives the asyncio server, streamed responses (SSE) and
 graceful shutdown with no ASGI layer in between; handlers only parse, queue and format.
 
-Fields: n, max_tokens (max_completion_tokens), temperature, top_p, top_k (extension), seed, stop
+Fields: n, max_tokens (max_completion_tokens; at most --max_len minus the prompt, as vLLM's
+max_model_len, else a 400 naming --max_len; the cache also holds the prompt's padding to its
+length bucket, so a limit inside that padding ends the answer early: "length"), temperature, top_p, top_k (extension), seed, stop
 (a string or up to 4), logprobs (chat: bool, completions: int 0/1; the chosen token's log-prob
 under logits / temperature (1 when greedy), the sampler's; top_logprobs are not computed and
 asking for them is a 400), stream (SSE, `data: [DONE]` at the end; stream_options.include_usage
@@ -50,6 +53,8 @@ class Server:
                               middlewares=[guard.auth_middleware(api_key)] if api_key else [])
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         return app
@@ -59,7 +64,40 @@ class Server:
 
     async def models(self, request):
         return web.json_response({"object": "list", "data": [
-            {"id": self.model_id, "object": "model", "created": 0, "owned_by": "rossjax"}]})
+            {"id": self.model_id, "object": "model", "created": 0, "owned_by": "rossjax",
+             "max_model_len": self.engine.max_len}]})   # as vLLM's: clients fit max_tokens
+
+    async def tokenize(self, request):
+        """vLLM's /tokenize: {prompt} or {messages} (rendered as chat requests are) -> count,
+        max_model_len, tokens."""
+        try:
+            body = await self._body(request)
+            if "messages" in body:
+                ids = self._chat_prompt(body)
+            elif isinstance(body.get("prompt"), str):
+                ids = self.tok.encode(guard.text(body["prompt"], "'prompt'"))
+            else:
+                raise BadRequest("/tokenize needs 'prompt' (a string) or 'messages'.", "prompt")
+        except BadRequest as e:
+            return guard.error(e)
+        return web.json_response({"count": len(ids), "max_model_len": self.engine.max_len,
+                                  "tokens": ids, "token_strs": None})
+
+    async def detokenize(self, request):
+        """vLLM's /detokenize: {tokens} -> {prompt}."""
+        try:
+            body = await self._body(request)
+            ids = body.get("tokens")
+            if not isinstance(ids, list) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise BadRequest("'tokens' must be a list of token ids.", "tokens")
+            try:
+                check_token_ids(ids, self.tok.vocab_size, "'tokens'")
+            except InputError as e:
+                raise BadRequest(str(e), "tokens") from None
+        except BadRequest as e:
+            return guard.error(e)
+        return web.json_response({"prompt": self.tok.decode(ids)})
 
     # -- parsing --------------------------------------------------------------------------
     async def _body(self, request) -> dict:
@@ -74,14 +112,23 @@ class Server:
 
     def _sampling(self, body, n_prompt: int, stop_ids: tuple):
         n = guard.num(body, "n", 1, 1, self.engine.slots, integer=True)
-        room = self.engine.max_len - bucket_length(max(n_prompt, 1))
+        max_len = self.engine.max_len
+        room = max_len - bucket_length(max(n_prompt, 1))
         if room < 1:
             raise BadRequest(f"the prompt is {n_prompt} tokens; this server's slots hold "
-                             f"{self.engine.max_len} (rossjax serve --max_len).", "messages")
+                             f"{max_len} (rossjax serve --max_len).", "messages")
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
         name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        max_new = guard.num({name: limit}, name, min(_MAX_TOKENS_DEFAULT, room), 1, room,
+        max_new = guard.num({name: limit}, name, min(_MAX_TOKENS_DEFAULT, room), 1, 1 << 62,
                             integer=True)
+        if max_new > max_len - n_prompt:    # vLLM's contract: max_model_len minus the prompt
+            raise BadRequest(f"'{name}' is {max_new}; this server fits at most "
+                             f"{max_len - n_prompt} after this prompt of {n_prompt} tokens (the "
+                             f"limit is rossjax serve --max_len={max_len} minus the prompt; "
+                             f"GET /v1/models reports it as max_model_len).", name)
+        # the cache also holds the prompt's padding to its length bucket: a limit the padding
+        # leaves no room for ends the answer early (finish_reason "length"), never a 400
+        max_new = min(max_new, room)
         temperature = guard.num(body, "temperature", 1.0, 0, 2)
         top_p = guard.num(body, "top_p", 1.0, 0, 1, lo_open=True)
         top_k = guard.num(body, "top_k", 0, 0, 1 << 30, integer=True)

@@ -1,0 +1,133 @@
+"""Issue 42 items 2-3: rossjax's own clients and the OpenAI surface users expect, against a real
+`rossjax serve` on 127.0.0.1 at its default --max_len (2048), started once for the module.
+
+Review's and reconstruct's clients (max_tokens 2048) and an endpoint solver (4096) with their
+default settings get answers: /v1/models carries max_model_len and the client lowers max_tokens
+to what the prompt leaves, with one note naming its own command (was: HTTP 400 "'max_tokens' is
+2048; it must be in [1, 512]" on every request, "reviewer endpoint" inside reconstruct). The
+server's 400 for a limit that cannot fit names --max_len; /health, /tokenize and /detokenize
+answer as vLLM's do."""
+
+import json
+import urllib.error
+import urllib.request
+
+import ml_collections
+import openai
+import pytest
+from test_reconstruct import ARTIFACTS, CORPUS
+from test_review import config as review_config
+from test_serve import MSGS, write_tiny_model
+
+from rossjax import serve
+from rossjax.configs import reconstruct as rc_config
+from rossjax.openai_api import ChatError
+from rossjax.reconstruct import run as rc_run
+from rossjax.review.run import make_client
+from rossjax.train.propel.solvers import Solver
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp("surface_model"))
+    server = serve.build(path, slots=4)     # rossjax serve's default --max_len
+    url, stop = serve.start_background(server)
+    yield server, url, path
+    stop()
+
+
+def http(url, body=None, method=None):
+    """(status, parsed JSON or text) of one raw request."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode()
+
+
+def root(url):
+    return url[:-len("/v1")]
+
+
+def test_models_carry_max_model_len_and_health_answers(served):
+    server, url, _ = served
+    status, obj = http(url + "/models")
+    assert status == 200 and obj["data"][0]["max_model_len"] == server.engine.max_len == 2048
+    assert http(root(url) + "/health")[0] == 200
+
+
+def test_review_client_with_default_settings_gets_answers(served, tmp_path, capsys):
+    server, url, _ = served
+    cfg = review_config(tmp_path / "in.jsonl", url)
+    cfg.endpoint.model = server.model_id
+    assert cfg.endpoint.max_tokens == 2048          # review's default, as shipped
+    client = make_client(cfg, str(tmp_path / "cache"))
+    replies = [client.ask([{"role": "user", "content": f"Review rollout {i}."}]) for i in range(2)]
+    assert all(r.text and r.finish_reason in ("stop", "length") for r in replies)
+    err = capsys.readouterr().err
+    assert err.count("note: reviewer endpoint") == 1 and "max_model_len=2048" in err
+    entry = json.load(open(next((tmp_path / "cache").rglob("*.json"))))
+    assert entry["request"]["max_tokens"] == 2048 - replies[0].usage["prompt_tokens"] or \
+        entry["request"]["max_tokens"] == 2048 - replies[1].usage["prompt_tokens"]
+
+
+def test_reconstruct_client_names_reconstruct_and_gets_answers(served, tmp_path, capsys):
+    server, url, _ = served
+    cfg = rc_config.get_config()
+    cfg.endpoint.base_url, cfg.endpoint.model = url, server.model_id
+    cfg.input, cfg.corpus, cfg.progress = ARTIFACTS, CORPUS, False
+    assert cfg.endpoint.max_tokens == 2048
+    client = rc_run.ReconstructRun(cfg, str(tmp_path / "rc")).client
+    reply = client.ask([{"role": "user", "content": "Plan the reconstruction."}], stage="plan")
+    assert reply.text and reply.finish_reason in ("stop", "length")
+    err = capsys.readouterr().err
+    assert "note: reconstruct endpoint" in err and "reviewer" not in err
+    with pytest.raises(ChatError) as e:
+        client.ask([{"role": "wizard", "content": "x"}], stage="plan")
+    assert str(e.value).startswith("reconstruct endpoint") and "reviewer" not in str(e.value)
+
+
+def test_endpoint_solver_with_default_settings_gets_answers(served):
+    server, url, _ = served
+    section = ml_collections.ConfigDict({"kind": "endpoint", "endpoint": {
+        "base_url": url, "model": server.model_id, "max_retries": 0}})
+    solver = Solver(section, None, ml_collections.ConfigDict({}), field="config.solver")
+    got = solver.answers([{"id": "t0", "prompt": "What is 1+1?", "domain": "math"}], 2, seed=3)
+    assert solver.errors == [] and all(isinstance(t, str) for t in got[0])
+
+
+def test_a_limit_that_cannot_fit_is_a_400_naming_max_len(served):
+    server, url, _ = served
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=server.model_id, messages=MSGS, max_tokens=2048)
+    msg = e.value.message
+    assert "--max_len=2048 minus the prompt" in msg and "max_model_len" in msg
+    # within max_model_len minus the prompt: served (the bucket padding only ends it early)
+    n = http(root(url) + "/tokenize", {"model": server.model_id, "messages": MSGS})[1]["count"]
+    r = client.chat.completions.create(model=server.model_id, messages=MSGS,
+                                       max_tokens=2048 - n, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_tokenize_and_detokenize_as_vllm(served):
+    server, url, _ = served
+    status, obj = http(root(url) + "/tokenize", {"model": server.model_id, "prompt": "abc"})
+    assert status == 200 and obj["tokens"] == server.tok.encode("abc")
+    assert obj["count"] == 3 and obj["max_model_len"] == 2048
+    status, chat = http(root(url) + "/tokenize", {"model": server.model_id, "messages": MSGS})
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+    r = client.chat.completions.create(model=server.model_id, messages=MSGS, max_tokens=1)
+    assert status == 200 and chat["count"] == r.usage.prompt_tokens == len(chat["tokens"])
+    status, back = http(root(url) + "/detokenize", {"model": server.model_id,
+                                                   "tokens": obj["tokens"]})
+    assert status == 200 and back == {"prompt": "abc"}
+    status, bad = http(root(url) + "/detokenize", {"model": server.model_id, "tokens": ["x"]})
+    assert status == 400 and bad["error"]["param"] == "tokens"
