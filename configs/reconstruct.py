@@ -11,7 +11,8 @@ server, OpenAI, or `rossjax serve` on a local checkpoint):
   `:runlocal` needs nothing started by hand: it starts a STAND-IN endpoint on a free 127.0.0.1
   port (rossjax/reconstruct/standin.py: rule-based answers over the shipped corpus, NOT a
   model; model id rules-standin) and stops it at the end, so the run ends with kept
-  trajectories scored on all four signals; its figures measure the rules, not RetroGen.
+  trajectories scored on all four signals, then gates, thresholds and serializes them into SFT
+  rows (WORKDIR/retrogen, config.then_retrogen); its figures measure the rules, not RetroGen.
   --config.serve.model=tiny serves a random tiny model with `rossjax serve` instead.
   Baselines: --config.method=forwardgen | artifact_only (the same reconstruction with its
   trajectory removed); the selection ablations (next-N replace, single-signal filters) act on
@@ -85,7 +86,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.serve = ml_collections.ConfigDict(dict(model="", model_id="local", max_len=8192, slots=4,
                                              startup_s=300.0))
     c.progress = True
+    # then gate, threshold (the paper's values) and serialize the kept records into SFT rows
+    # under WORKDIR/retrogen, as `rossjax retrogen` with configs/retrogen.py would
+    c.then_retrogen = False
     if "runlocal" in variants:
+        c.then_retrogen = True
         c.output = "runs/reconstruct_local"
         # the rule-driven stand-in endpoint (rossjax/reconstruct/standin.py): NOT a model; it
         # shows every stage, check and output end to end, not RetroGen's gains. "tiny" serves a

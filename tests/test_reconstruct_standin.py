@@ -9,7 +9,6 @@ import json
 import os
 
 from rossjax import cli
-from rossjax.configs import retrogen as rg_config
 from rossjax.curate import retrogen
 from rossjax.reconstruct.standin import MODEL_ID, Rules
 
@@ -36,12 +35,13 @@ def test_runlocal_ends_with_kept_scored_trajectories_and_sft_rows(tmp_path, caps
         assert [c["name"] for c in r["trace"] if c["type"] == "call"][:2] == ["search", "open"]
         assert [x["aspect"] for x in r["rubric"]] == ["coverage", "structure", "synthesis",
                                                       "citation"]
-    g = rg_config.get_config()
-    g.input, g.output = str(tmp_path / "w" / "trajectories.jsonl"), str(tmp_path / "rg")
-    res = retrogen.run(g)
-    assert {d: r["threshold"] for d, r in res.report.items()} == retrogen.PAPER_THRESHOLDS
-    assert len(res.kept) == 6 and all(k["score"] >= k["threshold"] for k in res.kept)
-    rows = [json.loads(x) for x in open(tmp_path / "rg" / "retrogen.jsonl")]
+    # :runlocal goes on through `rossjax retrogen`: the gate, the paper's thresholds, SFT rows
+    assert rep["retrogen"]["thresholds"] == retrogen.PAPER_THRESHOLDS
+    assert rep["retrogen"]["kept"] == 6 and rep["retrogen"]["discarded"] == 0
+    rg = json.load(open(tmp_path / "w" / "retrogen" / "report.json"))
+    assert all(d["kept"] == d["scored"] == 2 and d["mean"] >= d["threshold"]
+               for d in rg["domains"].values())
+    rows = [json.loads(x) for x in open(rep["retrogen"]["rows"])]
     assert len(rows) == 6 and all(r["messages"][-1]["role"] == "assistant" for r in rows)
     again, _ = runlocal(tmp_path, "w")  # all journaled: nothing asked, nothing served
     assert again["resumed"] == 6 and again["requests"]["requests"] == 0

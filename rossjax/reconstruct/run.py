@@ -141,7 +141,7 @@ def fingerprint(cfg, derived: dict | None = None) -> str:
     """What an artifact's outcome depends on: settings, prompts, model (not the URL: `:runlocal`
     serves on a fresh port each run; not concurrency, progress or where outputs go)."""
     d = config_view(cfg, derived)
-    for k in ("output", "progress", "cache_dir"):
+    for k in ("output", "progress", "cache_dir", "then_retrogen"):
         d.pop(k, None)
     d["serve"] = {k: d.get("serve", {}).get(k) for k in ("model", "model_id", "max_len")}
     with open(cfg.corpus, "rb") as f:  # the corpus's content: its tools' answers depend on it
@@ -277,6 +277,8 @@ class ReconstructRun:
             f.writelines(json.dumps(t, ensure_ascii=False) + "\n" for t in self.transcripts)
         os.replace(tpath + ".tmp", tpath)
         report = self.report(elapsed_s, path)
+        if self.cfg.get("then_retrogen") and self.kept:
+            report["retrogen"] = then_retrogen(path, os.path.join(self.workdir, "retrogen"))
         write_json(os.path.join(self.workdir, "report.json"), report)
         return report
 
@@ -321,6 +323,20 @@ class ReconstructRun:
                     f"--config.output={os.path.join(self.workdir, 'retrogen')}",
             "config": self.ledger.config, "elapsed_s": round(elapsed_s, 3),
         }
+
+
+def then_retrogen(trajectories: str, out_dir: str) -> dict:
+    """`rossjax retrogen` with configs/retrogen.py's defaults (the gate, the paper's per-domain
+    thresholds, serialization into SFT rollouts) on this run's records, for `:runlocal`."""
+    from rossjax.configs import retrogen as rg_config
+    from rossjax.curate import retrogen
+
+    g = rg_config.get_config()
+    g.input, g.output = trajectories, out_dir
+    res = retrogen.run(g)
+    return {"kept": len(res.kept), "discarded": len(res.discarded),
+            "thresholds": {d: r["threshold"] for d, r in res.report.items()},
+            "rows": os.path.join(out_dir, "retrogen.jsonl")}
 
 
 def standin_notice() -> str:
