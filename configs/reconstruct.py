@@ -18,7 +18,8 @@ server, OpenAI, or `rossjax serve` on a local checkpoint):
   trajectory removed); the selection ablations (next-N replace, single-signal filters) act on
   these records in `rossjax retrogen` (rossjax/curate/retrogen.py `selection`).
 
-Needs: config.input, artifacts as JSONL ({"id", "domain", "text", "kind"?, "title"?}; shipped:
+Needs: config.input, artifacts as JSONL ({"id", "domain", "text", "kind"?, "title"?,
+"context"? (side context for induction, e.g. an abstract)}; shipped:
 data/retrogen/artifacts.jsonl, a related-work section, a 10-K narrative and a judgment per
 domain) and config.corpus, documents as JSONL ({"id", "text", "title"?}; shipped:
 data/retrogen/corpus.jsonl). Writes WORKDIR/trajectories.jsonl (the records `rossjax retrogen`
@@ -26,10 +27,11 @@ reads), withheld.jsonl, invalid.jsonl, transcripts.jsonl, report.json, journal.j
 and cache/ (every answer: a rerun asks nothing twice).
 
 Paper defaults: at most 30 tool steps, an 8,000-character sliding context window, Eq. 4 with
-lambda = 0.25. Choices the paper leaves open (docs/deviations.md): the prompts, cue rules, leak
-rules (8-word n-gram, cue kinds, length), retrieval depth 3 per cue and 8 documents in Ê, the
-diversity draws. Time: ~12-20 requests an artifact (2 anchor, 1 plan, one per step, 4
-verification); estimated, not measured: a 32B model on one GPU at concurrency 8 reconstructs
+lambda = 0.25, the rubric (coverage / structure / synthesis / citation) before the task, the
+agent never shown y*. rossjax's own (docs/deviations.md): the prompts' wording (not App. C's
+text), cue rules, leak rules (8-word n-gram, cue kinds, length), retrieval depth 3 per cue and
+8 documents in Ê, the diversity pools. Time: ~13-21 requests an artifact (3 anchor, 1 plan,
+one per step, 4 verification); estimated, not measured: a 32B model on one GPU at concurrency 8 reconstructs
 ~10-30 artifacts a minute.
 """
 
