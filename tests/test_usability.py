@@ -268,7 +268,7 @@ def test_generate_from_a_grpo_workdir_and_its_hf_export(custom_grpo, tmp_path, c
         {"id": "raw", "prompt": "1 + 1 ="}])
     out = tmp_path / "o.jsonl"
     assert cli.main(["generate", f"--model={work}", f"--prompts={prompts}", f"--out={out}",
-                     "--max_new_tokens=6", "--num_samples=2"]) == 0
+                     "--max_new_tokens=6", "--num_samples=2", "--temperature=0"]) == 0
     rows = [json.loads(x) for x in open(out)]
     assert [(r["id"], r["sample"]) for r in rows] == [("chat", 0), ("chat", 1), ("raw", 0), ("raw", 1)]
     assert all(r["finish_reason"] in ("stop", "length") and 0 < r["completion_tokens"] <= 6

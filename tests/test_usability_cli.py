@@ -205,3 +205,69 @@ def test_reconstruct_next_line_on_an_empty_output_says_so(tmp_path, monkeypatch,
     out = capsys.readouterr().out
     assert "rossjax retrogen --config.input" not in out
     assert f"next: nothing yet: {traj} holds no trajectory" in out
+
+
+def test_step_count_under_the_other_commands_name_suggests_the_right_one(capsys):
+    """Issue 42 item 5: train counts steps in train.num_steps, grpo in grpo.steps."""
+    from rossjax import cli
+
+    assert cli.main(["grpo", "--config=configs/grpo_verifier.py", "--config.train.num_steps=3",
+                     "--workdir=w"]) == 2
+    assert "did you mean --config.grpo.steps?" in capsys.readouterr().err
+    assert cli.main(["train", "--config=configs/ross_sft.py", "--config.grpo.steps=3",
+                     "--workdir=w"]) == 2
+    assert "did you mean --config.train.num_steps?" in capsys.readouterr().err
+
+
+def test_generate_samples_when_more_than_one_answer_is_asked(monkeypatch, tmp_path, capsys):
+    """Issue 42 item 5: --num_samples=3 with no --temperature samples at 1.0 (greedy gave three
+    identical answers silently); one sample stays greedy; greedy for three says so."""
+    import types
+
+    import numpy as np
+
+    from rossjax import cli, sample
+    from rossjax.train.export import model as export_model
+
+    seen = []
+
+    def fake_generate(cfg, params, ids, max_new, *, temperature, num_samples, **kw):
+        seen.append(temperature)
+        n = len(ids) * num_samples
+        return types.SimpleNamespace(tokens=np.full((n, 2), 65), lengths=np.full(n, 2),
+                                     finish_reason=["length"] * n)
+
+    monkeypatch.setattr(export_model, "load_model_dir", lambda *a: (
+        types.SimpleNamespace(vocab_size=256), None, "ascii", "chatml", "a model"))
+    monkeypatch.setattr(sample, "generate", fake_generate)
+    for extra, want, note in ((["--num_samples=3"], 1.0, "sampling at temperature 1.0"),
+                              ([], 0.0, "greedy"),
+                              (["--num_samples=3", "--temperature=0"], 0.0,
+                               "the 3 samples of a prompt are the same answer")):
+        assert cli.main(["generate", f"--model={tmp_path}", "--prompt=hi", *extra]) == 0
+        assert seen[-1] == want and note in capsys.readouterr().err
+
+
+def test_inspect_writes_html_only_where_named_and_lists_whole_words(tmp_path, capsys):
+    """Issue 42 item 5: inspect wrote ID.html into the data folder (DIR/inspect); it writes under
+    --workdir or --out only. --list cut reasons mid-word."""
+    import shutil
+
+    from rossjax import cli
+    from rossjax.curate.view import format_list
+
+    rows = tmp_path / "data" / "sample.jsonl"
+    rows.parent.mkdir()
+    shutil.copy(SAMPLE, rows)
+    rid = json.loads(rows.read_text().splitlines()[0])["id"]
+    base = ["inspect", str(rows), "--id", rid, "--tokenizer=ascii", "--no-color"]
+    assert cli.main(base) == 0
+    assert os.listdir(rows.parent) == ["sample.jsonl"]
+    assert "--workdir=DIR or --out=FILE.html" in capsys.readouterr().out
+    assert cli.main(base + [f"--workdir={tmp_path / 'views'}"]) == 0
+    assert os.listdir(tmp_path / "views") and os.listdir(rows.parent) == ["sample.jsonl"]
+    detail = ("sample.jsonl row 7: " + "the verifier could not parse the final answer " * 6).strip()
+    line = format_list([{"id": "x", "status": "withheld", "row": 7, "reason": "r",
+                         "detail": detail}]).splitlines()[0]
+    shown = line.split(" (", 1)[1].removesuffix(")").removesuffix(" ...").split()
+    assert shown == detail.split()[:len(shown)] and len(shown) < len(detail.split())

@@ -84,6 +84,11 @@ def _require_sandbox(require: str) -> None:
     os.environ["ROSSJAX_SANDBOX_REQUIRE"] = require
 
 
+# The step count is train.num_steps in SFT configs and grpo.steps in GRPO configs: the other
+# command's name gets the right one suggested.
+STEP_FIELDS = {"train.num_steps": "grpo.steps", "grpo.steps": "train.num_steps"}
+
+
 def _unknown_field(e: Exception, argv) -> str:
     """One sentence for a `--config.x` the config lacks: ml-collections' message carries the
     field quoted and escaped, and its 'Did you mean' suggestion, inside the repr of a repr."""
@@ -94,6 +99,12 @@ def _unknown_field(e: Exception, argv) -> str:
     field = names[0] if names else text.strip("'\"")
     hint = re.search(r'Did you mean "([\w.]+)"', text)
     bad = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+    for b in bad:
+        path = b.removeprefix("--config.")
+        if path in STEP_FIELDS and field in path.split("."):
+            return (f"{b}: the config has no field {field!r}; did you mean "
+                    f"--config.{STEP_FIELDS[path]}? (train counts steps in train.num_steps, "
+                    f"grpo in grpo.steps)")
     flag = next((b for b in bad if b.split(".")[-1] == field), f"--config.{field}")
     where = flag.removeprefix("--config.").rsplit(".", 1)
     fix = (f"; did you mean --config.{where[0] + '.' if len(where) > 1 else ''}{hint.group(1)}?"

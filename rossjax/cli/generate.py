@@ -36,7 +36,8 @@ def _flags(fv):
     d.DEFINE_string("out", None, "JSONL file for the completions (default: stdout).",
                     flag_values=fv)
     d.DEFINE_integer("max_new_tokens", 256, "Tokens per completion at most.", flag_values=fv)
-    d.DEFINE_float("temperature", 0.0, "0: greedy.", flag_values=fv)
+    d.DEFINE_float("temperature", None, "0: greedy (default: greedy for one sample, 1.0 when "
+                   "--num_samples asks for more, so they differ).", flag_values=fv)
     d.DEFINE_float("top_p", 1.0, "Nucleus sampling.", flag_values=fv)
     d.DEFINE_integer("top_k", 0, "0: off.", flag_values=fv)
     d.DEFINE_integer("num_samples", 1, "Completions per prompt.", flag_values=fv)
@@ -49,6 +50,20 @@ def _flags(fv):
                     "run's, else the tokenizer's own, else chatml).", flag_values=fv)
     d.DEFINE_string("system", "", "A system message before each chat's turns.", flag_values=fv)
     d.DEFINE_string("dtype", "", "Compute dtype (default: the model's).", flag_values=fv)
+
+
+def sampling_temperature(given: float | None, num_samples: int) -> tuple[float, str]:
+    """The temperature to sample at and the banner's note: unset, one sample is greedy and
+    several sample at 1.0 (greedy samples are all the same answer); greedy asked for several
+    says so."""
+    if given is None:
+        if num_samples > 1:
+            return 1.0, (f", sampling at temperature 1.0 (--num_samples={num_samples}; "
+                         f"--temperature=0 is greedy)")
+        return 0.0, ", greedy"
+    if given == 0 and num_samples > 1:
+        return 0.0, f", greedy: the {num_samples} samples of a prompt are the same answer"
+    return given, f", temperature {given:g}"
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -85,6 +100,7 @@ def main(argv=None) -> int:
         raise UsageError(USAGE)
     if fv.num_samples < 1 or fv.max_new_tokens < 1:
         raise UsageError("--num_samples and --max_new_tokens must be at least 1")
+    temperature, note = sampling_temperature(fv.temperature, fv.num_samples)
     rows = read_prompts(fv.prompts) if fv.prompts else []
     rows += [{"id": f"prompt{i}", "prompt": p} for i, p in enumerate(fv.prompt)]
     rows += [{"id": f"message{i}", "messages": [{"role": "user", "content": m}]}
@@ -118,8 +134,8 @@ def main(argv=None) -> int:
     ids = [[int(t) for t in tok.encode(t)] for t in texts]
     stops = tuple(i for i in {tok.eos_id, tok.special_tokens.get("<|im_end|>")} if i is not None)
     print(f"rossjax generate: {what}, {len(rows)} prompts x {fv.num_samples}, up to "
-          f"{fv.max_new_tokens} tokens, template {template}.", file=sys.stderr)
-    res = generate(cfg, params, ids, fv.max_new_tokens, temperature=fv.temperature,
+          f"{fv.max_new_tokens} tokens, template {template}{note}.", file=sys.stderr)
+    res = generate(cfg, params, ids, fv.max_new_tokens, temperature=temperature,
                    top_p=fv.top_p, top_k=fv.top_k, stop_ids=stops, num_samples=fv.num_samples,
                    seed=fv.seed)
     out = open(fv.out, "w", encoding="utf-8") if fv.out else sys.stdout

@@ -10,7 +10,7 @@ import sys
 
 
 def main(argv=None) -> int:
-    from rossjax.curate.view import render_terminal, write_inspection
+    from rossjax.curate.view import html_name, render_terminal, write_inspection
 
     ap = argparse.ArgumentParser(prog="rossjax inspect", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -18,9 +18,9 @@ def main(argv=None) -> int:
     ap.add_argument("--id", help="example id (see --list)")
     ap.add_argument("--list", action="store_true", help="list the ids (kept, withheld, invalid) "
                                                         "instead of drawing one")
-    ap.add_argument("--out", help="HTML file to write (default WORKDIR/ID.html, else "
-                                  "DIR/inspect/ID.html)")
-    ap.add_argument("--workdir", help="folder for the HTML view")
+    ap.add_argument("--out", help="HTML file to write the view to (default: WORKDIR/ID.html "
+                                  "with --workdir, else none: the terminal view only)")
+    ap.add_argument("--workdir", help="folder for the HTML view (never the data folder)")
     ap.add_argument("--tokenizer", help="tokenizer spec (default: the dir's, else qwen)")
     ap.add_argument("--template", default="chatml")
     ap.add_argument("--mask_mode", default="annotated")
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
 
         raise UsageError("rossjax inspect: give --id ID (one example) or --list (every id)")
     if args.workdir and not args.out:
-        args.out = os.path.join(args.workdir, f"{args.id}.html")
+        args.out = os.path.join(args.workdir, html_name(args.id))
     ex, tok, out = write_inspection(args.path, args.id, tokenizer=args.tokenizer,
                                     template=args.template, mask_mode=args.mask_mode, out=args.out)
     color = not args.no_color and sys.stdout.isatty()
@@ -54,5 +54,5 @@ def main(argv=None) -> int:
             print(format_transcript(t))
         elif args.review:
             print(f"no review transcript of {args.id} in {review_dir}")
-    print(f"wrote {out}")
+    print(f"wrote {out}" if out else "(an HTML view: --workdir=DIR or --out=FILE.html)")
     return 0

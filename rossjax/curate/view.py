@@ -1,8 +1,9 @@
 """`rossjax inspect DIR --id ID`: draw one compiled example so a person can check its mask by eye
 (`rossjax inspect DIR --list`: every id there, kept, withheld or invalid, with its reason).
 
-Supervised tokens, eligible-but-excluded tokens and context are drawn differently, in an HTML
-page (written to DIR/inspect/ID.html, or --out) and in the terminal. DIR is a curated output dir
+Supervised tokens, eligible-but-excluded tokens and context are drawn differently in the
+terminal, and in an HTML page written to --out (or WORKDIR/ID.html with --workdir; never into
+DIR). DIR is a curated output dir
 (read with `rossjax.curate.compiled.read_compiled`); a rollout file (.jsonl[.gz] / .parquet) works
 too and is compiled on the fly with --tokenizer/--template/--mask_mode.
 """
@@ -171,6 +172,15 @@ def list_examples(path: str) -> list[dict]:
     return out
 
 
+def _clip(text: str, width: int = 160) -> str:
+    """A detail for one list line: whole words only, `...` where it was cut."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    cut = text[:width + 1].rsplit(" ", 1)[0]
+    return (cut if len(cut) > width // 2 else text[:width]) + " ..."
+
+
 def format_list(rows: list[dict]) -> str:
     """The --list table: one line per row, kept examples first, the counts last."""
     lines = []
@@ -183,7 +193,7 @@ def format_list(rows: list[dict]) -> str:
                          f"annotation {r['annotation']}")
         else:
             lines.append(f"{r['status']:<9} {r['id']}  row {r['row']}: {r['reason']}"
-                         + (f" ({str(r['detail'])[:100]})" if r.get("detail") else ""))
+                         + (f" ({_clip(str(r['detail']))})" if r.get("detail") else ""))
     counts = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
@@ -203,18 +213,23 @@ def _default_tokenizer(path: str) -> str:
     return "qwen"
 
 
+def html_name(example_id: str) -> str:
+    """ID.html with the characters a file name cannot hold replaced."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in example_id) + ".html"
+
+
 def write_inspection(path: str, example_id: str, *, tokenizer: str | None = None,
                      template: str = "chatml", mask_mode: str = "annotated",
                      out: str | None = None):
-    """Find `example_id` in `path` (a curated dir or a rollout file), write its HTML view to `out`
-    (default DIR/inspect/ID.html). Returns (example, tokenizer, html path)."""
+    """Find `example_id` in `path` (a curated dir or a rollout file) and write its HTML view to
+    `out` when one is named (never into the data folder by default: a curated dir is one run's
+    output). Returns (example, tokenizer, html path or None)."""
     from rossjax.tokenizers import load_tokenizer
 
     tok = load_tokenizer(tokenizer or _default_tokenizer(path))
     ex = find_example(path, example_id, tok, template, mask_mode)
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in example_id)
-    out = out or os.path.join(path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path)),
-                              "inspect", f"{safe}.html")
+    if not out:
+        return ex, tok, None
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.write(render_html(ex, tok))
