@@ -35,6 +35,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.quantile = config_dict.placeholder(float)      # e.g. 0.5: per-domain quantile calibration
     # fixed per-domain thresholds (win over both): the paper's calibrated values
     c.domain_thresholds = ml_collections.ConfigDict(dict(PAPER_THRESHOLDS))
+    # threshold (the method) | next_n_replace (the paper's selection ablation) | signal:NAME
+    c.selection = "threshold"
     c.seed = 0
     c.react_prob = 0.5                               # share of trajectories serialized as ReAct
     c.artifact_only = False
