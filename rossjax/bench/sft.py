@@ -97,7 +97,9 @@ def _torch_peer(args) -> dict:
     per = args.rows // args.micro
 
     def step():
-        n_sup = int(keep[:, 1:].sum())
+        # rossjax's loss: the masked NLL summed over the global batch / its supervised tokens;
+        # each micro-batch's share is summed back here (its last share alone is 1/micro of it).
+        n_sup, total = int(keep[:, 1:].sum()), 0.0
         for i in range(args.micro):
             sl = slice(i * per, (i + 1) * per)
             logits = model(input_ids=ids[sl], position_ids=pos[sl]).logits
@@ -106,19 +108,28 @@ def _torch_peer(args) -> dict:
                 logits[:, :-1].reshape(-1, logits.shape[-1]).float(), lab.reshape(-1),
                 ignore_index=-100, reduction="sum") / n_sup
             loss.backward()
+            total += float(loss)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return total
 
-    first_loss = step()  # also the warm-up (allocator, autograd graph caches)
+    # also the warm-up (allocator, autograd graph caches); counted, so the counters' overhead
+    # never reaches a timed step
+    if args.skip_work:
+        first_loss, work = step(), None
+    else:
+        from rossjax.bench import compare
+
+        first_loss, work = compare.torch_work(step)
     t0 = time.perf_counter()
     for _ in range(args.steps):
         step()
     dt = (time.perf_counter() - t0) / args.steps
     return {"part": "peer", "step_s": dt, "tokens_per_s": args.rows * args.seq / dt,
             "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "checkpointing": args.remat != "none", "first_loss": first_loss}
+            "checkpointing": args.remat != "none", "first_loss": first_loss, "work": work,
+            "tokens": args.rows * args.seq}
 
 
 def _child(part: str, args) -> dict:
@@ -181,6 +192,8 @@ def _child(part: str, args) -> dict:
            "step_s": dt, "compile_s": compile_s, "loss": float(m["loss"]),
            "first_loss": first_loss}
     if part == "throughput":
+        if not args.skip_work:
+            out["work"] = _xla_work(cfg, opt, sched, mesh, sh, bs, state, batch, seq)
         peak = metrics.measure_matmul_flops(2048)
         fpt = metrics.train_flops_per_token(cfg, seq)
         out.update(tokens_per_s=tokens / dt, supervised_tokens_per_s=sup / dt,
@@ -193,6 +206,18 @@ def _child(part: str, args) -> dict:
         out["process_peak_rss_gb"] = out["peak_rss_gb"]    # compilation included
         out["peak_rss_gb"] = _vm_hwm_gb() or out["peak_rss_gb"]
     return out
+
+
+def _xla_work(cfg, opt, sched, mesh, sh, bs, state, batch, seq) -> dict:
+    """FLOPs and bytes of the same step compiled loop-free (layers unrolled, one micro-batch,
+    one loss chunk, dense attention: the same arithmetic; see bench/compare.py), never run."""
+    from rossjax.bench import compare
+    from rossjax.train.sft import step as sft
+
+    flat = sft.make_train_step(cfg.replace(scan_layers=False, attention_impl="dense"), opt, sched,
+                               mesh=mesh, shardings=sh, batch_sharding=bs, micro_batches=1,
+                               chunk_size=seq)
+    return compare.xla_work(flat.lower(state, batch).compile())
 
 
 def _release_heap():
@@ -245,6 +270,10 @@ def _parser():
     p.add_argument("--skip_peer", action="store_true", help="do not run the transformers step")
     p.add_argument("--max_gb", type=float, default=8.0,
                    help="do not run the memory step if XLA predicts more than this")
+    p.add_argument("--skip_work", action="store_true",
+                   help="do not count FLOPs and bytes (XLA's cost analysis, torch's counters)")
+    p.add_argument("--rtol", type=float, default=1e-4,
+                   help="first-step losses of both sides must agree to this (relative)")
     p.add_argument("--_part", default="", help=argparse.SUPPRESS)
     return p
 
@@ -267,14 +296,28 @@ def main(argv=None) -> int:
     print(f"  model FLOP/s         {t['model_gflops']:10.1f} GFLOP/s")
     print(f"  jitted matmul        {t['matmul_gflops']:10.1f} GFLOP/s (same run)")
     print(f"  MFU vs matmul        {t['mfu']:10.1%}")
+    failures = []
     if not args.skip_peer:
+        from rossjax.bench import compare
+
         pr = _run_child("peer", argv)
         ck = "on" if pr["checkpointing"] else "off"
         print(f"bench sft peer: transformers (torch {pr['torch']}, {pr['threads']} threads, "
               f"gradient checkpointing {ck}) on the same packed rows: {pr['step_s']:.2f} s/step, "
               f"{pr['tokens_per_s']:.0f} tokens/s")
+        print("  " + compare.settings_line(
+            rossjax={"remat": args.remat, "micro-batches": args.micro, "dtype": "float32",
+                     "XLA threads": compare.xla_threads()},
+            torch={"gradient checkpointing": ck, "micro-batches": args.micro,
+                   "dtype": "float32", "threads": pr["threads"]}))
         print(f"  first-step loss: rossjax {t['first_loss']:.6f}, torch {pr['first_loss']:.6f} "
-              f"(same parameters, same rows)")
+              f"(same parameters, same rows; masked NLL over the global batch / supervised "
+              f"tokens; tolerance {args.rtol:g} relative)")
+        failures.append(compare.close("first-step loss", t["first_loss"], pr["first_loss"],
+                                      rtol=args.rtol))
+        if t.get("work") and pr.get("work"):
+            print(compare.work_line("forward + backward + AdamW", t["work"], pr["work"], "torch",
+                                    per=pr["tokens"], unit="token"))
         print(f"  ratio rossjax / torch: {pr['step_s'] / t['step_s']:.2f}x")
     if not args.skip_memory:
         lo = _run_child("loss", argv)
@@ -291,7 +334,11 @@ def main(argv=None) -> int:
             print(f"{head} peak RSS during the steps {m['peak_rss_gb']:.2f} GB (process peak incl. "
                   f"compilation {m['process_peak_rss_gb']:.2f} GB), XLA predicted "
                   f"{m['predicted_gb']:.2f} GB (target < 3 GB: {verdict}); {m['step_s']:.1f} s/step")
-    return 0
+    if args.skip_peer:
+        return 0
+    from rossjax.bench import compare
+
+    return compare.verdict("bench sft", failures)
 
 
 if __name__ == "__main__":
