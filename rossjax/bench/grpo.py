@@ -113,6 +113,10 @@ def main(argv=None) -> int:
                     help="update: the policy update alone, rossjax vs torch on the same batch "
                          "(rossjax/bench/grpo_update.py)")
     ap.add_argument("--repeats", type=int, default=5, help="(--part update) timed pairs")
+    ap.add_argument("--atol", type=float, default=1e-5,
+                    help="(--part update) first losses of both sides must agree to this")
+    ap.add_argument("--rtol", type=float, default=1e-4,
+                    help="(--part update) first gradient norms must agree to this (relative)")
     args = ap.parse_args(argv)
     given = set(a.split("=")[0] for a in (argv or []))
     if args.part == "update":

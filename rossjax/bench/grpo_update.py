@@ -136,10 +136,16 @@ def run(args) -> int:
             state, m = fns.update(state, r.base, fns.put_rows(rows))
             return jax.device_get(m)
 
+        from rossjax.bench import compare
+
+        put = fns.put_rows(rows)
+        shared, order = fns._order(put)
         t0 = time.perf_counter()
         m0 = ours()   # compiles
         compile_s = time.perf_counter() - t0
-        p0 = peer.step()
+        # the program `ours` runs, compiled once more for XLA's count (never run)
+        work = compare.xla_work(fns._update[shared].lower(state, r.base, put).compile())
+        p0, peer_work = compare.torch_work(peer.step)   # also the warm-up, untimed
         ta, tb, ca, cb = [], [], [], []
         for _ in range(args.repeats):
             for fn, wall, cpu in ((ours, ta, ca), (peer.step, tb, cb)):
@@ -157,6 +163,13 @@ def run(args) -> int:
     print(f"  first update   rossjax loss {float(m0['loss']):.6f} grad-norm "
           f"{float(m0['grad_norm']):.6f} entropy {float(m0['entropy']):.4f} | torch loss "
           f"{p0[0]:.6f} grad-norm {p0[1]:.6f} entropy {p0[2]:.4f}")
+    print("  " + compare.settings_line(
+        rossjax={"remat": c.model.remat_policy, "micro-batches": c.grpo.micro_batches,
+                 "dtype": c.model.dtype, "shared-prompt pass": "on" if shared else "off",
+                 "XLA threads": compare.xla_threads()},
+        torch={"gradient checkpointing": "off", "micro-batches": 1, "dtype": "float32",
+               "threads": peer.torch.get_num_threads()}))
+    print(compare.work_line("fwd + bwd + AdamW", work, peer_work, "torch", unit="update"))
     print(f"  rossjax update {a:7.3f} s, {med(ca):7.3f} CPU s (median of {len(ta)}; compile + "
           f"first {compile_s:.1f} s; all: {', '.join(f'{x:.2f}' for x in ta)})")
     print(f"  torch update   {b:7.3f} s, {med(cb):7.3f} CPU s (median of {len(tb)}; all: "
@@ -165,4 +178,8 @@ def run(args) -> int:
     pairs = med([y / x for x, y in zip(ta, tb)])
     print(f"  ratio {pairs:.2f}x wall, {med(cb) / med(ca):.2f}x CPU time (torch / rossjax, "
           f"median over pairs; target >= 1)")
-    return 0
+    # same weights, same rows: the first update's loss and gradient norm must agree
+    return compare.verdict("bench grpo --part update", [
+        compare.close("first update's loss", float(m0["loss"]), p0[0], rtol=0.0, atol=args.atol),
+        compare.close("first update's gradient norm", float(m0["grad_norm"]), p0[1],
+                      rtol=args.rtol)])
