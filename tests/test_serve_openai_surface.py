@@ -9,10 +9,13 @@ server's 400 for a limit that cannot fit names --max_len; /health, /tokenize and
 answer as vLLM's do."""
 
 import json
+import os
 import urllib.error
 import urllib.request
 
+import jax
 import ml_collections
+import numpy as np
 import openai
 import pytest
 from test_reconstruct import ARTIFACTS, CORPUS
@@ -131,3 +134,35 @@ def test_tokenize_and_detokenize_as_vllm(served):
     assert status == 200 and back == {"prompt": "abc"}
     status, bad = http(root(url) + "/detokenize", {"model": server.model_id, "tokens": ["x"]})
     assert status == 400 and bad["error"]["param"] == "tokens"
+
+
+def test_serve_a_run_workdir_as_generate_loads_it(served, tmp_path):
+    """--model=RUN_WORKDIR serves the run's latest checkpoint with the run's tokenizer and
+    template (was: "config.json: field 'model_type' is None", the run's config read as HF's)."""
+    from rossjax.models import load_hf
+    from rossjax.models.hf import read_hf_config
+    from rossjax.train import checkpoint as ckpt_lib
+
+    server, url, path = served
+    run = tmp_path / "run"
+    os.makedirs(run)
+    ckpt_lib.write_model_config(str(run), read_hf_config(path))
+    json.dump({"template": "chatml", "model": {"path": path}}, open(run / "config.json", "w"))
+    ck = ckpt_lib.Checkpointer(str(run / "checkpoints"), async_save=False)
+    zeros = jax.tree.map(np.zeros_like, load_hf(path)[1])
+    ck.save(1, {"params": zeros}, force=True)      # an older step: not the one served
+    ck.save(2, {"params": load_hf(path)[1]}, force=True)
+    ck.close()
+    from_run = serve.build(str(run), slots=1, max_len=128, chunk=4)
+    run_url, stop = serve.start_background(from_run)
+    try:
+        kw = dict(messages=MSGS, max_tokens=8, temperature=0)
+        c_run = openai.OpenAI(base_url=run_url, api_key="none", max_retries=0, timeout=120)
+        c_hf = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+        got = c_run.chat.completions.create(model="run", **kw)
+        want = c_hf.chat.completions.create(model=server.model_id, **kw)
+    finally:
+        stop()
+    assert from_run.model_id == "run" and from_run.template == "chatml"
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert got.usage == want.usage

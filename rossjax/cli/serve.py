@@ -1,11 +1,15 @@
 """`rossjax serve --model=DIR [--tokenizer=NAME|PATH] [--host=127.0.0.1] [--port=8000]`:
-an OpenAI-compatible server (/v1/models, /v1/chat/completions, /v1/completions) on the rollout
-engine, for a local checkpoint (a Hugging Face folder, a `rossjax export` folder, or
-preset:NAME with --tokenizer). Point an OpenAI client at http://HOST:PORT/v1.
+an OpenAI-compatible server (/v1/models, /v1/chat/completions, /v1/completions; /health,
+/tokenize, /detokenize as vLLM's) on the rollout engine, for a local checkpoint (a training or
+GRPO workdir: its latest checkpoint, or --step, as `rossjax generate` loads it; a Hugging Face
+folder, a `rossjax export` folder, or preset:NAME with --tokenizer). Point an OpenAI client at
+http://HOST:PORT/v1.
 
   --template=chatml|llama3|mistral|tokenizer   (default: the folder's own chat template, else chatml)
   --slots=16        KV-cache slots (concurrent sequences decoded together)
-  --max_len=2048    cache columns per slot (prompt bucket + completion)
+  --max_len=2048    cache columns per slot (prompt bucket + completion); /v1/models reports
+                    it as max_model_len, and max_tokens may be at most it minus the prompt
+  --step=N          a workdir's checkpoint step (default: the latest)
   --dtype=float32   compute dtype (bfloat16 on accelerators)
   --model_id=NAME   the id /v1/models reports and requests name (default: the folder's name)
   --api_key=KEY     refuse requests without `Authorization: Bearer KEY` (401), as vLLM's
@@ -28,8 +32,10 @@ def _flags(fv):
     from absl import flags
 
     d = flags
-    d.DEFINE_string("model", None, "HF folder, `rossjax export` folder, or preset:NAME.",
-                    flag_values=fv)
+    d.DEFINE_string("model", None, "Training/GRPO workdir, HF folder, `rossjax export` folder, "
+                    "or preset:NAME.", flag_values=fv)
+    d.DEFINE_integer("step", None, "Checkpoint step of a workdir (default: the latest).",
+                     flag_values=fv)
     d.DEFINE_string("tokenizer", None, "Tokenizer spec (default: the folder's).", flag_values=fv)
     d.DEFINE_string("template", None, "chatml | llama3 | mistral | tokenizer (default: the "
                     "folder's own chat template, else chatml).", flag_values=fv)
@@ -55,7 +61,8 @@ def main(argv) -> int:
     from rossjax import serve
 
     server = serve.build(args.model, args.tokenizer, template=args.template, slots=args.slots,
-                         max_len=args.max_len, model_id=args.model_id, dtype=args.dtype)
+                         max_len=args.max_len, model_id=args.model_id, dtype=args.dtype,
+                         step=args.step)
     print(f"rossjax serve: {server.model_id} on http://{args.host}:{args.port}/v1 "
           f"({args.slots} slots x {args.max_len} tokens, template {server.template}, "
           f"{'API key required' if api_key else 'no API key'})", file=sys.stderr)

@@ -6,7 +6,7 @@ reconstruction agent and model solvers fully offline on a local checkpoint.
   app      the aiohttp handlers: /v1/models, /v1/chat/completions, /v1/completions, /health,
            /tokenize, /detokenize
 
-    server = build("runs/sft/export", slots=16, max_len=2048)
+    server = build("runs/sft/export", slots=16, max_len=2048)   # or a run's workdir: runs/sft
     url, stop = start_background(server, port=0)      # tests, notebooks
     serve(server, host="127.0.0.1", port=8000, api_key=None)        # the command
 
@@ -34,17 +34,32 @@ _END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "
 
 def build(model: str, tokenizer: str | None = None, *, template: str | None = None,
           slots: int = 16, max_len: int = 2048, model_id: str | None = None,
-          dtype: str = "float32", chunk: int = 16):
-    """Load the model folder (or preset:NAME) and tokenizer; start the engine thread."""
+          dtype: str = "float32", chunk: int = 16, step: int | None = None):
+    """Load the model folder (or preset:NAME, or a training / GRPO workdir: its latest
+    checkpoint, or `step`) and tokenizer; start the engine thread."""
     from rossjax.engine import Engine
     from rossjax.models import loading
     from rossjax.serve.app import Server
     from rossjax.serve.worker import EngineWorker
     from rossjax.templates import TEMPLATES
     from rossjax.tokenizers import load_tokenizer
+    from rossjax.train.export.model import is_run_dir, load_model_dir
 
-    section = loading.section_from_spec(model, dtype, where="--model")
-    tok_spec = tokenizer or (model if os.path.isdir(model) else None)
+    run_cfg = run_template = None
+    if not model.startswith("preset:") and is_run_dir(model):
+        # a training or GRPO workdir: its latest checkpoint (or `step`, LoRA merged), the run's
+        # tokenizer and template, as `rossjax generate` loads it (its config.json is the run's)
+        try:
+            run_cfg, params, tok_spec, run_template, _ = load_model_dir(model, step, dtype)
+        except FileNotFoundError as e:
+            raise ConfigError(f"rossjax serve: {e}") from None
+        tok_spec = tokenizer or tok_spec
+        if tok_spec is None:
+            raise ConfigError(f"rossjax serve: --model {model} is a run whose tokenizer is not "
+                              f"known; pass --tokenizer=HF_DIR (or a name such as qwen).")
+    else:
+        section = loading.section_from_spec(model, dtype, where="--model")
+        tok_spec = tokenizer or (model if os.path.isdir(model) else None)
     if tok_spec is None:
         raise ConfigError("rossjax serve: --tokenizer is needed when --model is a preset.")
     try:
@@ -52,11 +67,14 @@ def build(model: str, tokenizer: str | None = None, *, template: str | None = No
     except FileNotFoundError:
         raise ConfigError(f"rossjax serve: {tok_spec} has no tokenizer; pass --tokenizer=NAME|PATH.") \
             from None
-    template = template or ("tokenizer" if tok.chat_template else "chatml")
+    template = template or run_template or ("tokenizer" if tok.chat_template else "chatml")
     if template not in TEMPLATES:
         raise ConfigError(f"rossjax serve: --template {template!r} is not one of "
                           f"{', '.join(TEMPLATES)}.")
-    cfg, params = loading.load_model(section, field="--model")
+    if run_cfg is None:
+        cfg, params = loading.load_model(section, field="--model")
+    else:
+        cfg = run_cfg
     ends = {tok.special_tokens[t] for t in _END_TOKENS if t in tok.special_tokens}
     if tok.eos_id is not None:
         ends.add(tok.eos_id)
