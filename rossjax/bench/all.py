@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -123,14 +122,10 @@ _ROWS = {"sft": _row_sft, "update": _row_update, "grpo": _row_grpo, "tunix": _ro
 
 
 def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from rossjax.bench import compare
+
+    name, flags = compare.cpu_info()
+    return f"{name} ({' '.join(flags) or 'no AVX'})"
 
 
 def _versions() -> str:

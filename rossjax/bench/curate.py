@@ -343,4 +343,11 @@ def main(argv=None) -> int:
     bench_verify(args.verify_n, args.code_n, args.workers)
     if args.beam:
         bench_beam(args.beam, args.tokens, args.workers, args.tokenizer)
-    return 0
+    if not args.peer_n:
+        return 0
+    from rossjax.bench import compare
+
+    # the peer's masks are the sameness check: both compilers must mask the very same tokens
+    return compare.verdict("bench curate", [
+        None if same else f"the peer's token masks differ from rossjax's on some of the "
+                          f"{args.peer_n} rollouts"])

@@ -117,6 +117,8 @@ def main(argv=None) -> int:
     ap.add_argument("--remat", default="none", help="rossjax remat policy")
     ap.add_argument("--no_scan", action="store_true", help="unrolled layer loop instead of lax.scan")
     ap.add_argument("--skip_torch", action="store_true")
+    ap.add_argument("--atol", type=float, default=1e-3,
+                    help="first-step losses of both sides must agree to this")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     ap.add_argument("--device", action="store_true",
                     help="accelerator mode (model_device.py): ~0.5B Qwen2 shape, bf16, tokens/s and "
@@ -176,5 +178,16 @@ def main(argv=None) -> int:
         print(f"torch   train step: {statistics.median(th_times) * 1e3:8.1f} ms  {th:9.0f} tokens/s  "
               f"(torch {torch.__version__}, {torch.get_num_threads()} threads, "
               f"loss {th_losses[0]:.3f} -> {th_losses[-1]:.3f})")
+        from rossjax.bench import compare
+
+        print(compare.settings_line(
+            rossjax={"remat": args.remat, "micro-batches": 1, "dtype": "float32",
+                     "XLA threads": compare.xla_threads()},
+            torch={"gradient checkpointing": "off", "micro-batches": 1, "dtype": "float32",
+                   "threads": torch.get_num_threads()}))
         print(f"ratio rossjax / torch: {rj / th:.2f}x")
+        # same weights, same batch: the first step's loss must agree
+        return compare.verdict("bench model", [
+            compare.close("first-step loss", rj_losses[0], th_losses[0], rtol=0.0,
+                          atol=args.atol)])
     return 0

@@ -33,6 +33,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     ap.add_argument("--stops", type=int, default=0,
                     help="stop tokens (rows then end at different lengths; 0 = none)")
+    ap.add_argument("--min_agree", type=float, default=0.95,
+                    help="greedy tokens of both sides must agree on at least this share (fp32 "
+                         "near-ties may flip a token, and a row diverges after it)")
     args = ap.parse_args(argv)
 
     import jax
@@ -94,6 +97,12 @@ def main(argv=None) -> int:
     print(f"  rossjax      {n_new / t_rj:10.1f} new tok/s  ({t_rj:.3f} s)")
     print(f"  transformers {n_new / t_hf:10.1f} new tok/s  ({t_hf:.3f} s, torch threads "
           f"{torch.get_num_threads()})")
+    from rossjax.bench import compare
+
+    print("  " + compare.settings_line(
+        rossjax={"dtype": "float32", "batch": args.batch, "XLA threads": compare.xla_threads()},
+        transformers={"dtype": "float32", "batch": args.batch,
+                      "threads": torch.get_num_threads()}))
     print(f"  ratio {t_hf / t_rj:.2f}x (target >= 3x); greedy tokens agree on {agree:.1%}")
     # Decode is bound by streaming the fp32 weights from memory once per step: the model's
     # matmuls alone, back to back, bound what any implementation of this step can reach here.
@@ -103,7 +112,8 @@ def main(argv=None) -> int:
           f"{(t_rj - t_prefill) / (args.new_tokens - 1) * 1e3:.2f} ms/step; prefill "
           f"{t_prefill * 1e3:.0f} ms; a run at the floor (no attention at all) would be "
           f"{t_hf / t_floor:.2f}x")
-    return 0
+    return compare.verdict("bench sample", [
+        compare.at_least("greedy token agreement", agree, args.min_agree)])
 
 
 def _spread_stops(tokens: np.ndarray, k: int) -> tuple:

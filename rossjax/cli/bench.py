@@ -53,4 +53,9 @@ def main(argv=None) -> int:
         raise UsageError(f"{argv[0]!r} is not available in this build")
     if any(a in HELP_FLAGS for a in argv[1:]):
         raise HelpRequested(_bench_help(argv[0], mod))
+    if argv[0] != "all":   # bench all prints the machine with its table
+        from rossjax.bench import compare
+
+        # every figure below is this CPU's: its model and ISA flags come first
+        print(compare.machine_line(), flush=True)
     return int(mod.main(argv[1:]) or 0)
