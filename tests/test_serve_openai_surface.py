@@ -166,3 +166,58 @@ def test_serve_a_run_workdir_as_generate_loads_it(served, tmp_path):
     assert from_run.model_id == "run" and from_run.template == "chatml"
     assert got.choices[0].message.content == want.choices[0].message.content
     assert got.usage == want.usage
+
+
+def test_response_format_json_is_a_clear_400(served):
+    server, url, _ = served
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=server.model_id, messages=MSGS, max_tokens=4,
+                                       response_format={"type": "json_object"})
+    assert "response_format" in e.value.message and "not supported" in e.value.message
+    r = client.chat.completions.create(model=server.model_id, messages=MSGS, max_tokens=2,
+                                       response_format={"type": "text"})
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def sse_events(url, body) -> list[str]:
+    """The `data:` payloads of a raw SSE response, in order; every event is `data: ...` and
+    a blank line, nothing else."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    assert raw.endswith("\n\n")
+    events = raw[:-2].split("\n\n")
+    assert all(e.startswith("data: ") and "\n" not in e for e in events), events[:3]
+    return [e[len("data: "):] for e in events]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_raw_sse_stream_is_well_formed_and_ends_with_done(served, chat):
+    server, url, _ = served
+    body = {"model": server.model_id, "max_tokens": 6, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    body.update({"messages": MSGS} if chat else {"prompt": "abc"})
+    events = sse_events(url + ("/chat/completions" if chat else "/completions"), body)
+    assert events[-1] == "[DONE]" and "[DONE]" not in events[:-1]
+    chunks = [json.loads(e) for e in events[:-1]]
+    want = "chat.completion.chunk" if chat else "text_completion"
+    assert all(c["object"] == want and c["model"] == server.model_id for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    *parts, usage = chunks
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] >= 1
+    assert all(len(c["choices"]) == 1 and c["choices"][0]["index"] == 0 for c in parts)
+    reasons = [c["choices"][0]["finish_reason"] for c in parts]
+    assert reasons[-1] in ("stop", "length") and all(r is None for r in reasons[:-1])
+    if chat:
+        assert parts[0]["choices"][0]["delta"]["role"] == "assistant"
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in parts)
+    else:
+        text = "".join(c["choices"][0]["text"] for c in parts)
+    full = dict(body, stream=False)
+    full.pop("stream_options")
+    _, whole = http(url + ("/chat/completions" if chat else "/completions"), full)
+    c0 = whole["choices"][0]
+    assert text == (c0["message"]["content"] if chat else c0["text"])

@@ -11,7 +11,8 @@ length bucket, so a limit inside that padding ends the answer early: "length"), 
 (a string or up to 4), logprobs (chat: bool, completions: int 0/1; the chosen token's log-prob
 under logits / temperature (1 when greedy), the sampler's; top_logprobs are not computed and
 asking for them is a 400), stream (SSE, `data: [DONE]` at the end; stream_options.include_usage
-adds the usage chunk), usage in every non-streamed reply. A bad request is a 400 whose
+adds the usage chunk), usage in every non-streamed reply; response_format other than "text" is a
+400 (decoding is not constrained). A bad request is a 400 whose
 error.message names the field.
 
 Hostile input: rossjax.serve.guard (a 4xx, never a 500; the API key).
@@ -111,6 +112,12 @@ class Server:
         return body
 
     def _sampling(self, body, n_prompt: int, stop_ids: tuple):
+        rf = body.get("response_format")
+        kind = rf.get("type") if isinstance(rf, dict) else rf
+        if rf is not None and kind != "text":   # silently unconstrained JSON would be a lie
+            raise BadRequest(f"'response_format' {guard.show(kind)} is not supported: rossjax "
+                             f"serve cannot constrain decoding (only type 'text'); ask for JSON "
+                             f"in the prompt and parse the answer.", "response_format")
         n = guard.num(body, "n", 1, 1, self.engine.slots, integer=True)
         max_len = self.engine.max_len
         room = max_len - bucket_length(max(n_prompt, 1))
