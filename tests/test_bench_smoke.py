@@ -22,7 +22,8 @@ def test_bench_model_smoke(capsys):
 
 @pytest.mark.slow
 def test_bench_sft_smoke(capsys):
-    assert bench_sft.main(["--rows", "2", "--seq", "64", "--micro", "1", "--steps", "1",
+    # two micro-batches: the peer must report the whole step's loss, not its last share
+    assert bench_sft.main(["--rows", "2", "--seq", "64", "--micro", "2", "--steps", "1",
                            "--skip_memory"]) == 0
     out = capsys.readouterr().out
     assert "MFU vs matmul" in out and "tokens/s" in out
@@ -30,6 +31,8 @@ def test_bench_sft_smoke(capsys):
     ours, theirs = map(float, re.search(r"rossjax ([\d.]+), torch ([\d.]+)", out).groups())
     assert ours == pytest.approx(theirs, rel=1e-4)
     assert "ratio rossjax / torch:" in out
+    assert "settings: rossjax remat" in out and "sameness checks passed" in out
+    assert re.search(r"work per token .*FLOPs [\d.]+x, bytes [\d.]+x", out)
 
 
 def test_bench_grpo_update_smoke(capsys):
@@ -44,6 +47,8 @@ def test_bench_grpo_update_smoke(capsys):
     assert ours_loss == pytest.approx(torch_loss, abs=1e-5)
     assert ours_norm == pytest.approx(torch_norm, rel=1e-4)
     assert re.search(r"ratio [\d.]+x wall, [\d.]+x CPU time", out)
+    assert re.search(r"work per update .*FLOPs [\d.]+x, bytes [\d.]+x", out)
+    assert "sameness checks passed" in out
 
 
 @pytest.mark.skipif(not os.environ.get("ROSSJAX_TUNIX_PYTHON"),
