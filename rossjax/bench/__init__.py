@@ -1,7 +1,9 @@
 """Benchmarks: `rossjax bench <name> [flags]` (rossjax/cli/bench.py).
 
 Each benchmark measures rossjax and its peer in the same run and prints the ratio; none is a
-timed test. Each module's `main(argv)` parses its own flags and runs it.
+timed test. Each module's `main(argv)` parses its own flags and runs it. What makes the two
+sides comparable (machine, settings, the asserted sameness check, work counts) lives in
+compare.py.
 """
 
 from __future__ import annotations
