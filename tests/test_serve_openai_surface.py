@@ -221,3 +221,53 @@ def test_raw_sse_stream_is_well_formed_and_ends_with_done(served, chat):
     _, whole = http(url + ("/chat/completions" if chat else "/completions"), full)
     c0 = whole["choices"][0]
     assert text == (c0["message"]["content"] if chat else c0["text"])
+
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+                                           "parameters": {"type": "object", "properties": {
+                                               "word": {"type": "string"}}}}}]
+TOOL_TURNS = MSGS + [
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_7", "type": "function",
+         "function": {"name": "lookup", "arguments": "{\"word\": \"zebra\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_7", "content": "a striped horse"}]
+
+
+def test_tools_and_tool_turns_are_rendered_by_the_template(served):
+    """`tools`, an assistant turn of content null + tool_calls and a tool turn with its
+    tool_call_id are accepted and rendered (was: 400 "messages[2].content must be a string")."""
+    from rossjax.templates import render_prompt
+
+    server, url, _ = served
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+    r = client.chat.completions.create(model=server.model_id, messages=TOOL_TURNS, tools=TOOLS,
+                                       max_tokens=4, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    status, tok = http(root(url) + "/tokenize", {"model": server.model_id,
+                                                 "messages": TOOL_TURNS, "tools": TOOLS})
+    text = server.tok.decode(tok["tokens"])
+    assert status == 200 and tok["count"] == r.usage.prompt_tokens
+    assert '"name": "lookup"' in text and '"word": "zebra"' in text and "a striped horse" in text
+    assert "Look a word up." in text       # the tools, in the system turn
+    turns = [dict(m, content=m["content"] or "") for m in TOOL_TURNS]
+    assert text == render_prompt(turns, server.template, server.tok, tools=TOOLS)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=server.model_id, max_tokens=2, messages=MSGS + [
+            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": 3}}]}])
+    assert "messages[2].tool_calls" in e.value.message
+
+
+def test_hermes_calls_in_an_answer_are_tool_calls():
+    from rossjax.serve.tools import answer_message
+
+    text = 'Let me look.\n<tool_call>\n{"name": "lookup", "arguments": {"word": "zebra"}}\n' \
+           '</tool_call>'
+    msg, reason = answer_message(text, "stop", TOOLS)
+    assert reason == "tool_calls" and msg["content"] == "Let me look."
+    (call,) = msg["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "lookup"
+    assert json.loads(call["function"]["arguments"]) == {"word": "zebra"}
+    assert answer_message(text, "stop", None) == ({"role": "assistant", "content": text}, "stop")
+    broken = text.replace("</tool_call>", "")        # a malformed call stays text
+    assert answer_message(broken, "length", TOOLS)[1] == "length"

@@ -31,7 +31,7 @@ from aiohttp import web
 from rossjax.engine import SamplingParams, bucket_length
 from rossjax.engine.types import check_token_ids
 from rossjax.errors import InputError
-from rossjax.serve import guard
+from rossjax.serve import guard, tools as tool_calls
 from rossjax.serve.guard import BadRequest
 from rossjax.serve.worker import Job
 
@@ -181,12 +181,10 @@ class Server:
                         raise BadRequest(f"messages[{i}].content[{k}].text must be a string.",
                                          f"messages[{i}].content[{k}].text")
                 c = "".join(p["text"] for p in c)
-            if not isinstance(c, str):
-                raise BadRequest(f"messages[{i}].content must be a string.", f"messages[{i}].content")
-            role = "system" if m["role"] == "developer" else m["role"]
-            clean.append({"role": role, "content": guard.text(c, f"messages[{i}].content")})
+            clean.append(tool_calls.message_fields(i, m, c))
         try:
-            text = render_prompt(clean, self.template, self.tok)
+            text = render_prompt(clean, self.template, self.tok,
+                                 tools=tool_calls.request_tools(body))
         except InputError as e:
             raise BadRequest(f"the messages cannot be rendered with template {self.template}: {e}",
                              "messages") from None
@@ -264,7 +262,8 @@ class Server:
             c = {"index": j, "finish_reason": reasons[j],
                  "logprobs": self._logprobs(toks[j], lps[j], chat) if logprobs else None}
             if chat:
-                c["message"] = {"role": "assistant", "content": texts[j]}
+                c["message"], c["finish_reason"] = tool_calls.answer_message(
+                    texts[j], reasons[j], tool_calls.request_tools(body))
             else:
                 c["text"] = texts[j]
             choices.append(c)
