@@ -134,5 +134,20 @@ def run(args) -> int:
           f"{part('time_sample_s'):.2f} s, update {part('time_update_s'):.2f} s)")
     print(f"  TRL GRPOTrainer  {b:7.2f} s/step (median of {len(peer) - 1}; all: "
           f"{', '.join(f'{x:.2f}' for x in peer)})")
+    from rossjax.bench import compare
+
+    # Both sample at T = 1 from their own RNGs, so no loss or token can be compared: the
+    # sameness is the configuration, printed here (and set in _rossjax_steps / _trl_steps).
+    print("  " + compare.settings_line(
+        rossjax={"remat": "none", "micro-batches": 1, "dtype": "float32",
+                 "XLA threads": compare.xla_threads()},
+        TRL={"gradient checkpointing": "off", "gradient accumulation": 1, "dtype": "float32",
+             "threads": _torch_threads()}))
     print(f"  ratio {b / a:.2f}x (TRL s/step / rossjax s/step; target >= 1.5x)")
     return 0
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
