@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP surface (aiohttp): /v1/models (with vLLM's max_model_len: the
---max_len), /v1/chat/completions, /v1/completions, and vLLM's /health, /tokenize, /detokenize;
-each request a job on the engine thread (rossjax.serve.worker).
+--max_len), /v1/chat/completions (tools and tool turns: tools.py), /v1/completions, and vLLM's
+/health, /tokenize, /detokenize; each request a job on the engine thread (rossjax.serve.worker).
 
 aiohttp because one maintained library gives the asyncio server, streamed responses (SSE) and
 graceful shutdown with no ASGI layer in between; handlers only parse, queue and format.
