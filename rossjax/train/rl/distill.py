@@ -12,8 +12,8 @@ temperature T, as GRPO's log-probs are, so the KL compares the distribution samp
 - `reverse_kl_sampled`: the sampled-token estimator. Value: k1 = log pi_s(y) - log pi_t(y),
   unbiased for the per-token KL(pi_s || pi_t) on the student's own samples. Gradient: the
   policy-gradient form sg(k1) * grad log pi_s(y), i.e. a per-token advantage -(log pi_s -
-  log pi_t) with no future terms (discount 0), as Thinking Machines' on-policy distillation and
-  tunix/TRL-style RL trainers apply it. Why this form: differentiating k1 itself gives
+  log pi_t) with no future terms (discount 0), as Thinking Machines' on-policy distillation
+  describes it (not checked against its code). Why this form: differentiating k1 itself gives
   grad log pi_s(y), whose expectation under pi_s is 0, so it would not minimise the KL at all;
   the score-function form is the unbiased estimate of the KL's gradient. Needs only the
   teacher's log-prob of the sampled token, which is what history rows carry.
