@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     report = run(cfg, workdir)
     for line in summary(report, workdir):
         print(line)
-    if nothing_asked(report):
+    if nothing_asked(report) and report["buckets"]["kept"]:  # kept none: check_kept says it
         print(f"rossjax review: {nothing_asked(report)}", file=sys.stderr)
     check_kept(report, cfg, workdir)  # kept nothing: one sentence why, exit 2
     return 0
