@@ -185,3 +185,16 @@ def test_overlong_filter_through_grpo(tmp_path):
     c.grpo.overlong_filter = False   # the same batch, unfiltered, does learn
     grpo.run(c, str(tmp_path / "nofilter"), cpu_scorer=scripted_rewards)
     assert read_metrics(str(tmp_path / "nofilter"))[-1]["grad_norm"] > 0
+
+
+def test_the_banner_names_rewards_and_where_they_run():
+    import ml_collections
+
+    from rossjax.train.rl.grpo import reward_words
+
+    r = ml_collections.ConfigDict({"functions": ("env",), "workers": 0})
+    assert reward_words(r) == "reward env (judged by the environment during each episode)"
+    r.functions, r.workers = ("math", "format"), 2
+    assert reward_words(r) == "rewards math, format on 2 reward processes"
+    r.workers = 0
+    assert reward_words(r) == "rewards math, format in this process (reward.workers 0)"

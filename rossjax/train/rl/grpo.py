@@ -88,6 +88,16 @@ class _Scored:
     is_metrics: dict
 
 
+def reward_words(reward) -> str:
+    """The banner's reward clause: the names joined, and where they are computed (0 workers: in
+    this process; an environment's reward: during the rollout)."""
+    if tuple(reward.functions) == ("env",):
+        return "reward env (judged by the environment during each episode)"
+    where = (f"on {reward.workers} reward process{'es' if reward.workers != 1 else ''}"
+             if reward.workers else "in this process (reward.workers 0)")
+    return f"rewards {', '.join(reward.functions)} {where}"
+
+
 class GRPOTrainer(skeleton.Skeleton):
     """The GRPO run on the shared skeleton (train/skeleton.py): its tasks, model and rewards
     (grpo_setup.Run), history and samples files, and the step (`train_step`)."""
@@ -155,9 +165,8 @@ class GRPOTrainer(skeleton.Skeleton):
             f" (process {jax.process_index()} of {jax.process_count()})"
         print(f"rossjax grpo{who}: {run.model_cfg.model_type} {run.model_cfg.num_params() / 1e6:.1f}M params"
               f"{' + LoRA r=%d' % cfg.lora.rank if cfg.lora.enabled else ''}, {g.steps} steps of "
-              f"{g.contexts} x {g.group_size} candidates, {run.updates_per_step} updates/step, rewards "
-              f"{tuple(cfg.reward.functions)} on {cfg.reward.workers} workers, from step "
-              f"{self.start_step}.", file=sys.stderr)
+              f"{g.contexts} x {g.group_size} candidates, {run.updates_per_step} updates/step, "
+              f"{reward_words(cfg.reward)}, from step {self.start_step}.", file=sys.stderr)
         if run.probe_names:  # which probe pays the reward, before any step runs
             print(f"rossjax grpo{who}: probe reward from {'; '.join(run.probe_names)}",
                   file=sys.stderr)
