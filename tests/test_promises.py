@@ -84,6 +84,7 @@ def diverged(tmp_path_factory):
     work = tmp / "run"
     p = _cli("train", f"--config={ROOT}/configs/ross_sft.py:runlocal", f"--config.data.train={data}",
              f"--workdir={work}", "--config.optim.peak_lr=1e30", "--config.train.num_steps=10",
+             "--config.data.seq_len=128",
              "--config.train.epochs=10", "--config.checkpoint.save_every=100")
     return p, work
 
