@@ -7,7 +7,9 @@ LoRA, only the reward differs.
 Run:
   rossjax grpo --config=configs/propel_sil.py --config.model.path=HF_GENERATOR_DIR \
       --config.reward.solver.path=SOLVER_DIR --workdir=runs/propel_sil
-  rossjax grpo --config=configs/propel_sil.py:runlocal --workdir=/tmp/propel-sil
+  python -m rossjax.train.propel.warmup /tmp/propel-warm   # the warm-up generator (~1-3 min)
+  rossjax grpo --config=configs/propel_sil.py:runlocal --config.model.path=/tmp/propel-warm/hf \
+      --workdir=/tmp/propel-sil
   rossjax grpo --config=configs/propel_sil.py:math --config.model.path=HF_GENERATOR_DIR \
       --config.reward.solver.path=SOLVER_DIR --config.reward.solver.oracles.a.path=ORACLE_A \
       --config.reward.solver.oracles.b.path=ORACLE_B --workdir=runs/propel_sil_math
@@ -30,11 +32,18 @@ beside these); history.jsonl keeps each candidate's `rewards.solver` and `reward
 Needs: a generator checkpoint and the solver the probe's labels came from (`reward.solver.kind`
 model + `path`; the solver reads the policy's tokenizer and template). Cost: K solver samples and
 K sandboxed checks per valid candidate per step, 16 x 8 x 8 = 1,024 trials a step at full size
-if every task is valid (the cost PROPEL avoids). `:runlocal`: the random tiny model and the
+if every task is valid (the cost PROPEL avoids). `:runlocal`: the tiny model and the
 programmatic `oracle` solver (always right, so a valid task's rate is 1, outside the band: U_S =
 0); `:runlocal,math` adds two `fn` oracles that box the problem's last number (they agree; a
-stand-in so the mechanics run without models, not a solver). Mechanics only, ~20 s on this
-2-core CPU.
+stand-in so the mechanics run without models, not a solver). Start it, as the vault demo does,
+from the warm-up generator (rossjax/train/propel/warmup.py, `--math` for `:runlocal,math`: the
+tiny model cloned on a few valid tasks), passed as `--config.model.path`: measured on this loaded
+2-core CPU (2026-12-03), 13 of 16 candidates valid in each of the 2 steps, `solver_trials` 104
+and 104, reward -0.04 (valid tasks earn U_S = 0 from the always-right solver), 84 s. The `--math`
+warm-up was not measured (its build did not finish in 10 minutes here: the paper context makes
+its rows ~10x longer). Without it the random tiny model
+writes no valid task: every step pays -0.2 and `solver_trials` is 0 (mechanics of the invalid
+path only, ~20 s).
 """
 
 import ml_collections
@@ -76,6 +85,8 @@ def get_config(arg: str | None = None):
                 c.reward.solver.oracles[name].fn = "rossjax.configs.propel_sil:echo_answer"
             c.reward.solver.oracles.allow_same = True  # one stand-in function as both
         c.grpo.steps = 2
+        # room for a warm-up generator's task (rossjax/train/propel/warmup.py: ~96 tokens)
+        c.grpo.max_new_tokens = 128
     return c
 
 
