@@ -10,6 +10,7 @@ import pytest
 from rossjax.cli import main as cli_main, parse_config
 from rossjax.curate.compiled import decode_example, encode_example, read_compiled
 from rossjax.curate.pipeline import curate
+from rossjax.verify import sandbox
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "curate.py")
@@ -119,7 +120,8 @@ def test_curate_rerun_verifies_and_withholds(tmp_path):
                                           "unverified": 1}
     assert rep["verify"] == {"mode": "rerun", "unverified_policy": "withhold",
                              "undecided_policy": "withhold", "passed": 2, "failed": 1,
-                             "undecided": 1, "unverified": 1, "rerun": 4}
+                             "undecided": 1, "unverified": 1, "rerun": 4,
+                             "sandbox": sandbox.isolation()}
     assert sorted(e["id"] for e in read_compiled(out)) == ["r0", "r2"]
     withheld = {x["id"]: x for x in _lines(os.path.join(out, "withheld.jsonl"))}
     assert withheld["r1"]["reason"] == "verifier_failed" and "AssertionError" in withheld["r1"]["detail"]

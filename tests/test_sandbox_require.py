@@ -36,3 +36,22 @@ def test_a_required_mode_the_limits_switch_off_refuses_to_run(monkeypatch):
     monkeypatch.setenv("ROSSJAX_SANDBOX_REQUIRE", "landlock")
     with pytest.raises(sandbox.SandboxUnavailable):
         sandbox.run("print(1)", limits=sandbox.Limits(landlock=False, namespaces=False))
+
+
+def test_curate_report_names_the_sandbox_mode_its_verdicts_came_from(tmp_path):
+    """issue 36 item 2: the mode is in report.json (hook-only is the one a reader must notice)."""
+    import json
+
+    from rossjax.curate.pipeline import curate
+
+    cfg, _, _ = parse_config(["--config=configs/curate.py", "--config.tokenizer=ascii",
+                              "--config.input=data/rollouts/sample.jsonl", "--config.progress=False",
+                              f"--config.output={tmp_path / 'out'}"])
+    curate(cfg)
+    with open(tmp_path / "out" / "report.json") as f:
+        verify = json.load(f)["verify"]
+    assert verify["sandbox"] == sandbox.isolation() and "rlimits" in verify["sandbox"]
+    cfg.verify, cfg.output = "stored", str(tmp_path / "stored")
+    curate(cfg)
+    with open(tmp_path / "stored" / "report.json") as f:
+        assert json.load(f)["verify"]["sandbox"] is None  # no program ran

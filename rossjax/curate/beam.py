@@ -340,6 +340,8 @@ def curate(cfg, output: str | None = None) -> dict:
     report = pickle.loads(beam_io.read_bytes(beam_io.join(stage, _REPORT)))
     report.config = config
     report.tokenizer_vocab_size = int(load_tokenizer(cfg.tokenizer).vocab_size)
+    if cfg.verify != "stored":  # each worker's own machine decides it; this one cannot know
+        report.sandbox = "unknown (verdicts ran on the Beam workers)"
     out = report.to_dict(time.perf_counter() - t0)
     beam_io.delete([beam_io.join(stage, _REPORT)])
     beam_io.write_bytes(beam_io.join(stage, "report.json"),

@@ -100,6 +100,7 @@ class Report:
                                "kept_excluded_eligible": 0, "kept_content": 0,
                                "kept_excluded_content": 0})
         self.ter_steps: dict = {}  # step of origin -> Counter(content, excluded)
+        self.sandbox = None  # the layers of this machine's sandbox runs (None: no code run)
         self.verify = Counter({"passed": 0, "failed": 0, "undecided": 0, "unverified": 0,
                                "rerun": 0})
         self.kept_by_review = Counter({"accept": 0, "revise": 0, "drop": 0, "none": 0})
@@ -208,7 +209,8 @@ class Report:
             "kept_lengths": {"min": self.lengths[0], "max": self.lengths[1]},
             "verify": {"mode": self.config.get("verify"),
                        "unverified_policy": self.config.get("unverified"),
-                       "undecided_policy": self.config.get("undecided"), **self.verify},
+                       "undecided_policy": self.config.get("undecided"),
+                       "sandbox": self.sandbox, **self.verify},
             "shards": self.shards,
             "config": self.config,
             "elapsed_s": round(elapsed_s, 3),

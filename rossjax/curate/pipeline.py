@@ -341,6 +341,9 @@ def _curate_into(cfg, out_dir: str, stage: str, rows_filter: str, files: list[st
     config = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
     report = Report({**config, "output": out_dir})
     report.tokenizer_vocab_size = int(load_tokenizer(cfg.tokenizer).vocab_size)
+    if cfg.verify != "stored":  # the mode code verdicts come from (hook-only is the weakest)
+        from rossjax.verify import sandbox
+        report.sandbox = sandbox.isolation()
     compiler = Compiler.from_config(cfg)
     shards = ShardWriter(stage, cfg.examples_per_shard, report.shards)
     fields, seen = field_mapping(cfg), {}

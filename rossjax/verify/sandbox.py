@@ -150,6 +150,19 @@ def run(program: str, stdin: str = "", timeout_s: float = 10.0, *,
     return _run(program, stdin, timeout_s, limits or Limits(), None, "", None)[0]
 
 
+_ISOLATION: dict = {}
+
+
+def isolation(limits: Limits | None = None) -> str:
+    """The layers a run gets on this machine with `limits` (RunResult.isolation of one trivial
+    run, cached per process): what a report records as the mode its verdicts came from."""
+    lim = limits or Limits()
+    key = repr(lim)
+    if key not in _ISOLATION:
+        _ISOLATION[key] = run("pass", limits=lim).isolation
+    return _ISOLATION[key]
+
+
 def run_checked(program: str, checker: str, entry_point: str, timeout_s: float = 10.0, *,
                 limits: Limits | None = None, prefix: str | None = None
                 ) -> tuple[RunResult, list[str]]:
