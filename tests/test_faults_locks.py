@@ -43,17 +43,6 @@ def test_a_symlinked_run_lock_is_refused_and_its_target_never_written(tmp_path):
     runlock.acquire(str(work), "rossjax train").release()  # a plain lock file works as before
 
 
-def test_a_hard_linked_run_lock_is_refused_and_the_other_file_never_written(tmp_path):
-    work = tmp_path / "run"
-    os.makedirs(work)
-    target = tmp_path / "precious.txt"
-    target.write_text(PRECIOUS)
-    os.link(target, work / "run.lock")  # the same file under the lock's name
-    with pytest.raises(InputError, match=r"run.lock is a hard link \(2 names for one file\)"):
-        runlock.acquire(str(work), "rossjax train")
-    assert target.read_text() == PRECIOUS
-
-
 def test_train_with_a_symlinked_lock_is_one_sentence(tmp_path, capsys):
     from test_sft_loop import write_curated
 
