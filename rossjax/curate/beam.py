@@ -253,7 +253,7 @@ def write_shards(kept, out_dir: str, per_shard: int):
     def write(item):
         from array_record.python.array_record_module import ArrayRecordWriter
 
-        from rossjax.curate.compiled import SHARD_OPTIONS, shard_name
+        from rossjax.curate.compiled import SHARD_OPTIONS, sha256_file, shard_name
 
         index, members = item
         dest = beam_io.join(out_dir, shard_name(index))
@@ -263,8 +263,10 @@ def write_shards(kept, out_dir: str, per_shard: int):
         for _, blob in members:
             writer.write(blob)
         writer.close()
+        # the size and whole-file hash the report lists, as the local ShardWriter records them
+        size, digest = os.path.getsize(tmp), sha256_file(tmp)
         beam_io.publish(tmp, dest)
-        return index, len(members)
+        return index, len(members), size, digest
 
     counts = (kept | "kept per block" >> beam.Map(lambda kv: (kv[0] // BLOCK, 1))
               | "count kept" >> beam.CombinePerKey(sum))
@@ -300,7 +302,8 @@ def _finish(_, report, shards, parts, out_dir: str):
     for status in LISTS:
         mine = [p for s, _, p in sorted(parts) if s == status]
         beam_io.concat(mine, beam_io.join(out_dir, f"{status}.jsonl"))
-    report.shards = [{"path": shard_name(i), "examples": n} for i, n in sorted(shards)]
+    report.shards = [{"path": shard_name(i), "examples": n, "bytes": b, "sha256": h}
+                     for i, n, b, h in sorted(shards)]
     beam_io.write_bytes(beam_io.join(out_dir, _REPORT), pickle.dumps(report))
 
 

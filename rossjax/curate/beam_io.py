@@ -137,7 +137,7 @@ def publish_dir(stage: str, out_dir: str) -> None:
     outputs go first, report.json comes last); a crashed attempt's temp files and folders stay
     behind and are deleted with `stage`."""
     from rossjax.curate.compiled import SHARD_GLOB
-    from rossjax.curate.pipeline import OUTPUTS, publish
+    from rossjax.curate.ledger import OUTPUT_NAMES as OUTPUTS, publish
 
     if not is_remote(stage):
         for n in os.listdir(stage):
