@@ -203,7 +203,7 @@ def test_generator_utility_band_with_a_scripted_model_solver(tmp_path, monkeypat
                for t, n in zip(gen, n_right)}
     asked = []
 
-    def scripted(mc, params, tok, prompts_msgs, n, cfg, seed, template="chatml"):
+    def scripted(mc, params, tok, prompts_msgs, n, cfg, seed, template="chatml", sampling=None):
         out = []
         for m in prompts_msgs:
             hint = re.search(r"^Hint: (.*)$", m[0]["content"], re.M).group(1)
@@ -234,7 +234,7 @@ def test_policy_pass_at_k_coverage_and_outcomes_with_scripted_answers(tmp_path, 
     right = [0, 1, 2, 5, 3, 4]
     K = 5
 
-    def scripted(mc, params, tok, prompts_msgs, n, cfg, seed):
+    def scripted(mc, params, tok, prompts_msgs, n, cfg, seed, sampling=None):
         assert n == K and len(prompts_msgs) == len(right)
         out = []
         for m, c_i in zip(prompts_msgs, right):
