@@ -723,20 +723,26 @@ def test_grpo_resume_refuses_another_config_or_task_file(tmp_path):
 
 # ---------------------------------------------------------------- Ctrl-C saves (issue 42 item 1)
 
-@pytest.mark.slow  # two trainer processes, each compiling its step
-def test_train_ctrl_c_saves_exits_130_and_the_printed_command_resumes(tmp_path):
-    """The first Ctrl-C (SIGINT) finishes the step in progress, saves it and exits 130 with no
-    traceback; the last line names the step and the command that resumes, which completes."""
-    import shlex
-
+def train_signalled_at_step_2(tmp_path, sig):
+    """A 40-step train run (no save before the end) sent `sig` once step 2 is logged:
+    (process, workdir, argv, its output, the step seen)."""
     data = write_curated(tmp_path / "data", n=200)
     work = str(tmp_path / "run")
     argv = _train_argv(data, work, "--config.train.num_steps=40", "--config.train.epochs=3",
                        "--config.checkpoint.save_every=100", "--config.train.eval_every=-1")
     p = _cli_sub(*argv)
     seen = _wait_for_step(p, work, 2)
-    p.send_signal(signal.SIGINT)
-    out = p.communicate(timeout=300)[0]
+    p.send_signal(sig)
+    return p, work, argv, p.communicate(timeout=300)[0], seen
+
+
+@pytest.mark.slow  # two trainer processes, each compiling its step
+def test_train_ctrl_c_saves_exits_130_and_the_printed_command_resumes(tmp_path):
+    """The first Ctrl-C (SIGINT) finishes the step in progress, saves it and exits 130 with no
+    traceback; the last line names the step and the command that resumes, which completes."""
+    import shlex
+
+    p, work, argv, out, seen = train_signalled_at_step_2(tmp_path, signal.SIGINT)
     assert p.returncode == 130 and "Traceback" not in out, out[-3000:]
     saved = _ckpt_steps(work)
     assert len(saved) == 1 and seen <= saved[0] < 40, (saved, out[-2000:])

@@ -155,16 +155,9 @@ def test_sigterm_to_a_running_train_checkpoints_exits_0_and_the_rerun_continues(
     says so, exit 0; a rerun (2 steps further) continues from that step and records no step twice."""
     import signal
 
-    from test_faults_runs import _ckpt_steps, _cli_sub, _steps, _train_argv, _wait_for_step
+    from test_faults_runs import _ckpt_steps, _cli_sub, _steps, train_signalled_at_step_2
 
-    data = write_curated(tmp_path / "data", n=200)
-    work = str(tmp_path / "run")
-    argv = _train_argv(data, work, "--config.train.num_steps=40", "--config.train.epochs=3",
-                       "--config.checkpoint.save_every=100", "--config.train.eval_every=-1")
-    p = _cli_sub(*argv)
-    seen = _wait_for_step(p, work, 2)
-    p.send_signal(signal.SIGTERM)
-    out = p.communicate(timeout=300)[0]
+    p, work, argv, out, seen = train_signalled_at_step_2(tmp_path, signal.SIGTERM)
     assert p.returncode == 0, out[-3000:]
     stopped = _ckpt_steps(work)
     assert len(stopped) == 1 and seen <= stopped[0] < 40, (stopped, out[-2000:])
