@@ -54,6 +54,8 @@ def get_config(arg: str | None = None):
     c.data.tasks = common.data_file("swe", "rl_tasks.jsonl")
     c.agent.env = "rossjax.agents.swe_env:SweBugEnv"
     c.agent.env_kwargs = '{"suite_timeout_s": 30.0}'
+    # App. 18's turn format: a THOUGHT, then exactly one ```bash block (none: the answer)
+    c.agent.style = "rossjax.agents.swe_tools:bash_block"
     # PROPEL's SWE RL: 30 steps of 256 episodes, up to 35 turns in a 32k-token context
     c.agent.max_turns = 35
     c.agent.max_tokens = 32768

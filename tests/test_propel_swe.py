@@ -118,7 +118,7 @@ def test_runlocal_config_and_bad_inputs():
     tasks = [json.loads(x) for x in open(c.data.tasks)]
     from rossjax.agents.swe_env import rl_tasks
 
-    assert tasks == rl_tasks(["intervals", "romans", "textkit"])  # the shipped RL split
+    assert tasks == rl_tasks(["gridops", "intervals", "romans", "tally", "textkit"])  # RL split
     sil = propel_swe.get_config("runlocal,sil")
     grpo_config.check_config(sil)
     assert sil.reward.solver.k == 3 and sil.reward.solver.band == "open"

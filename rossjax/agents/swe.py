@@ -32,16 +32,49 @@ import tempfile
 from rossjax.agents import env as env_lib
 from rossjax.agents.bash import BashEnv
 from rossjax.agents.rollout import PolicyError, run_episode
+from rossjax.agents.swe_tools import IndexedBashEnv
 from rossjax.errors import InputError
 from rossjax.verify.repo import read_tree, unified_diff, write_tree
 from rossjax.verify.swe import Baseline, apply_patch, check_fix, verify_bug
 from rossjax.verify.verdict import Verdict
 
-GENERATOR_PROMPT = (
-    "You are in the repository {name}. Introduce one subtle bug into its source code so that "
-    "at least one existing test fails while the test suite still runs. Edit only existing "
-    "non-test .py files (never the tests or the configuration). You may run "
-    "`python -m pytest -q`. Reply without a tool call when the bug is in place.")
+# PROPEL's SWE generator prompt (App. 18), in rossjax's words: the task, what makes a bug hard
+# but fair (the hardness guidance), the rules a valid bug keeps, the tools (the shell and
+# browse_index) and the turn format (a THOUGHT, then exactly one ```bash block; no block = done).
+GENERATOR_PROMPT = """\
+You are a software engineer at the root of the Python repository {name}, in a shell. Your job \
+is to plant one bug in its source code that a capable engineer, given only the failing tests, \
+would need real effort to locate and fix.
+
+## What a good bug looks like
+- Subtle and plausible: an honest mistake a developer could make and a reviewer could miss, \
+e.g. an off-by-one or boundary slip, a wrong comparison or operator, a swapped argument, a \
+wrong default, a missing or wrong case in a branch, a value updated in the wrong order.
+- Small: a few lines in one place (or two closely related places), in code the tests exercise.
+- Hard to spot: nothing in the change or its failures should point at the faulty line. No \
+comment, name or message that hints at it; no raise, assert or exit added; no function or \
+file emptied; no syntax error, import error or crash when the package loads.
+- Fair: at least one existing test must now fail, while the rest of the suite still runs; a \
+bug that breaks every test at once is too easy to find.
+
+## Rules
+- Change only existing non-test .py files. Never edit, add, delete or rename a test file, a \
+conftest.py, pyproject.toml or any other configuration, and add or delete no file.
+- The suite must still be collected and finish: no hang, no collection error.
+
+## Tools
+- `browse_index` (or `browse_index PATH`) lists the repository's modules, each function, class \
+and method with its line range, and the tests that use it: a quick map of where tests bite.
+- Any other shell command: read files (cat, sed -n, grep), edit them (sed -i, python), and run \
+the suite with `python -m pytest -q` to check that your bug fails at least one test.
+
+## Format of every reply
+THOUGHT: your reasoning for this step.
+Then exactly one fenced ```bash block holding one command; it runs and you see its output in \
+the next turn. A reply with two or more blocks runs nothing. Each command runs in a fresh \
+shell at the repository root (a cd does not persist). When the bug is in place and you have \
+seen a test fail, reply with a THOUGHT and no bash block: that ends the episode.
+"""
 SOLVER_PROMPT = (
     "The test suite of the repository {name} fails. Find and fix the bug in the source code "
     "without editing any test or configuration file; `python -m pytest -q` runs the suite. "
@@ -73,7 +106,7 @@ def write_bug(base: Baseline, policy, rid: str, *, suite_timeout_s: float = 30.0
               **episode) -> tuple[dict, str | None]:
     """One generator episode: (its rollout row, with `patch` added; the patch or None)."""
     grader = _BugGrader(base, suite_timeout_s)
-    env = BashEnv(grader=grader, **episode.pop("env", {}))
+    env = IndexedBashEnv(grader=grader, **episode.pop("env", {}))
     with _tree(base.files) as src:
         task = {"id": rid, "prompt": GENERATOR_PROMPT.format(name=base.name), "repo": src}
         try:

@@ -9,7 +9,8 @@ Its clean baseline (the suite's outcomes on the clean tree) is computed once per
 process, as every candidate of every step is judged against the same one. When the policy
 answers without a tool call, the final scratch copy is diffed against the clean tree and
 verified with verify.swe.verify_bug (applies, tests unchanged, suite runs, >= 1 clean-passing
-test fails); the patch rides on the verdict (BugVerdict.patch: the env runs in a worker
+test fails); `browse_index [PATH]` answers with the copy's entity index
+(agents/swe_tools.py); the patch rides on the verdict (BugVerdict.patch: the env runs in a worker
 process) to the run's history row and the SIL solver. `rl_tasks` writes the task rows of the RL split (repo-disjoint: agents.swe.repo_splits).
 """
 
@@ -18,8 +19,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from rossjax.agents.bash import BashEnv
 from rossjax.agents.swe import GENERATOR_PROMPT, repo_splits
+from rossjax.agents.swe_tools import IndexedBashEnv
 from rossjax.errors import InputError
 from rossjax.verify.repo import RepoError, read_tree, unified_diff
 from rossjax.verify.swe import Baseline, baseline, repo_dir, verify_bug
@@ -49,7 +50,7 @@ def with_patch(v: Verdict, patch: str | None) -> BugVerdict:
 
 
 @dataclass
-class SweBugEnv(BashEnv):
+class SweBugEnv(IndexedBashEnv):
     name: str = "swe_bug"
     suite_timeout_s: float = 30.0
 
