@@ -42,6 +42,7 @@ COMMANDS = {
     "label-corpus": "label_corpus",
     "aux-set": "aux_set",
     "grpo": "grpo",
+    "distill": "distill",
     "eval-generator": "eval_generator",
     "bench": "bench",
     "repro": "repro",

@@ -56,10 +56,24 @@ def reverse_kl_sampled(student_logits, teacher_logits, targets, temperature=1.0)
     """Per token: value log pi_s(y) - log pi_t(y), gradient sg(that) * grad log pi_s(y)
     (the score-function form; see module doc for why not the pathwise one)."""
     lps = _token_logp(_logsoftmax(student_logits, temperature), targets)
-    lpt = jax.lax.stop_gradient(_token_logp(_logsoftmax(teacher_logits, temperature), targets))
-    k1 = jax.lax.stop_gradient(lps - lpt)
+    lpt = _token_logp(_logsoftmax(teacher_logits, temperature), targets)
+    return reverse_kl_sampled_logp(lps, lpt)
+
+
+def reverse_kl_sampled_logp(student_logp, teacher_logp):
+    """reverse_kl_sampled from the sampled tokens' log-probs [B, T] (at the sampling
+    temperature) instead of logits: what the trainer runs, from the chunked LM head and the
+    teacher log-probs its one scoring pass stored (no [B, T, V] tensor)."""
+    lps = jnp.asarray(student_logp)
+    k1 = jax.lax.stop_gradient(lps - jnp.asarray(teacher_logp))
     # value k1 (the + lps - sg(lps) is 0), gradient k1 * d lps: the advantage-weighted form
     return k1 + k1 * (lps - jax.lax.stop_gradient(lps))
+
+
+# Losses that need only the sampled tokens' log-probs: name -> fn(student_logp, teacher_logp)
+# -> [B, T]. A registry name absent here (reverse_kl_full, a user's module:function) gets the
+# full [B, T, V] logits of student and teacher (rossjax/train/rl/distill_step.py).
+TOKEN_FORMS = {"reverse_kl_sampled": reverse_kl_sampled_logp}
 
 
 @DISTILL_REGISTRY.register("reverse_kl_full")
@@ -131,12 +145,16 @@ def check_teacher(student: str, student_tokenizer, teacher: str, teacher_tokeniz
 
 
 def route_rows(rows: Iterable[Mapping], routes: Mapping[str, str], field: str = "domain",
-               source: str = "the rows") -> list[str]:
+               source: str = "the rows", default: str = "") -> list[str]:
     """The teacher name of each row: routes[row[field]]. A row whose field is missing or names
-    no route is refused (InputError), never sent to some default teacher."""
+    no route goes to the `default` teacher when one is named; with none it is refused
+    (InputError), never sent to some teacher by guess."""
     out = []
     for i, row in enumerate(rows):
         value = row.get(field) if isinstance(row, Mapping) else None
+        if default and not (isinstance(value, str) and value in routes):
+            out.append(default)
+            continue
         if not isinstance(value, str) or value not in routes:
             known = ", ".join(sorted(routes)) or "none"
             raise InputError(f"{source} row {i}: field {field!r} = {value!r} names no teacher "
