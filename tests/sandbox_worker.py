@@ -144,7 +144,7 @@ def main(spec_path: str, out_path: str):
                    "isolation": r.isolation, "left": len(left)}
         elif a["kind"] == "tests":
             v = sandbox.run_tests(src, a["tests"], a.get("entry", "add"), timeout_s=a.get("timeout", 5),
-                                  limits=lim)
+                                  limits=lim, prefix=a.get("prefix"))
             res = {"passed": v.passed, "reason": v.evidence}
         else:
             r = sandbox.run(src, timeout_s=a.get("timeout", 5), limits=lim)

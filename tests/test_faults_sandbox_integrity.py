@@ -90,6 +90,26 @@ ATTACKS = {
                                   "while True:\n    pass\n", "limits": {"cpu_s": 1}, "timeout": 8},
     "hook_only_mode": {"program": "print(1)\n", "limits": {"namespaces": False, "landlock": False}},
 }
+# Item 4: a helper the tests call is the task's (the trusted prefix), never the program's.
+_SHIFT = "def shift(s):\n    return s[1:] + s[:1]\n"  # the task's helper
+_SHIFT_TESTS = ("def check(candidate):\n    for s in ('abc', 'hello', 'xy'):\n"
+                "        assert candidate(shift(s)) == s\n")
+_IDENTITY = "def shift(s):\n    return s\n\ndef unshift(s):\n    return s\n"
+HELPERS = {
+    "helper_identity_no_prefix": {"program": _IDENTITY, "passed": None, "word": "shift"},
+    "helper_identity_prefix": {"program": _IDENTITY, "prefix": _SHIFT, "passed": False},
+    "helper_correct_prefix": {"program": "def unshift(s):\n    return s[-1:] + s[:-1]\n",
+                              "prefix": _SHIFT, "passed": True},
+    "helper_correct_uses_task_helper": {
+        "program": _SHIFT + "def unshift(s):\n    return shift(shift(s)) if len(s) == 3 else "
+                            "s[-1:] + s[:-1]\n", "prefix": _SHIFT, "passed": True},
+    "helper_private_name": {"program": "def _peek(s):\n    return s\ndef unshift(s):\n"
+                                       "    return s\n",
+                            "tests": "def check(candidate):\n    assert candidate('ab') == "
+                                     "_peek('ba')\n", "passed": None, "word": "_peek"},
+}
+for _k, _a in HELPERS.items():
+    ATTACKS[_k] = {"kind": "tests", "entry": "unshift", "tests": _SHIFT_TESTS, **_a}
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -154,6 +174,16 @@ def test_hook_only_mode_says_so(results):
         assert "hook-only" not in layers, (mode, layers)
     else:  # no kernel file wall: files are the hook's alone, and the run says so
         assert "hook-only" in layers, (mode, layers)
+
+
+@pytest.mark.parametrize("name", sorted(HELPERS))
+def test_helpers_come_from_the_task(results, name):
+    """Tests with helpers and no prefix are invalid, naming the helper; with the task's prefix
+    a program that redefines the helper is judged on the task's version."""
+    mode, res, _ = results
+    r, want = res[name], HELPERS[name]
+    assert r["passed"] is want["passed"], (mode, name, r)
+    assert want.get("word", "") in r["reason"], (mode, name, r)
 
 
 def test_require_refuses_a_weaker_mode():

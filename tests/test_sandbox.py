@@ -187,11 +187,15 @@ def test_humaneval_canonical_pass_and_return_none_fails():
     assert len(problems) == 164
 
     def canonical(p):
-        return sandbox.run_tests(p["prompt"] + p["canonical_solution"], p["test"], p["entry_point"])
+        # The prompt is the trusted prefix: the helpers some tests call (HumanEval/32's `poly`,
+        # /38's `encode_cyclic`) are the task's, never the program's (issue 36 item 4).
+        return sandbox.run_tests(p["prompt"] + p["canonical_solution"], p["test"], p["entry_point"],
+                                 prefix=p["prompt"])
 
     def stubbed(p):
         # The prompt ends with the entry point's signature and docstring: give it `return None`.
-        return sandbox.run_tests(p["prompt"] + "    return None\n", p["test"], p["entry_point"])
+        return sandbox.run_tests(p["prompt"] + "    return None\n", p["test"], p["entry_point"],
+                                 prefix=p["prompt"])
 
     with cf.ThreadPoolExecutor(2) as ex:
         good = list(ex.map(canonical, problems))

@@ -23,11 +23,11 @@ the program's own copy of a helper would judge it. Optional `task.timeout_s` (de
 from __future__ import annotations
 
 import ast
-import builtins
 import math
 
 from rossjax.verify import sandbox
 from rossjax.verify.answers import extract_code, last_assistant_content
+from rossjax.verify.helper_names import parses as _parses, unbound
 from rossjax.verify.verdict import Verdict
 
 MAX_TIMEOUT_S = sandbox.Limits().max_timeout_s  # a row's task.timeout_s is capped here
@@ -61,10 +61,8 @@ def verify(record: dict) -> Verdict:
         if why:
             return Verdict(None, why)
         program = prefix + code if code[:1] in (" ", "\t") else f"{prefix}\n{code}"
-        # Never an empty prefix: with none, the checker would bind every function of the
-        # program for the tests (sandbox_harness.harness_check), the helpers included.
         v = sandbox.run_tests(program, task["tests"], entry, timeout_s=timeout,
-                              prefix=trusted or "pass\n")
+                              prefix=trusted or None)
         return Verdict(v.passed, v.evidence + note)
     cases = task.get("cases")
     if not cases:
@@ -96,13 +94,6 @@ def _timeout(value) -> tuple[float | None, str]:
     return t, ""
 
 
-def _parses(text: str) -> ast.Module | None:
-    try:
-        return ast.parse(text)
-    except (SyntaxError, ValueError):
-        return None
-
-
 def _prefix(task: dict, entry: str) -> tuple[str, str, str | None]:
     """(the program's prefix, the checker's trusted prefix, None) or ("", "", why the task is
     invalid). `code_prefix` is code by contract (a signature without a body is completed with
@@ -119,50 +110,17 @@ def _prefix(task: dict, entry: str) -> tuple[str, str, str | None]:
             return "", "", "task.code_prefix is not Python (it does not parse)"
     else:
         prompt = task.get("prompt")
-        tree = _parses(prompt) if isinstance(prompt, str) else None
+        tree = _parses(prompt)
         if tree is not None and any(
                 isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == entry
                 for n in tree.body):
             prefix = trusted = prompt
         else:
             prefix, trusted, tree = "", "", None
-    known = _bound(tests) | (_bound(tree) if tree is not None else set()) | {entry}
-    if "*" in known:  # a star import: what it binds is not known here; the checker decides
-        return prefix, trusted, None
-    missing = sorted(n for n in _loaded(tests) - known
-                     if not hasattr(builtins, n) and n not in _HARNESS)
+    missing = unbound(tests, tree, entry)
     if missing:
         where = ("task.code_prefix" if task.get("code_prefix") is not None else "task.prompt"
                  if trusted else f"no code_prefix, and task.prompt is no code defining {entry}()")
         return "", "", (f"task.tests call {', '.join(missing[:5])}, which the task does not "
                         f"define ({where}): only the entry point may come from the program")
     return prefix, trusted, None
-
-
-_HARNESS = {"__name__", "_rj_report", "_rj_decode"}  # what the checker binds besides proxies
-
-
-def _loaded(tree: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-
-
-def _bound(tree: ast.AST) -> set[str]:
-    """Every name a source binds anywhere (scopes merged: a coarse but safe over-approximation
-    of what its calls can find; "*" for a star import)."""
-    out = set()
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
-            out.add(n.id)
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            out.add(n.name)
-        elif isinstance(n, ast.arg):
-            out.add(n.arg)
-        elif isinstance(n, (ast.Import, ast.ImportFrom)):
-            out |= {a.asname or a.name.split(".")[0] for a in n.names}
-        elif isinstance(n, ast.ExceptHandler) and n.name:
-            out.add(n.name)
-        elif isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name:
-            out.add(n.name)
-        elif isinstance(n, ast.MatchMapping) and n.rest:
-            out.add(n.rest)
-    return out

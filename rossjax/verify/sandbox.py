@@ -74,6 +74,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from rossjax.errors import InputError
+from rossjax.verify.helper_names import parses, unbound
 from rossjax.verify.sandbox_host import _outermost, get_host, sealed
 from rossjax.verify.sandbox_outcome import (
     _MARK,
@@ -167,7 +168,7 @@ def run_checked(program: str, checker: str, entry_point: str, timeout_s: float =
                 limits: Limits | None = None, prefix: str | None = None
                 ) -> tuple[RunResult, list[str]]:
     """Run `program`, then the trusted `checker` source in its own process with `entry_point`
-    (and every top-level function of the program) bound to proxies; `prefix` (trusted, e.g. the
+    (alone: no other function of the program) bound to a proxy; `prefix` (trusted, e.g. the
     task's prompt) runs in the checker first, so the tests use its helpers. Returns the run and
     the texts the checker passed to `_rj_report`; ok iff the checker finished ("done")."""
     if not entry_point.isidentifier():
@@ -178,7 +179,22 @@ def run_checked(program: str, checker: str, entry_point: str, timeout_s: float =
 def run_tests(program: str, tests: str, entry_point: str, timeout_s: float = 10.0, *,
               limits: Limits | None = None, prefix: str | None = None) -> Verdict:
     """HumanEval style: `program` defines `entry_point`; `tests` defines `check(candidate)`,
-    called with the proxy in the checker process (see the module doc)."""
+    called with the proxy in the checker process (see the module doc). Only the entry point is
+    the program's: a helper the tests call (HumanEval's `encode_cyclic`, `poly`) comes from
+    the tests or the trusted `prefix` (the task's prompt), and tests calling a name that
+    neither defines make the task invalid (Verdict None, naming it), never judged by the
+    program's own copy."""
+    pre = None
+    if prefix is not None:  # a signature with no body yet (a stub) is completed for the checker
+        prefix = next((p for p in (prefix, prefix.rstrip() + "\n    pass\n")
+                       if parses(p) is not None), prefix)
+        pre = parses(prefix)
+    tests_tree = parses(tests)  # tests that do not parse: the checker says so
+    missing = [] if tests_tree is None else unbound(tests_tree, pre, entry_point)
+    if missing:
+        return Verdict(None, f"task_invalid: the tests call {', '.join(missing[:5])}, which "
+                       "neither they nor the trusted prefix define (only the entry point comes "
+                       "from the program)")
     res, _ = run_checked(program, f"{tests}\n\ncheck({entry_point})\n", entry_point, timeout_s,
                          limits=limits, prefix=prefix)
     if res.ok:
