@@ -272,6 +272,33 @@ def test_audit_outcomes_accept_revise_drop_are_counted_and_a_drop_withholds(tmp_
     prompt = srv.bodies("d", "audit")[0]["messages"][-1]["content"]
     assert '"accept" | "revise" | "drop"' in prompt
 
+
+def test_an_audit_of_a_repair_may_drop_and_a_drop_must_say_why(tmp_path):
+    """revise -> repair -> drop: the repaired selection's audit drops the row (`audit_drop`,
+    counted against the audit stage, its reason in withheld.jsonl, the errors it quotes kept as
+    evidence only), with repair rounds left; a drop without a reason is asked again first."""
+    late = as_json({"verdict": "drop", "reason": "the kept steps never derive 7 * 6",
+                    "errors": [{"kind": "derivation", "quote": "7 \\cdot 6 = 42",
+                                "problem": "no step shows where 7 * 6 comes from"}]})
+    bare = as_json({"verdict": "drop", "errors": []})
+    srv, rep = _run(tmp_path, [math_row("late"), math_row("bare")],
+                    {"late": [WHOLE, AUDIT_ERR, SPANS, late],
+                     "bare": [WHOLE, bare, as_json({"verdict": "drop", "errors": [],
+                                                    "reason": "right by luck"})]},
+                    max_repair_rounds=3)
+    assert rep["buckets"] == {"kept": 0, "withheld": 2, "invalid": 0}
+    assert rep["reasons"]["withheld"] == {"audit_drop": 2}
+    assert rep["stages"]["audit"]["withheld"] == {"audit_drop": 2}
+    assert rep["stages"]["repair"]["withheld"] == {}
+    assert rep["outcomes"]["audit"] == {"accept": 0, "revise": 1, "drop": 2}
+    assert srv.stages("late") == ["proposal", "audit", "repair", "audit"]  # 2 rounds unused
+    assert srv.stages("bare") == ["proposal", "audit", "retry"]
+    assert "is empty but verdict is drop" in srv.bodies("bare")[-1]["messages"][-1]["content"]
+    assert rep["stages"]["audit"]["failed_checks"] == {"reviewer_malformed": 1}
+    w = withheld(tmp_path / "out")
+    assert w["late"]["reason"] == "audit_drop" and "never derive 7 * 6" in w["late"]["detail"]
+    assert "right by luck" in w["bare"]["detail"]
+
 def test_out_of_order_spans_and_missing_final_answer_are_asked_again(tmp_path):
     swapped = propose("spans", [SPAN_B, SPAN_A])
     no_answer = propose("spans", [SPAN_A])

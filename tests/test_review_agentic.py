@@ -142,6 +142,29 @@ def test_the_localizer_may_answer_unresolved_which_withholds_the_row(tmp_path):
     assert rep["outcomes"]["localization"] == {"located": 1, "unresolved": 1}
     assert "has no place in the transcript" in withheld(tmp_path / "out")["fib"]["detail"]
 
+
+def test_an_unresolved_first_finding_asks_no_boundary_after_it(tmp_path):
+    """The localizer's unresolved on the first finding (an error) withholds the row before the
+    omission after it is localized; the omission's prompt offers the same answer; a row whose
+    findings are all located is kept beside it and counted as located."""
+    first = discovery([judge(2, 0, operation="fail"), judge(2, 1), judge(5, 0, execution="fail")],
+                      [ERR_RM, OMIT])
+    gone = as_json({"unresolved": "the deletion is described, never quoted"})
+    other = {**copy.deepcopy(AGENT), "id": "fib2"}
+    srv, rep = _run(tmp_path, [AGENT, other], {"fib": [first, GROUP2, gone],
+                                               "fib2": [first, GROUP2, LOC_RM, LOC_OMIT]},
+                    step_group=2)
+    assert srv.stages("fib") == ["discovery", "discovery", "localization"]
+    omission = srv.bodies("fib2", "localization")[1]["messages"][-1]["content"]
+    assert "an omission in message 5" in omission and '{"unresolved": "' in omission
+    assert rep["buckets"] == {"kept": 1, "withheld": 1, "invalid": 0}
+    assert rep["reasons"]["withheld"] == {"localization_unresolved": 1}
+    assert rep["outcomes"]["localization"] == {"located": 2, "unresolved": 1}
+    assert rep["outcomes"]["audit"] == {"accept": 0, "revise": 0, "drop": 0}
+    w = withheld(tmp_path / "out")["fib"]
+    assert w["reason"] == "localization_unresolved"
+    assert "could not locate the error of message 2 call 0" in w["detail"]
+
 def test_consistency_violations_are_asked_again_with_the_failing_check(tmp_path):
     # a failed dimension with no finding naming it; then a call left unjudged
     no_finding = discovery([judge(2, 0, operation="fail"), judge(2, 1), judge(5, 0), judge(7, 0)],
