@@ -6,6 +6,9 @@ Run:
   rossjax grpo --config=configs/propel_swe.py:sil --config.model.path=HF_GENERATOR_DIR \
       --config.reward.solver.endpoint.model=SOLVER --workdir=runs/propel_swe_sil
   rossjax grpo --config=configs/propel_swe.py:runlocal --workdir=/tmp/propel-swe
+  rossjax label-corpus --config=configs/propel_swe.py:label --config.pool=BUGS.jsonl \
+      --config.solver.endpoint.model=SOLVER --config.reference=HF_GENERATOR_DIR \
+      --workdir=runs/propel_swe_labels      # prints the extract and probe-sweep steps
 
 Task: one per repository of the RL split (data/swe/rl_tasks.jsonl, written by
 rossjax.agents.swe_env.rl_tasks from agents.swe.repo_splits over data/swe/: whole repositories
@@ -48,7 +51,9 @@ from rossjax.configs import common, grpo_agentic, propel_sil
 
 
 def get_config(arg: str | None = None):
-    variants = common.variants(arg, ("runlocal", "sil"), "propel_swe.py")
+    variants = common.variants(arg, ("runlocal", "sil", "label"), "propel_swe.py")
+    if "label" in variants:
+        return label_config("runlocal" in variants)
     c = grpo_agentic.get_config("runlocal" if "runlocal" in variants else None)
     c.run_name = "propel-swe-sil" if "sil" in variants else "propel-swe"
     c.data.tasks = common.data_file("swe", "rl_tasks.jsonl")
@@ -85,6 +90,38 @@ def get_config(arg: str | None = None):
         p.path = "bootstrap"  # no SWE probe for the random model: a stand-in (module doc)
         if "sil" in variants:
             s.kind, s.fn = "fn", "rossjax.configs.propel_swe:idle_solver"
+    return c
+
+
+def label_config(runlocal: bool = False):
+    """`:label`: `rossjax label-corpus` over a pool of generated bugs (rossjax/agents/swe_label.py):
+    K = 3 solver episodes per valid bug, kept with >= 2 judged trials, utility 1 iff the solve
+    rate is in (0, 1). The solver is an agent policy: an endpoint (`solver.endpoint.model`, the
+    paper's T 0.6 / top_p 0.95 / top_k 20 sent in the request) or `solver.kind=fn`.
+    `:label,runlocal`: the reverting stand-in (NOT a solver: it is handed each bug's patch and
+    reverts it on a seeded coin, so the band and the drop rule run without a model), the ASCII
+    tokenizer and the tiny random reference for the printed extract step."""
+    import ml_collections
+
+    from rossjax.configs import label_corpus
+
+    c = label_corpus.get_config()
+    c.domain, c.k, c.min_valid = "swe", 3, 2
+    c.lo, c.hi = 1 / 3, 2 / 3  # report.json only; the SWE utility is the open band (0, 1)
+    c.solver = label_corpus.solver_config("endpoint")
+    c.reference = ""         # the generator's frozen reference model (extract reads it)
+    c.layers = (8, 16, 24)   # printed into the extract step
+    c.turn_pooling = "mean"  # over turns, in the extract step
+    c.swe = ml_collections.ConfigDict(dict(
+        suite_timeout_s=30.0, max_turns=35, step_timeout_s=30.0, episode_timeout_s=600.0,
+        workers=2, style="hermes"))  # style: how a text-only reply's tool calls are read
+    if runlocal:
+        c.tokenizer = "ascii"
+        c.reference = "preset:" + common.TINY_PRESET
+        c.layers = (1, 2)
+        c.solver.kind, c.solver.fn = "fn", "rossjax.agents.swe_label:REVERTING_STANDIN"
+        c.swe.max_turns, c.swe.workers = 3, 1
+        c.swe.step_timeout_s, c.swe.episode_timeout_s = 20.0, 120.0
     return c
 
 

@@ -20,4 +20,9 @@ def main(argv=None) -> int:
         print(f"  invalid {tid}: {why}")
     if len(r["invalid"]) > 5:
         print(f"  ... {len(r['invalid']) - 5} more invalid tasks in {r['output']}/report.json")
+    if "kept" in r:  # swe: only bugs with >= min_valid judged trials are labels
+        print(f"  kept {r['kept']} of {r['valid']} valid bugs (>= {r['min_valid']} judged "
+              f"trials); {len(r['dropped'])} dropped (report.json says why)")
+    for cmd in r.get("next", []):
+        print(f"next: {cmd}")
     return 0

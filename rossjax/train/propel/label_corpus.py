@@ -6,6 +6,10 @@ Domains (`config.domain`):
   induction  pool rows are task objects {"id", "program", "inputs", "message"} or generator
              records; each task is gated (`check_task`), split (5 shown pairs + the message, 5
              hidden inputs), tried K times and each trial scored on the hidden inputs only;
+  swe        (configs/propel_swe.py:label) pool rows are bugs {"id", "repo", "patch"} or the
+             generator's records; each bug is verified (verify.swe.verify_bug), tried by K = 3
+             solver episodes and kept when >= min_valid trials were judged, labelled by its
+             solve rate (utility 1 iff it is in (0, 1)): rossjax/train/propel/swe_label.py;
   math       pool rows are {"id", "problem"} or generator records (the generator wrote the
              problem only); each problem is gated (`check_problem`), answered twice by each of
              two oracles (`config.oracles.a` / `.b`), given the agreed answer as its reference
@@ -47,7 +51,7 @@ from rossjax.train.propel.eval_generator import topic
 from rossjax.train.rl import rollout
 from rossjax.verify import induction_task, math_oracle, math_task
 
-DOMAINS = ("induction", "math")
+DOMAINS = ("induction", "math", "swe")
 
 
 def _parse_record(text: str, domain: str):
@@ -171,6 +175,10 @@ def check_config(c, out: str):
         raise ConfigError(f"configs/label_corpus.py: fields 'lo' {c.lo:g} and 'hi' {c.hi:g} must "
                           f"satisfy 0 <= lo <= hi <= 1.")
     solvers.check_section(c.solver, "config.solver")
+    if c.domain == "swe":
+        from rossjax.train.propel import swe_label
+
+        swe_label.check_config(c)
     if c.domain == "math":
         solvers.check_oracles(c.oracles)
         if c.oracles.attempts < 1:
@@ -217,7 +225,12 @@ def run(c, workdir: str = "") -> dict:
     """`rossjax label-corpus` (configs/label_corpus.py): returns the report plus "output"."""
     out = c.output or (os.path.join(workdir, "label_corpus") if workdir else "")
     check_config(c, out)
-    pool = read_pool(c.pool, c.domain)
+    if c.domain == "swe":
+        from rossjax.agents.swe_label import read_pool as read_swe_pool
+
+        pool = read_swe_pool(c.pool)
+    else:
+        pool = read_pool(c.pool, c.domain)
     lock = runlock.acquire(out, "rossjax label-corpus")  # one run per output dir: none mix
     try:
         return _label(c, out, pool)
@@ -231,6 +244,10 @@ def _label(c, out: str, pool: list[dict]) -> dict:
         if os.path.isfile(os.path.join(out, name)):
             os.remove(os.path.join(out, name))
     tok = solvers.load_tokenizer(c.tokenizer, out)
+    if c.domain == "swe":
+        from rossjax.train.propel import swe_label
+
+        return swe_label.label(c, out, pool, tok, _write_jsonl)
     math = c.domain == "math"
     valid, stasks, why, oracle = math_tasks(c, pool, tok) if math else induction_tasks(c, pool)
     solver = solvers.Solver(c.solver, tok, c, c.seed)
