@@ -12,8 +12,14 @@ server, OpenAI, or `rossjax serve` on a local checkpoint):
   port (rossjax/reconstruct/standin.py: rule-based answers over the shipped corpus, NOT a
   model; model id rules-standin) and stops it at the end, so the run ends with kept
   trajectories scored on all four signals, then gates, thresholds and serializes them into SFT
-  rows (WORKDIR/retrogen, config.then_retrogen); its figures measure the rules, not RetroGen.
+  rows (WORKDIR/retrogen, config.then_retrogen), curates them and trains a random tiny model
+  on them with `rossjax train --config=configs/retrogen_sft.py:runlocal` (WORKDIR/curated,
+  WORKDIR/sft, config.then_sft; ~30 s on 2 CPU cores, compilation dominates); its figures
+  measure the rules, not RetroGen.
   --config.serve.model=tiny serves a random tiny model with `rossjax serve` instead.
+  `rossjax retrogen-loop --config=configs/reconstruct.py:runlocal --workdir=DIR` repeats it
+  for config.loop.rounds rounds, each later round served by the model the round before
+  trained (docs/retrogen.md, "The loop"); DIR/report.md holds every round's figures.
   Baselines: --config.method=forwardgen | artifact_only (the same reconstruction with its
   trajectory removed); the selection ablations (next-N replace, single-signal filters) act on
   these records in `rossjax retrogen` (rossjax/curate/retrogen.py `selection`).
@@ -91,8 +97,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # then gate, threshold (the paper's values) and serialize the kept records into SFT rows
     # under WORKDIR/retrogen, as `rossjax retrogen` with configs/retrogen.py would
     c.then_retrogen = False
+    # then curate those rows (recipe positive_sft) and train on them with `rossjax train`
+    # (`rossjax reconstruct` runs both in its own process: rossjax/cli/reconstruct.py sft_chain);
+    # needs then_retrogen. sft.base: a model folder to start from, or "tiny" (a random tiny model
+    # with the ASCII tokenizer, built in WORKDIR/tiny_model); its tokenizer curates the rows.
+    c.then_sft = False
+    c.sft = ml_collections.ConfigDict(dict(base="tiny", config="retrogen_sft.py:runlocal",
+                                           epochs=4, num_steps=-1, export=False))
+    # `rossjax retrogen-loop` (rossjax/cli/retrogen_loop.py): rounds of reconstruct -> gate ->
+    # SFT; round 1 uses the endpoint configured above, each later one serves the model the
+    # round before trained (endpoint="served", `rossjax serve` on 127.0.0.1; answers cut at
+    # max_tokens) or keeps the stand-in (endpoint="standin"); the seed moves by 1 a round
+    c.loop = ml_collections.ConfigDict(dict(rounds=2, endpoint="served", max_tokens=64))
     if "runlocal" in variants:
         c.then_retrogen = True
+        c.then_sft = True
         c.output = "runs/reconstruct_local"
         # the rule-driven stand-in endpoint (rossjax/reconstruct/standin.py): NOT a model; it
         # shows every stage, check and output end to end, not RetroGen's gains. "tiny" serves a

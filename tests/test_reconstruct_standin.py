@@ -16,8 +16,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def runlocal(tmp_path, name, *extra):
+    # the SFT run at :runlocal's end is tested in test_retrogen_loop.py
     assert cli.main(["reconstruct", f"--config={ROOT}/configs/reconstruct.py:runlocal",
-                     f"--workdir={tmp_path / name}", *extra]) == 0
+                     f"--workdir={tmp_path / name}", "--config.then_sft=False", *extra]) == 0
     rep = json.load(open(tmp_path / name / "report.json"))
     recs = [json.loads(x) for x in open(tmp_path / name / "trajectories.jsonl")]
     return rep, recs

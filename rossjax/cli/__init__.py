@@ -33,6 +33,7 @@ COMMANDS = {
     "mix": "mix",
     "retrogen": "retrogen",
     "reconstruct": "reconstruct",
+    "retrogen-loop": "retrogen_loop",
     "review": "review",
     "train": "train",
     "export": "export",

@@ -141,7 +141,8 @@ def fingerprint(cfg, derived: dict | None = None) -> str:
     """What an artifact's outcome depends on: settings, prompts, model (not the URL: `:runlocal`
     serves on a fresh port each run; not concurrency, progress or where outputs go)."""
     d = config_view(cfg, derived)
-    for k in ("output", "progress", "cache_dir", "then_retrogen"):
+    for k in ("output", "progress", "cache_dir", "then_retrogen", "then_sft", "sft",
+              "loop"):
         d.pop(k, None)
     d["serve"] = {k: d.get("serve", {}).get(k) for k in ("model", "model_id", "max_len")}
     with open(cfg.corpus, "rb") as f:  # the corpus's content: its tools' answers depend on it
