@@ -9,6 +9,7 @@ Run:
   rossjax label-corpus --config=configs/propel_swe.py:label --config.pool=BUGS.jsonl \
       --config.solver.endpoint.model=SOLVER --config.reference=HF_GENERATOR_DIR \
       --workdir=runs/propel_swe_labels      # prints the extract and probe-sweep steps
+  rossjax swe-repos --candidates=FOLDER --workdir=runs/swe_repos   # the 4-stage repo filter
 
 Task: one per repository of the RL split (data/swe/rl_tasks.jsonl, written by
 rossjax.agents.swe_env.rl_tasks from agents.swe.repo_splits over data/swe/: whole repositories
@@ -51,9 +52,11 @@ from rossjax.configs import common, grpo_agentic, propel_sil
 
 
 def get_config(arg: str | None = None):
-    variants = common.variants(arg, ("runlocal", "sil", "label"), "propel_swe.py")
+    variants = common.variants(arg, ("runlocal", "sil", "label", "repos"), "propel_swe.py")
     if "label" in variants:
         return label_config("runlocal" in variants)
+    if "repos" in variants:
+        return repos_config()
     c = grpo_agentic.get_config("runlocal" if "runlocal" in variants else None)
     c.run_name = "propel-swe-sil" if "sil" in variants else "propel-swe"
     c.data.tasks = common.data_file("swe", "rl_tasks.jsonl")
@@ -122,6 +125,26 @@ def label_config(runlocal: bool = False):
         c.solver.kind, c.solver.fn = "fn", "rossjax.agents.swe_label:REVERTING_STANDIN"
         c.swe.max_turns, c.swe.workers = 3, 1
         c.swe.step_timeout_s, c.swe.episode_timeout_s = 20.0, 120.0
+    return c
+
+
+def repos_config():
+    """`:repos`, `rossjax swe-repos --candidates=FOLDER`'s settings: the four-stage repository
+    filter (rossjax/agents/swe_repos.py) and the splits of what it keeps."""
+    import ml_collections
+
+    c = ml_collections.ConfigDict()
+    c.workdir = ""
+    c.output = ""                     # default: WORKDIR/swe_repos (./swe_repos without one)
+    c.repos = ml_collections.ConfigDict(dict(
+        exclude=(),                   # 1. names dropped outright (e.g. your held-out eval repos)
+        max_files=200, max_kb=2048,   # 1. size caps (files, KB of text)
+        suite_timeout_s=30.0,         # 2. the clean suite must pass whole within this
+        min_tests_per_entity=1.0,     # 3. tests / (functions + classes + methods)
+        max_repos=0,                  # 3. keep the best N by tests per entity (0: all)
+        yield_trials=4, min_yield=0.25, seed=0))  # 4. the mutation stand-in's bug yield
+    c.fractions = (0.6, 0.2, 0.2)     # probe / RL / eval repo split of the kept (agents.swe)
+    c.split_seed = 0
     return c
 
 

@@ -41,6 +41,7 @@ COMMANDS = {
     "extract": "extract",
     "probe-sweep": "probe_sweep",
     "label-corpus": "label_corpus",
+    "swe-repos": "swe_repos",
     "aux-set": "aux_set",
     "grpo": "grpo",
     "distill": "distill",
