@@ -110,6 +110,7 @@ HELP_SHOWS = {
     "bench": "benchmarks:", "demo": "--steps=30", "repro": "--quick",
     "serve": "--max_len=2048", "generate": "--max_new_tokens=256",
     "reconstruct": "--config.max_tool_steps=30", "plan": "--topology=None",
+    "retrogen-loop": "--config.loop.rounds=2",
 }
 BENCHES = ("model", "sft", "sample", "curate", "select", "grpo")
 

@@ -163,8 +163,8 @@ def write_markdown(path: str, out: dict) -> None:
     notes = []
     for e in out["rounds"]:
         ep = e["endpoint"]
-        notes.append(f"- Round {e['round']}: {ep['kind']} endpoint, {ep['note']}; "
-                     + (f"failed: {e['error']}" if e.get("error") else line(e)) + ".")
+        notes.append(f"- Round {e['round']} ({e['workdir']}, seed {e['seed']}): {ep['note']}. "
+                     + (f"Failed: {e['error']}" if e.get("error") else line(e)) + ".")
         if e.get("error"):
             rows.append(f"| {e['round']} | {ep['kind']} | {ep['model']} | failed |"
                         + " - |" * 9)
