@@ -88,7 +88,7 @@ def get_config(arg: str | None = None):
     if "runlocal" in variants:
         c.grpo.steps, c.grpo.contexts, c.grpo.group_size = 2, 1, 4
         g.max_new_tokens, g.max_refill_rounds, g.overlong_buffer = 24, 1, 256
-        c.agent.max_turns, c.agent.max_tokens = 3, 2048
+        c.agent.max_turns, c.agent.max_tokens = 3, 4096  # the App. 18 prompt: ~3k ASCII tokens
         c.agent.step_timeout_s, c.agent.episode_timeout_s = 20.0, 120.0
         p.path = "bootstrap"  # no SWE probe for the random model: a stand-in (module doc)
         if "sil" in variants:

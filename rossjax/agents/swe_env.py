@@ -79,6 +79,7 @@ class SweBugEnv(IndexedBashEnv):
 def rl_tasks(repos, fractions=(0.6, 0.2, 0.2), seed: int = 0, split: str = "rl") -> list[dict]:
     """One generator task per repository of `split` (agents.swe.repo_splits over `repos`)."""
     assignment = repo_splits(repos, fractions, seed)
-    return [{"id": f"swe-{r}", "repo": r, "domain": "swe",
-             "prompt": GENERATOR_PROMPT.format(name=os.path.basename(repo_dir(r).rstrip("/")))}
+    name = {r: os.path.basename(repo_dir(r).rstrip("/")) for r in assignment}
+    return [{"id": f"swe-{name[r]}", "repo": r, "domain": "swe",
+             "prompt": GENERATOR_PROMPT.format(name=name[r])}
             for r in sorted(assignment) if assignment[r] == split]
