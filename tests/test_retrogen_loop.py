@@ -98,3 +98,23 @@ def test_a_loop_setting_that_cannot_run_is_one_sentence_before_anything_runs(tmp
     assert cli.main(["retrogen-loop", RUNLOCAL, f"--workdir={tmp_path / 'l'}", flag]) == 2
     assert msg in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "l" / "round_1")
+
+
+@pytest.mark.slow
+def test_a_served_round_reconstructs_with_the_trained_model_and_says_how_it_did(tmp_path):
+    """Round 2 serves round 1's exported model with `rossjax serve` on loopback: a tiny model
+    trained one step answers noise, so every artifact ends invalid, nothing is trained and the
+    loop stops, and the report says so rather than keeping the stand-in."""
+    w = tmp_path / "served"
+    assert cli.main(["retrogen-loop", RUNLOCAL, f"--workdir={w}", "--config.loop.rounds=3",
+                     "--config.sft.epochs=1", "--config.loop.max_tokens=16",
+                     "--config.serve.startup_s=240"]) == 0
+    rep = json.load(open(w / "report.json"))
+    r1, r2 = rep["rounds"]  # round 3 would serve the same model again: not run
+    assert r1["endpoint"]["kind"] == "standin" and r1["sft"]["model"]
+    assert r2["endpoint"] == {"kind": "served", "model": "round1-sft",
+                              "note": f"the model the round before trained ({r1['sft']['model']}"
+                                      f"), served by `rossjax serve` on 127.0.0.1"}
+    assert r2["buckets"]["kept"] == 0 and r2["requests"] >= 6 and "steps" not in r2["sft"]
+    assert sum(r2["reasons"].values()) == 6 and "round 2 kept no SFT row" in rep["stopped"]
+    assert "| 2 | served | round1-sft | 0 / " in open(w / "report.md").read()
