@@ -1,0 +1,206 @@
+"""`rossjax distill` (rossjax/train/rl/distill_trainer.py): a 2-step two-teacher run through the
+CLI entry (finite KL in metrics, each row routed to its teacher, history teacher log-probs
+recomputed from the teachers and the stored tokens, the history relearnable by curate), the
+tokenizer mismatch refused before any model loads, and the trainer's loss path against the
+registry's logits path on a tiny model (value and gradient)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rossjax import models
+from rossjax.errors import ConfigError
+from rossjax.monitor import read_metrics
+from rossjax.models import config as model_config
+from rossjax.train.rl import distill_step, grpo_step
+from rossjax.train.rl.aggregation import normalizers
+from rossjax.train.rl.history import read_history
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "distill_onpolicy.py")
+STEPS, CONTEXTS, GROUP, NEW = 2, 4, 2, 8
+TASKS = [{"id": f"t{i}", "domain": d, "prompt": f"Write the letter {c}.", "reference": c}
+         for i, (d, c) in enumerate([("a", "x"), ("b", "y"), ("c", "z"), ("a", "w")])]
+ROUTES = {"a": "alpha", "b": "beta"}  # domain c has no route: the default teacher, beta
+
+
+def _config_file(tmp, tasks):
+    """A config file over the shipped :runlocal with two tiny teachers (routes + default)."""
+    path = os.path.join(tmp, "two_teachers.py")
+    with open(path, "w") as f:
+        f.write(f"""import importlib.util
+_s = importlib.util.spec_from_file_location("distill_onpolicy", {CONFIG!r})
+_m = importlib.util.module_from_spec(_s)
+_s.loader.exec_module(_m)
+
+
+def get_config(arg=None):
+    c = _m.get_config("runlocal" + ("," + arg if arg else ""))
+    c.data.tasks = {tasks!r}
+    c.distill.teachers = {{"alpha": "preset:tiny_qwen2", "beta": "preset:tiny_qwen2"}}
+    c.distill.tokenizers = {{"alpha": "", "beta": ""}}
+    c.distill.routes = {ROUTES!r}
+    c.distill.default = "beta"
+    c.grpo.steps, c.grpo.contexts, c.grpo.group_size = {STEPS}, {CONTEXTS}, {GROUP}
+    c.grpo.max_new_tokens = {NEW}
+    c.grpo.micro_batches = 2
+    c.reward.workers = 0
+    return c
+""")
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The 2-step run through `rossjax distill`, and the trainer's result (teachers' params)."""
+    from rossjax import cli
+    from rossjax.train.rl import distill_trainer
+
+    tmp = str(tmp_path_factory.mktemp("distill"))
+    tasks = os.path.join(tmp, "tasks.jsonl")
+    with open(tasks, "w") as f:
+        f.writelines(json.dumps(t) + "\n" for t in TASKS)
+    cfg_path, work = _config_file(tmp, tasks), os.path.join(tmp, "run")
+    seen = {}
+    real = distill_trainer.run
+    distill_trainer.run = lambda cfg, w, **kw: seen.setdefault("out", real(cfg, w, **kw))
+    try:
+        rc = cli.main(["distill", f"--config={cfg_path}", f"--workdir={work}"])
+    finally:
+        distill_trainer.run = real
+    assert rc == 0
+    return work, seen["out"], tmp
+
+
+def test_metrics_have_finite_kl(run):
+    work, out, _ = run
+    m = read_metrics(work)
+    assert [x["step"] for x in m] == [1, 2]
+    for x in m:
+        for k in ("kl", "kl_sampled", "kl_sampler", "loss", "grad_norm", "kl_alpha", "kl_beta"):
+            assert math.isfinite(x[k]), (k, x)
+        assert x["grad_norm"] > 0 and x["skipped"] == 0
+    # step 1 is on-policy: the update's own log-probs are the sampler's (same weights)
+    assert abs(m[0]["kl_sampled"] - m[0]["kl_sampler"]) < 1e-4
+
+
+def _teacher_logprobs(out, name, ids, p0, n):
+    """The teacher's log-probs of completion tokens p0 .. p0+n-1, from a plain forward."""
+    tcfg, _, params = out["run"].teachers[name]
+    tok = jnp.asarray([ids[:p0 + n]], jnp.int32)
+    logits, _ = models.forward(tcfg, params, tok)
+    lp = jax.nn.log_softmax(np.asarray(logits[0], np.float64), -1)  # T = 1 in :runlocal
+    return np.asarray([lp[p0 - 1 + k, ids[p0 + k]] for k in range(n)])
+
+
+def test_history_routes_and_teacher_logprobs(run):
+    work, out, _ = run
+    rows = read_history(os.path.join(work, "history.jsonl"))
+    assert len(rows) == STEPS * CONTEXTS * GROUP
+    for r in rows:
+        want = ROUTES.get(r["task"]["domain"], "beta")
+        assert r["teacher"] == want, (r["task"], r["teacher"])
+        p0, n = r["source"]["prompt_tokens"], len(r["logprobs"])
+        assert len(r["teacher_logprobs"]) == n and p0 + n <= len(r["token_ids"])
+        mine = _teacher_logprobs(out, want, r["token_ids"], p0, n)
+        np.testing.assert_allclose(r["teacher_logprobs"], mine, atol=2e-4)
+        other = _teacher_logprobs(out, "alpha" if want == "beta" else "beta",
+                                  r["token_ids"], p0, n)
+        assert np.abs(mine - other).max() > 1e-3  # the two teachers do differ
+        assert r["distill"]["loss"] == "reverse_kl_sampled"
+        k1 = sum(a - b for a, b in zip(r["logprobs"], r["teacher_logprobs"]))
+        assert abs(r["distill"]["kl_sampled_sum"] - k1) < 1e-3
+
+
+def test_history_relearns_in_curate(run):
+    from rossjax import cli
+
+    work, _, tmp = run
+    dst = os.path.join(tmp, "curated")
+    rc = cli.main(["curate", "--config=configs/curate.py", f"--config.input={work}/history.jsonl",
+                   f"--config.tokenizer={work}/tokenizer", f"--config.output={dst}",
+                   "--config.rows=verifier_positive", "--config.mask_mode=eligible",
+                   "--config.progress=False"])
+    assert rc == 0
+    rep = json.load(open(os.path.join(dst, "report.json")))
+    assert rep["input_rows"] == STEPS * CONTEXTS * GROUP and rep["buckets"]["invalid"] == 0
+
+
+def test_mismatched_tokenizer_refused_before_loading(tmp_path, monkeypatch):
+    from rossjax.cli.flags import parse_config
+    from rossjax.train.rl import distill_setup, distill_trainer
+
+    cfg = parse_config([f"--config={CONFIG}:runlocal"])[0]
+    cfg.distill.tokenizers.contains = "qwen"
+    monkeypatch.setattr(distill_setup.DistillRun, "__init__",
+                        lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ConfigError, match=r"^teacher 'contains \(preset:tiny_qwen2\)' cannot "
+                       r"distill .*151669 tokens against the student's 131, and per-token KL "
+                       r"needs the same tokenizer\.$"):
+        distill_trainer.run(cfg, str(tmp_path / "w"))
+
+
+def test_config_variants():
+    from rossjax.cli.flags import parse_config
+
+    base = parse_config([f"--config={CONFIG}"])[0]
+    assert base.grpo.steps == 500 and base.distill.loss == "reverse_kl_sampled"
+    assert parse_config([f"--config={CONFIG}:continued"])[0].grpo.steps == 700
+    local = parse_config([f"--config={CONFIG}:runlocal,continued"])[0]
+    assert local.grpo.steps == 30 and local.distill.teachers.contains == "preset:tiny_qwen2"
+
+
+def _tiny(seed):
+    cfg = model_config.get_preset("tiny_qwen2", vocab_size=64, dtype="float32",
+                                   param_dtype="float32")
+    return cfg, models.init_params(cfg, jax.random.PRNGKey(seed))
+
+
+def test_trainer_loss_paths_agree_with_the_registry():
+    """The sampled loss's log-prob path (chunked head, stored teacher log-probs) gives the
+    value and gradient of the registry's logits path on the same tiny models; the full KL runs
+    the teacher inside the update and picks each row's own teacher."""
+    scfg, sp = _tiny(0)
+    (tcfg, tp0), (_, tp1) = _tiny(1), _tiny(2)
+    r = np.random.default_rng(0)
+    b, s = 4, 10
+    tok = r.integers(0, 64, (b, s)).astype(np.int32)
+    batch = {"tokens": tok, "positions": np.tile(np.arange(s, dtype=np.int32), (b, 1)),
+             "segment_ids": np.ones((b, s), np.int32),
+             "targets": np.concatenate([tok[:, 1:], np.zeros((b, 1), np.int32)], 1),
+             "mask": (np.arange(s)[None] >= 4).astype(np.int32) * (np.arange(s)[None] < s - 1),
+             "teacher_idx": np.asarray([0, 1, 1, 0], np.int32)}
+    temp = 0.7
+    tl = [np.asarray(grpo_step.token_logprobs(tcfg, p, batch, 16, False, temp))
+          for p in (tp0, tp1)]
+    batch["teacher_logp"] = np.where(batch["teacher_idx"][:, None] == 0, tl[0], tl[1])
+    norm = normalizers(batch["mask"], "token_mean")
+
+    def value_grad(loss):
+        fn = distill_step.make_loss_fn(scfg, [tcfg, tcfg], loss=loss, agg="token_mean",
+                                       temperature=temp, chunk=16, lora_alpha=None)
+        f = lambda p: fn(p, {}, (tp0, tp1), norm, batch)[0]  # noqa: E731
+        return jax.value_and_grad(f)(sp)
+
+    v_tok, g_tok = value_grad("reverse_kl_sampled")            # TOKEN_FORMS path
+    v_log, g_log = value_grad("rossjax.train.rl.distill:reverse_kl_sampled")  # logits path
+    assert abs(float(v_tok) - float(v_log)) < 1e-5
+    for a, c in zip(jax.tree.leaves(g_tok), jax.tree.leaves(g_log)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(c), atol=1e-5)
+    assert max(float(jnp.abs(a).max()) for a in jax.tree.leaves(g_tok)) > 1e-4
+    # full KL with each row's own teacher, against a direct numpy computation
+    v_full, _ = value_grad("reverse_kl_full")
+    ls = jax.nn.log_softmax(np.asarray(models.forward(scfg, sp, tok)[0], np.float64) / temp, -1)
+    lt = [jax.nn.log_softmax(np.asarray(models.forward(tcfg, p, tok)[0], np.float64) / temp, -1)
+          for p in (tp0, tp1)]
+    lt = np.where(batch["teacher_idx"][:, None, None] == 0, lt[0], lt[1])
+    kl = (np.exp(ls) * (ls - lt)).sum(-1)
+    want = (kl * batch["mask"]).sum() / batch["mask"].sum()
+    assert abs(float(v_full) - want) < 1e-5
