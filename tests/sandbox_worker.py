@@ -88,6 +88,12 @@ def race(program: str, limits: Limits, rounds: int = 10) -> list:
     return got
 
 
+def pytest_site() -> list[str]:
+    """Where pytest is installed (the SWE suites' runtime venv)."""
+    from rossjax.verify import repo, swe
+    return swe._site(repo.default_read_roots())[:1]
+
+
 def main(spec_path: str, out_path: str):
     with open(spec_path) as f:
         spec = json.load(f)
@@ -142,6 +148,14 @@ def main(spec_path: str, out_path: str):
                 os.kill(pid, signal.SIGKILL)
             res = {"ok": r.ok, "reason": r.reason, "stdout": r.stdout[-2000:],
                    "isolation": r.isolation, "left": len(left)}
+        elif a["kind"] == "pytest":  # a suite run: trusted test files, the package behind proxies
+            tests = {k: v.replace("{TOKEN}", token) for k, v in a["tests"].items()}
+            r, reports = sandbox.run_pytest(src, tests, ["rjpkg"], timeout_s=a.get("timeout", 20),
+                                            limits=Limits(**{"procs": 64, "memory_mb": 2048,
+                                                             **a.get("limits", {})}),
+                                            site=pytest_site())
+            res = {"ok": r.ok, "reason": r.reason, "reports": reports, "stdout": r.stdout[-2000:],
+                   "isolation": r.isolation, "token_seen": token in r.stdout + r.stderr}
         elif a["kind"] == "tests":
             v = sandbox.run_tests(src, a["tests"], a.get("entry", "add"), timeout_s=a.get("timeout", 5),
                                   limits=lim, prefix=a.get("prefix"))

@@ -234,6 +234,13 @@ def test_forged_fixes_fail_with_fewer_walls(base, walls):
     or leaves the suite whole."""
     lim = sandbox.Limits(procs=64, memory_mb=2048, **walls)
     clean = swe.run_suite(base.files, limits=lim)
+    if clean.reason and "kernel file wall" in clean.reason:
+        # root without namespaces, its interpreter under a dir no other uid enters (/root):
+        # the program would run as root behind the audit hook alone, so no suite runs there
+        # (issue 36: the test files must be out of the program's reach)
+        assert walls == {"namespaces": False, "landlock": False} and sandbox.get_host().hidden
+        assert clean.reason.startswith("sandbox_error"), clean
+        return
     assert clean.reason is None and set(clean.outcomes.values()) == {"PASSED"}, clean
     for name in ("os_exit_0", "fake_lines_every_fd", "always_equal", "kill_parent",
                  "kill_everyone", "os_exit_in_call"):

@@ -239,24 +239,23 @@ def run_pytest(program: str, tests: dict, modules, timeout_s: float = 30.0, *,
     missing = [d for d in site if not os.path.isdir(d)]
     if missing:
         raise InputError(f"run_pytest site dir {missing[0]!r} is not a directory")
-    spec = {"modules": sorted(modules), "site": site,
+    spec = {"modules": sorted(modules), "site": site, "tests": _test_files(tests),
             "args": ["-p", "no:cacheprovider", "--capture=sys", "--color=no", *args]}
-    suite = {"tests": dict(tests), "site": site, "spec": spec}
+    suite = {"site": site, "spec": spec}
     return _run(program, "", timeout_s, limits or Limits(), "", "", None, suite=suite)
 
 
-def _write_tests(tests: dict, root: str):
-    """The trusted test files into `root`, readable by the sandbox's uids, writable by none."""
-    os.mkdir(root, 0o755)
+def _test_files(tests: dict) -> dict:
+    """{normalized relative path: text} of a suite's trusted files (InputError for a path that
+    leaves the test dir). They reach the sandbox in the sealed spec memfd, never as host files
+    a program of this uid could read or rewrite (sandbox_kernel._put_tests places them)."""
+    out = {}
     for rel, text in tests.items():
-        norm = os.path.normpath(rel)
-        if os.path.isabs(norm) or norm.split(os.sep)[0] == "..":
+        norm = os.path.normpath(str(rel))
+        if os.path.isabs(norm) or norm.split(os.sep)[0] in ("..", ".", ""):
             raise InputError(f"run_pytest test path {rel!r} leaves the test dir")
-        path = os.path.join(root, norm)
-        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(path, 0o644)
+        out[norm] = str(text)
+    return out
 
 
 def _own_tree(root: str, uid: int):
@@ -293,7 +292,7 @@ def _run(program, stdin, timeout_s, lim, checker, entry, prefix, shell=None, sui
         stdin_fd = fds[-1]
         if suite:
             os.chmod(tmp, 0o711)  # the checker's uid reaches its test dir (modes keep the rest)
-            _write_tests(suite["tests"], os.path.join(tmp, "checker"))
+            os.mkdir(os.path.join(tmp, "checker"), 0o700)  # filled inside (_put_tests)
             ro_dirs = _outermost(set(ro_dirs) | set(suite["site"]))
         status_r, status_w = os.pipe()
         fds += [status_r, status_w]

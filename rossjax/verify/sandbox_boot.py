@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # in the sandbox these come from the texts run before this on
         _landlock,
         _limit,
         _prctl,
+        _private_tests,
         _put_program,
         _scratch_tmpfs,
         _seccomp,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:  # in the sandbox these come from the texts run before this on
         landlock_abi,
     )
     from rossjax.verify.sandbox_pytest import harness_pytest
+    from rossjax.verify.sandbox_wire import wire_dec
 
 P = eval(sys.argv[1], {"__builtins__": {}})  # a dict literal written by the host
 REFUSED = 113  # exit status of a process the audit hook ended (sandbox_hook.py)
@@ -142,6 +144,15 @@ def _p1(ns):
                            f"ROSSJAX_SANDBOX_REQUIRE) and this machine or these Limits give "
                            f"only {','.join(layers)}")
         os._exit(0)
+    if P.get("suite") and not (ns == "root" or ll_abi or cuid is not None):
+        # A suite's test files need a kernel wall between them and the program: the root
+        # mode's own root, Landlock, or a private uid. Without one (rlimits only, the program
+        # of the host's own uid) it could rename or remove their folder under the checker's
+        # private mount and put its own tests there: no suite run (sandbox_error).
+        os.write(2, b"sandbox setup failed: a suite run needs a kernel file wall (namespaces as "
+                    b"root, Landlock or a private uid) to keep its test files from the program\n")
+        _status(status_fd, f"checker {SETUP_FAILED} 0")
+        os._exit(0)
     kids = {}
     req_r = req_w = rep_r = rep_w = -1
     if P["checked"]:
@@ -171,12 +182,16 @@ def _p1(ns):
 def _checker(spec_fd, req_w, rep_r, report_fd, cuid, ns, ll_abi, scratch):
     """The checker process: its walls, then the trusted tests (a source with `check`, or
     pytest over the trusted test files of a suite run) against the program's proxies."""
-    suite = P.get("suite")  # {"dir": the test files' host dir, "reads": what pytest reads}
-    tests_dir = suite and ("/checker" if ns == "root" else suite["dir"])  # bound there as root
+    suite = P.get("suite")  # {"dir": the test files' dir, "reads": what pytest reads}
+    tests_dir = suite and ("/checker" if ns == "root" else suite["dir"])  # in its root as root
     extra = suite["reads"] + [tests_dir] if suite else []
     reads = list(P["read_roots"]) + extra
     try:
         os.close(0)
+        if suite:
+            files = wire_dec(os.pread(spec_fd, os.fstat(spec_fd).st_size, 0))["tests"]
+            _private_tests(tests_dir, files, cuid, ns)
+            del files
         _confine(cuid, {spec_fd, req_w, rep_r, report_fd}, None, ns, ll_abi, reads)
         _prctl(PR_SET_DUMPABLE, 0)  # after the uid change, which resets it
     except BaseException as e:

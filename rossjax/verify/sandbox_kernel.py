@@ -101,8 +101,8 @@ def _build_root(p, program, uid):
         os.symlink("/sandbox", new + "/tmp")
     # else a read-only dir already holds /tmp/... binds (a venv or checkout under /tmp, as in a
     # CI clone): /tmp stays read-only and TMPDIR (= /sandbox) is where temporary files go
-    if p.get("suite"):  # a suite run: the trusted test files, read-only, for the checker
-        _bind_ro(p["suite"]["dir"], new + "/checker")
+    if p.get("suite"):  # a suite run: the checker mounts its test files here (_private_tests)
+        os.makedirs(new + "/checker")
     _put_program(new + "/sandbox/main.py", program, uid)
     if p.get("shell"):  # run_shell: the caller's scratch copy of a repository, writable at /repo
         os.makedirs(new + "/repo")
@@ -131,6 +131,33 @@ def _scratch_tmpfs(p, program, layers):
     except OSError:
         pass  # e.g. a container whose /proc is partly masked: Landlock still denies it
     return p["work"]
+
+
+def _private_tests(d, tests, uid, ns):
+    """A suite's trusted files ({relative path: text}) below `d`, where only the checker (this
+    process, before its walls) reaches them: with namespaces a read-only tmpfs in a mount
+    namespace of its own (the program's has only the empty dir); without, a dir of mode 0700
+    handed to the checker's private `uid`, or one the Landlock walls keep from the program.
+    Never a host file another process of the host's uid could rewrite while the run starts."""
+    if ns:
+        _call(_libc.unshare, CLONE_NEWNS)
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)
+        size = 2 * sum(len(t.encode("utf-8", "surrogateescape")) for t in tests.values()) + (1 << 20)
+        owner = f",uid={uid},gid={uid}" if uid is not None else ""
+        _mount("rossjax-tests", d, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+               f"size={size},nr_inodes={4 * len(tests) + 64},mode=700{owner}")
+    for rel, text in tests.items():
+        path = d + "/" + rel
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, text.encode("utf-8", "surrogateescape"))
+        finally:
+            os.close(fd)
+    if ns:
+        _mount(None, d, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    elif uid is not None:
+        os.chown(d, uid, uid)  # mode 0700: the program's uid cannot enter
 
 
 def _put_program(path, program, uid):
