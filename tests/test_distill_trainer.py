@@ -91,32 +91,43 @@ def test_metrics_have_finite_kl(run):
     assert abs(m[0]["kl_sampled"] - m[0]["kl_sampler"]) < 1e-4
 
 
-def _teacher_logprobs(out, name, ids, p0, n):
-    """The teacher's log-probs of completion tokens p0 .. p0+n-1, from a plain forward."""
-    tcfg, _, params = out["run"].teachers[name]
-    tok = jnp.asarray([ids[:p0 + n]], jnp.int32)
-    logits, _ = models.forward(tcfg, params, tok)
-    lp = jax.nn.log_softmax(np.asarray(logits[0], np.float64), -1)  # T = 1 in :runlocal
-    return np.asarray([lp[p0 - 1 + k, ids[p0 + k]] for k in range(n)])
+def _teacher_logprobs(out, rows):
+    """name -> [row][k]: each teacher's log-prob of every row's completion tokens, from one
+    plain forward over the stored token ids (right-padded; causal, so padding changes nothing)."""
+    width = max(len(r["token_ids"]) for r in rows)
+    tok = np.zeros((len(rows), width), np.int32)
+    for i, r in enumerate(rows):
+        tok[i, :len(r["token_ids"])] = r["token_ids"]
+    got = {}
+    for name, (tcfg, _, params) in out["run"].teachers.items():
+        logits = jax.jit(lambda p, t, c=tcfg: models.forward(c, p, t)[0])(params, tok)
+        lp = jax.nn.log_softmax(np.asarray(logits, np.float64), -1)  # T = 1 in :runlocal
+        got[name] = []
+        for i, r in enumerate(rows):
+            p0, ids = r["source"]["prompt_tokens"], r["token_ids"]
+            got[name].append(np.asarray([lp[i, p0 - 1 + k, ids[p0 + k]]
+                                         for k in range(len(r["logprobs"]))]))
+    return got
 
 
 def test_history_routes_and_teacher_logprobs(run):
     work, out, _ = run
     rows = read_history(os.path.join(work, "history.jsonl"))
     assert len(rows) == STEPS * CONTEXTS * GROUP
-    for r in rows:
+    recomputed = _teacher_logprobs(out, rows)
+    for i, r in enumerate(rows):
         want = ROUTES.get(r["task"]["domain"], "beta")
         assert r["teacher"] == want, (r["task"], r["teacher"])
         p0, n = r["source"]["prompt_tokens"], len(r["logprobs"])
         assert len(r["teacher_logprobs"]) == n and p0 + n <= len(r["token_ids"])
-        mine = _teacher_logprobs(out, want, r["token_ids"], p0, n)
+        mine = recomputed[want][i]
         np.testing.assert_allclose(r["teacher_logprobs"], mine, atol=2e-4)
-        other = _teacher_logprobs(out, "alpha" if want == "beta" else "beta",
-                                  r["token_ids"], p0, n)
+        other = recomputed["alpha" if want == "beta" else "beta"][i]
         assert np.abs(mine - other).max() > 1e-3  # the two teachers do differ
         assert r["distill"]["loss"] == "reverse_kl_sampled"
         k1 = sum(a - b for a, b in zip(r["logprobs"], r["teacher_logprobs"]))
         assert abs(r["distill"]["kl_sampled_sum"] - k1) < 1e-3
+    assert {r["teacher"] for r in rows} == {"alpha", "beta"}
 
 
 def test_history_relearns_in_curate(run):
@@ -178,16 +189,16 @@ def test_trainer_loss_paths_agree_with_the_registry():
              "mask": (np.arange(s)[None] >= 4).astype(np.int32) * (np.arange(s)[None] < s - 1),
              "teacher_idx": np.asarray([0, 1, 1, 0], np.int32)}
     temp = 0.7
-    tl = [np.asarray(grpo_step.token_logprobs(tcfg, p, batch, 16, False, temp))
-          for p in (tp0, tp1)]
+    teacher = jax.jit(lambda p: grpo_step.token_logprobs(tcfg, p, batch, 16, False, temp))
+    tl = [np.asarray(teacher(p)) for p in (tp0, tp1)]
     batch["teacher_logp"] = np.where(batch["teacher_idx"][:, None] == 0, tl[0], tl[1])
     norm = normalizers(batch["mask"], "token_mean")
 
-    def value_grad(loss):
+    def value_grad(loss, grad=True):
         fn = distill_step.make_loss_fn(scfg, [tcfg, tcfg], loss=loss, agg="token_mean",
                                        temperature=temp, chunk=16, lora_alpha=None)
         f = lambda p: fn(p, {}, (tp0, tp1), norm, batch)[0]  # noqa: E731
-        return jax.value_and_grad(f)(sp)
+        return jax.jit(jax.value_and_grad(f) if grad else lambda p: (f(p), None))(sp)
 
     v_tok, g_tok = value_grad("reverse_kl_sampled")            # TOKEN_FORMS path
     v_log, g_log = value_grad("rossjax.train.rl.distill:reverse_kl_sampled")  # logits path
@@ -196,10 +207,11 @@ def test_trainer_loss_paths_agree_with_the_registry():
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), atol=1e-5)
     assert max(float(jnp.abs(a).max()) for a in jax.tree.leaves(g_tok)) > 1e-4
     # full KL with each row's own teacher, against a direct numpy computation
-    v_full, _ = value_grad("reverse_kl_full")
-    ls = jax.nn.log_softmax(np.asarray(models.forward(scfg, sp, tok)[0], np.float64) / temp, -1)
-    lt = [jax.nn.log_softmax(np.asarray(models.forward(tcfg, p, tok)[0], np.float64) / temp, -1)
-          for p in (tp0, tp1)]
+    v_full, _ = value_grad("reverse_kl_full", grad=False)
+    fwd = jax.jit(lambda p: models.forward(scfg, p, tok)[0])  # the three share one shape
+    ls, lt0, lt1 = (np.asarray(fwd(p), np.float64) / temp for p in (sp, tp0, tp1))
+    ls = ls - np.log(np.exp(ls).sum(-1, keepdims=True))
+    lt = [x - np.log(np.exp(x).sum(-1, keepdims=True)) for x in (lt0, lt1)]
     lt = np.where(batch["teacher_idx"][:, None, None] == 0, lt[0], lt[1])
     kl = (np.exp(ls) * (ls - lt)).sum(-1)
     want = (kl * batch["mask"]).sum() / batch["mask"].sum()

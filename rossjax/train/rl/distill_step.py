@@ -106,12 +106,14 @@ class DistillFns:
         self.row_sharding = rows = part.sharding(P("batch", None))
         self.full = loss not in distill.TOKEN_FORMS
         row_in = {k: rows for k in grpo_step.BATCH_KEYS}
-        self._teacher = {
-            name: jax.jit(models.transformer.under_mesh(
-                lambda p, b, tcfg=tcfg: grpo_step.token_logprobs(tcfg, p, b, chunk, False,
-                                                                 temperature), part),
-                in_shardings=(tsh, row_in), out_shardings=rows)
-            for name, (tcfg, tsh) in teachers.items()}
+        programs = {}  # one program per teacher architecture (teachers of one shape share it)
+        for tcfg, tsh in teachers.values():
+            if tcfg not in programs:
+                programs[tcfg] = jax.jit(models.transformer.under_mesh(
+                    lambda p, b, tcfg=tcfg: grpo_step.token_logprobs(tcfg, p, b, chunk, False,
+                                                                     temperature), part),
+                    in_shardings=(tsh, row_in), out_shardings=rows)
+        self._teacher = {name: programs[tcfg] for name, (tcfg, _) in teachers.items()}
         tcfgs = [tcfg for tcfg, _ in teachers.values()]
         loss_fn = make_loss_fn(student_cfg, tcfgs, loss=loss, agg=agg, temperature=temperature,
                                chunk=chunk, lora_alpha=lora_alpha)
