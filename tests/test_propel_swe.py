@@ -91,7 +91,13 @@ def test_planted_bug_episode_gets_the_turn_aggregated_calibrated_probe_score(tmp
     c.model.vocab_size = tok.vocab_size
     cfg, params = loading.load_model(c.model.to_dict(), seed=c.train.seed)
     probe = _probe(str(tmp_path / "probe"), cfg, params)
+    # a one-line prompt: the scripted parser ignores it, and the App. 18 prompt's ~3k ASCII
+    # tokens would only make every forward of this test longer
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "swe-intervals", "repo": "intervals", "domain": "swe",
+                                 "prompt": "Plant one bug in intervals."}) + "\n")
     out = _grpo(tmp_path / "run", "--config.agent.style=test_propel_swe:plant_bug",
+                f"--config.data.tasks={tasks}", "--config.agent.max_tokens=2048",
                 f"--config.reward.probe.path={tmp_path / 'probe'}",
                 "--config.grpo.dynamic_sampling=False")
     assert out.returncode == 0, out.stderr[-3000:]
