@@ -36,6 +36,17 @@ learn in 20 steps, `gen:contains` (write the letter the prompt names; reward `co
 The full config (128 contexts x 8 samples x 512 tokens) on a ~1.5B model is a TPU job
 (estimated, not measured: ~1.5-3 min per step on a v5e-8, bf16: 8x the tokens of 16 contexts).
 
+`:continued` is the paper's Continued-RL control: resume the upstream run in its own workdir
+(`--workdir=` the upstream's; the run's length is the one field a resume changes without being
+asked, rossjax/train/resume.py) for 2 more epochs. An epoch of a task file of N rows is
+ceil(N / grpo.contexts) steps; the built-in generators are endless, so an epoch is the upstream
+run's length (`grpo.steps`), and `:continued` sets grpo.steps to 3 x that (500 -> 1,500; with
+`:runlocal` 20 -> 60). For a task file pass the length instead:
+`--config.grpo.steps=<upstream steps + 2 * ceil(N / contexts)>` (`continued_steps` below). The
+learning rate is constant, so the extra steps run at the upstream's rate. Copy the upstream
+workdir first (`cp -r`) to keep its last checkpoint and history as ROSS relearns them: the
+continued run appends to history.jsonl and rotates checkpoints (`checkpoint.keep`).
+
 Memory: an update holds activations for `grpo.minibatch / grpo.micro_batches` rows; at long
 completions raise `--config.grpo.micro_batches` (exact gradient accumulation: the same update for
 every aggregation) and set `--config.model.remat_policy=full`.
@@ -44,8 +55,18 @@ every aggregation) and set `--config.model.remat_policy=full`.
 from rossjax.configs import common
 
 
+CONTINUED_EPOCHS = 2  # the paper's Continued RL: 2 more epochs
+
+
+def continued_steps(steps: int, contexts: int, task_rows: int | None = None) -> int:
+    """The length of the continued run: `steps` plus CONTINUED_EPOCHS epochs, an epoch being
+    ceil(task_rows / contexts) steps of a task file, or `steps` for an endless generator."""
+    epoch = steps if task_rows is None else -(-int(task_rows) // int(contexts))
+    return int(steps) + CONTINUED_EPOCHS * epoch
+
+
 def get_config(arg: str | None = None):
-    variants = common.variants(arg, ("runlocal",), "grpo_verifier.py")
+    variants = common.variants(arg, ("runlocal", "continued"), "grpo_verifier.py")
     c = common.grpo_config()
     c.run_name = "grpo-verifier"
     c.data.tasks = "gen:arith"
@@ -70,4 +91,6 @@ def get_config(arg: str | None = None):
         c.reward.functions, c.reward.weights = ("contains",), (1.0,)
         c.grpo.contexts = 8
         c.optim.peak_lr = c.optim.end_lr = 3e-3
+    if "continued" in variants:  # the shipped tasks are generators: an epoch is the run's length
+        c.grpo.steps = continued_steps(c.grpo.steps, c.grpo.contexts)
     return c

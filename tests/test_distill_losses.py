@@ -85,6 +85,22 @@ def test_loss_and_grad_match_float64_loop(name, temp):
     assert np.all(grad[0, 2] == 0)  # padding carries no gradient
 
 
+def test_token_form_is_the_logits_form():
+    """The trainer's sampled loss from log-probs (distill.TOKEN_FORMS) has the value and the
+    gradient of the registry's logits form (checked against the loop above)."""
+    s, t, y, mask = _batch(3)
+    with jax.enable_x64(True):
+        def from_logp(x):
+            lp = lambda z: jax.nn.log_softmax(z / 0.7, -1)  # noqa: E731
+            take = lambda a: np.take_along_axis(a, y[..., None], -1)[..., 0]  # noqa: E731
+            per = distill.TOKEN_FORMS["reverse_kl_sampled"](take(lp(x)), take(lp(t)))
+            return (per * mask).sum() / mask.sum()
+        v, g = float(from_logp(s)), np.asarray(jax.grad(from_logp)(s))
+    v_ref, g_ref = _jax("reverse_kl_sampled", s, t, y, mask, 0.7)
+    assert abs(v - v_ref) < 1e-12
+    np.testing.assert_allclose(g, g_ref, atol=1e-12)
+
+
 def test_mutations_fail():
     """Forward KL, or the pathwise gradient of k1, would not match the loop."""
     s, t, y, mask = _batch()
@@ -164,3 +180,6 @@ def test_routing():
         distill.route_rows([rows[0], {"domain": "chem"}], routes, source="tasks.jsonl")
     with pytest.raises(InputError, match="row 0: field 'task' = None"):
         distill.route_rows(rows, routes, field="task")
+    # a named default teacher takes the rows with no route (and only those)
+    assert distill.route_rows([rows[0], {"domain": "chem"}, {}], routes, default="teacher-d") \
+        == ["teacher-m", "teacher-d", "teacher-d"]

@@ -17,6 +17,7 @@ may differ); this is checked before any model loads.
 
 from __future__ import annotations
 
+import json
 import os
 
 import jax
@@ -106,12 +107,22 @@ class DistillRun(grpo_setup.Run):
         self.state_shardings = t.state_shardings(self.optimizer)
         self.temperature = grpo_step.sampling_temperature(g.temperature)
         self._load_teachers()
-        self.fns = distill_step.DistillFns(
+        # The settings the compiled steps depend on; the run's length only through a schedule
+        # that changes with it (a constant rate with a fixed warm-up does not: a continued run,
+        # grpo.steps raised, reuses the programs in this process).
+        o = cfg.optim
+        steady = o.schedule == "constant" and 0 <= o.warmup_steps <= g.steps
+        g_key = {k: v for k, v in g.to_dict().items() if k != "stop_after"
+                 and not (steady and k == "steps")}
+        key = ("distill", self.model_cfg, o.to_json(), json.dumps(g_key, sort_keys=True,
+               default=str), d.to_json(), cfg.lora.to_json(), self.lora_alpha, self.part,
+               tuple((n, c) for n, (c, _, _) in self.teachers.items()))
+        self.fns = step_cache.get(key, lambda: distill_step.DistillFns(
             self.model_cfg, {n: (c, s) for n, (c, s, _) in self.teachers.items()},
             self.optimizer, schedule, partitioner=self.part, state_shardings=self.state_shardings,
             base_shardings=t.base_shardings or {}, lora_alpha=self.lora_alpha, loss=d.loss,
             agg=g.agg, temperature=self.temperature, chunk=g.loss_chunk,
-            micro_batches=g.micro_batches, max_new=g.max_new_tokens)
+            micro_batches=g.micro_batches, max_new=g.max_new_tokens))
 
     def _load_teachers(self):
         """name -> (ModelConfig, param shardings, params), placed on the mesh; frozen."""

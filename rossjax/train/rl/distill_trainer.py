@@ -53,6 +53,7 @@ class DistillTrainer(grpo.GRPOTrainer):
 
     def build(self):
         self.run = distill_setup.DistillRun(self.cfg, self.workdir, self.cpu_scorer,
+                                            step_cache=self.step_cache,
                                             fresh_start=self.ckpt.latest_step() is None)
 
     def announce(self):
