@@ -103,7 +103,9 @@ def label_config(runlocal: bool = False):
     paper's T 0.6 / top_p 0.95 / top_k 20 sent in the request) or `solver.kind=fn`.
     `:label,runlocal`: the reverting stand-in (NOT a solver: it is handed each bug's patch and
     reverts it on a seeded coin, so the band and the drop rule run without a model), the ASCII
-    tokenizer and the tiny random reference for the printed extract step."""
+    tokenizer, the tiny random reference for the printed extract step and, unless
+    --config.pool says otherwise, data/swe/sample_bugs.jsonl (10 hand-written bugs over the 5
+    shipped repositories, 2 of them invalid: no test catches them)."""
     import ml_collections
 
     from rossjax.configs import label_corpus
@@ -119,6 +121,7 @@ def label_config(runlocal: bool = False):
         suite_timeout_s=30.0, max_turns=35, step_timeout_s=30.0, episode_timeout_s=600.0,
         workers=2, style="hermes"))  # style: how a text-only reply's tool calls are read
     if runlocal:
+        c.pool = common.data_file("swe", "sample_bugs.jsonl")  # 10 hand-written bugs, 2 invalid
         c.tokenizer = "ascii"
         c.reference = "preset:" + common.TINY_PRESET
         c.layers = (1, 2)
