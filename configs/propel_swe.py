@@ -148,6 +148,7 @@ def repos_config():
         yield_trials=4, min_yield=0.25, seed=0))  # 4. the mutation stand-in's bug yield
     c.fractions = (0.6, 0.2, 0.2)     # probe / RL / eval repo split of the kept (agents.swe)
     c.split_seed = 0
+    c.sandbox = common.sandbox_config()  # preflight and yield run the candidates' suites
     return c
 
 

@@ -193,7 +193,7 @@ CONFIG_VARIANTS = {
     "review": (), "eval_generator": ("runlocal", "mixed_outcome"), "grpo_verifier": ("runlocal",),
     "grpo_agentic": ("runlocal",),
     "propel_azr": ("runlocal",), "propel_math": ("runlocal",), "propel_sil": ("runlocal", "math"),
-    "propel_swe": ("runlocal", "sil"),
+    "propel_swe": ("runlocal", "sil", "label", "repos"),
     "mixture": ("by_recipe",),
     "retrogen": ("runlocal", "artifact_only"), "select_routes": ("runlocal",),
     "reconstruct": ("runlocal",), "retrogen_sft": ("runlocal",),
