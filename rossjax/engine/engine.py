@@ -53,6 +53,7 @@ class Engine:
         # Compaction gathers rows of an unsharded cache only (a sharded one keeps its layout).
         self.scheduler = Scheduler(slots=slots, max_len=max_len, n_stop=n_stop,
                                    vocab_size=cfg.vocab_size, chunk=chunk, compact=part is None)
+        self._seq_of_slot: dict[int, int] = {}
 
     # -- capacity ------------------------------------------------------------------------
     @property
@@ -82,9 +83,29 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------------
     def submit(self, prompt: Seq[int], sampling: SamplingParams, n: int = 1,
-               hold: bool = False) -> list[int]:
-        """Queue `n` candidates of one prompt; returns their sequence ids."""
-        return self.scheduler.submit(prompt, sampling, n, hold)
+               hold: bool = False, stream: bool = False) -> list[int]:
+        """Queue `n` candidates of one prompt; returns their sequence ids. stream: while it
+        decodes, its tokens go to `on_tokens` as the steps make them (see stream_to)."""
+        return self.scheduler.submit(prompt, sampling, n, hold, stream)
+
+    def stream_to(self, on_tokens, min_gap_s: float | None = None):
+        """While a stream=True sequence decodes, call `on_tokens({seq_id: (tokens, logprobs)})`
+        from inside the decode loop, right after a step samples (a new sequence's first token
+        right after its prefill), at most every `min_gap_s` (rossjax.engine.stream); a true
+        answer ends the chunk after that step (so the caller can submit or cancel). Each
+        Update's `streamed` counts its tokens already given. Tokens and results are the same
+        with or without it. No-op on a mesh (tokens come chunk by chunk)."""
+        lst = self.executor.listener
+        if lst is None:
+            return
+        if min_gap_s is not None:
+            lst.min_gap_s = float(min_gap_s)
+
+        def sink(by_slot):
+            seq_of = self._seq_of_slot
+            return on_tokens({seq_of[slot]: v for slot, v in by_slot.items() if slot in seq_of})
+
+        lst.sink = None if on_tokens is None else sink
 
     def extend(self, seq_id: int, token_ids: Seq[int], max_new_tokens: int | None = None):
         """Append tokens (e.g. a tool observation) to a held sequence and let it decode again
@@ -110,6 +131,8 @@ class Engine:
     def step(self) -> list[Update]:
         """Extensions, admissions, then one decode chunk; what each sequence emitted."""
         plan = self.scheduler.schedule()
+        d = plan.decode
+        self._seq_of_slot = {} if d is None else dict(zip(d.slots, d.seq_ids))
         return self.scheduler.update(plan, self.executor.execute(plan))
 
     def run(self) -> None:

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from rossjax import sharding
-from rossjax.engine import kv_slots
+from rossjax.engine import kv_slots, stream
 from rossjax.engine.scheduler import (
     DecodeBatch,
     ExecutionOutput,
@@ -33,6 +33,9 @@ class Executor:
         self.programs = kv_slots.programs(layout)
         self.params = self.programs.place_params(params)
         self.state = self.programs.new_state()
+        # Streaming decodes (plan.decode.stream) hand tokens to listener.sink as they come;
+        # one host call per step costs too much on a mesh, where they stay chunk by chunk.
+        self.listener = stream.Listener() if layout.partitioner is None else None
 
     def set_params(self, params):
         self.params = self.programs.place_params(params)
@@ -47,7 +50,7 @@ class Executor:
             self._prefill(b)
         if plan.decode is None:
             return ExecutionOutput({}, {}, frozenset())
-        return self._decode(plan.decode)
+        return self._decode(plan.decode, fresh=bool(plan.extends or plan.prefills))
 
     def _extend(self, b: ExtendBatch):
         e, c = pow2(len(b.slots)), b.length
@@ -94,25 +97,40 @@ class Executor:
                 "top_p": column("top_p", np.float32, 1.0), "stop": stop, "key": key,
                 "budget": column("max_new_tokens", np.int32)}
 
-    def _decode(self, d: DecodeBatch) -> ExecutionOutput:
+    def _decode(self, d: DecodeBatch, fresh: bool) -> ExecutionOutput:
+        lst = self.listener if d.stream and self.listener is not None else None
+        rows = d.rows if d.rows is not None else range(self.layout.slots)
+        if lst is not None:
+            live = set(d.stream)
+            lst.begin([int(r) if r in live else -1 for r in rows])
+            # A sequence new in this plan: its first token goes out at step 0.
+            stream_args = (lst.id, 0 if fresh else lst.gap - 1)
+        else:
+            stream_args = None
         if d.rows is not None:
             idx = np.asarray(d.rows, np.int32)
             self.state, tok, lp, emitted = self.programs.decode_compact(
-                self.params, self.state, idx, d.exit_on_free, d.steps, d.mode)
+                self.params, self.state, idx, d.exit_on_free, d.steps, d.mode, stream_args)
             row_of = {int(slot): r for r, slot in enumerate(idx)}
         else:
             self.state, tok, lp, emitted = self.programs.decode(
-                self.params, self.state, d.exit_on_free, d.steps, d.mode)
+                self.params, self.state, d.exit_on_free, d.steps, d.mode, stream_args)
             row_of = {slot: slot for slot in d.slots}
         tok, lp, emitted, active = (sharding.to_host(x) for x in
                                     (tok, lp, emitted, self.state["active"]))
+        streamed = {}
+        if lst is not None:
+            if lst.error is not None:
+                raise lst.error
+            streamed = lst.delivered()
         tokens, logprobs = {}, {}
         for slot in d.slots:
             r = row_of[slot]
             k = int(emitted[r])
             tokens[slot], logprobs[slot] = tok[r, :k].tolist(), lp[r, :k].tolist()
         return ExecutionOutput(tokens, logprobs,
-                               frozenset(slot for slot in d.slots if not active[slot]))
+                               frozenset(slot for slot in d.slots if not active[slot]),
+                               {s: streamed.get(s, 0) for s in d.slots})
 
 
 def _fold(keys: np.ndarray, data: np.ndarray):

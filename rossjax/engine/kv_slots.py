@@ -32,10 +32,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 from jax.sharding import PartitionSpec as P
 
 from rossjax import models, sharding
 from rossjax.engine import sampler
+from rossjax.engine.stream import hook as _host_hook
 from rossjax.models import ModelConfig, shardings as model_shardings
 
 
@@ -165,14 +167,27 @@ def extend(layout: Layout, params, state, tokens, valid, slot_idx, budget):
         "last": logits[:, -1], "active": jnp.ones((e,), bool), "budget": budget})
 
 
-def decode(layout: Layout, params, state, exit_on_free, *, steps: int, mode: str):
+def _host_call(listener, emitted, out_tok, out_lp):
+    """A streaming decode's call to the host (rossjax.engine.stream): (halt, gap)."""
+    return io_callback(_host_hook, (jax.ShapeDtypeStruct((), jnp.bool_),
+                                     jax.ShapeDtypeStruct((), jnp.int32)),
+                       listener, emitted, out_tok, out_lp, ordered=True)
+
+
+def decode(layout: Layout, params, state, exit_on_free, listener=None, first_call=None, *,
+           steps: int, mode: str, stream: bool = False):
     """Up to `steps` decode steps over every slot (inactive slots compute but change nothing);
     stops early once no slot is active, or, with exit_on_free, after a step that ended one (so
-    a waiting request can take its slot). Returns (state, tokens [S, steps], logprobs, emitted [S])."""
+    a waiting request can take its slot). Returns (state, tokens [S, steps], logprobs, emitted [S]).
+    stream: the host is called (rossjax.engine.stream) after step `first_call` and then every
+    `gap` steps it asks for, with what every row has emitted so far; it may end the chunk (halt).
+    The steps between calls are a plain inner loop (a call or a branch inside every step would
+    cost every step)."""
     s = layout.slots
     stop = state["stop"]
+    start_count = state["count"]
 
-    def cond(c):
+    def going(c):
         i, st, _, _, freed = c
         return (i < steps) & jnp.any(st["active"]) & ~(exit_on_free & freed)
 
@@ -199,8 +214,20 @@ def decode(layout: Layout, params, state, exit_on_free, *, steps: int, mode: str
 
     init = (jnp.int32(0), state, jnp.zeros((s, steps), jnp.int32),
             jnp.zeros((s, steps), jnp.float32), jnp.bool_(False))
-    start_count = state["count"]
-    _, state, out_tok, out_lp, _ = jax.lax.while_loop(cond, body, init)
+    if not stream:
+        _, state, out_tok, out_lp, _ = jax.lax.while_loop(going, body, init)
+        return state, out_tok, out_lp, state["count"] - start_count
+
+    def segment(oc):
+        c, _, last_call = oc
+        c = jax.lax.while_loop(lambda c: going(c) & (c[0] <= last_call), body, c)
+        call = lambda: _host_call(listener, c[1]["count"] - start_count, c[2], c[3])
+        halt, gap = jax.lax.cond(going(c), call, lambda: (jnp.bool_(False), jnp.int32(1)))
+        return c, halt, c[0] - 1 + jnp.maximum(gap, 1)
+
+    c, _, _ = jax.lax.while_loop(lambda oc: going(oc[0]) & ~oc[1], segment,
+                                 (init, jnp.bool_(False), first_call))
+    _, state, out_tok, out_lp, _ = c
     return state, out_tok, out_lp, state["count"] - start_count
 
 
@@ -209,7 +236,8 @@ def _slot_axes(layout: Layout, state):
     return {k: ({"k": ax, "v": ax, "mask": 0, "pos": 0} if k == "cache" else 0) for k in state}
 
 
-def decode_compact(layout: Layout, params, state, idx, exit_on_free, *, steps: int, mode: str):
+def decode_compact(layout: Layout, params, state, idx, exit_on_free, listener=None,
+                   first_call=None, *, steps: int, mode: str, stream: bool = False):
     """`decode` over slots `idx` [k] only (distinct; padding entries name idle slots): their rows
     are gathered into a k-slot state, decoded, and written back. Once most sequences of a batch
     have ended, the steps then cost k rows instead of every slot's."""
@@ -221,8 +249,8 @@ def decode_compact(layout: Layout, params, state, idx, exit_on_free, *, steps: i
 
     sub = {k: take(v, axes[k]) if k != "cache" else
            {n: take(v[n], axes[k][n]) for n in v} for k, v in state.items()}
-    sub, out_tok, out_lp, emitted = decode(sub_layout, params, sub, exit_on_free, steps=steps,
-                                           mode=mode)
+    sub, out_tok, out_lp, emitted = decode(sub_layout, params, sub, exit_on_free, listener,
+                                           first_call, steps=steps, mode=mode, stream=stream)
 
     def put(big, small, ax):
         at = (slice(None),) * ax + (idx,)
@@ -273,20 +301,26 @@ class Programs:
     def extend(self, params, state, *host):
         return self._extend(params, state, *self._host(host))
 
-    def decode(self, params, state, exit_on_free: bool, steps: int, mode: str):
-        key = (steps, mode)
+    def decode(self, params, state, exit_on_free: bool, steps: int, mode: str, stream=None):
+        """stream: None, or (listener id, first call step) for a streaming decode (unsharded)."""
+        key = (steps, mode, stream is not None)
         if key not in self._decode:
-            fn = functools.partial(decode, self.layout, steps=steps, mode=mode)
+            fn = functools.partial(decode, self.layout, steps=steps, mode=mode,
+                                   stream=stream is not None)
             out = None if self._repl is None else self._out(self._decode_out)
             self._decode[key] = jax.jit(fn, donate_argnums=1, out_shardings=out)
-        return self._decode[key](params, state, *self._host((np.bool_(exit_on_free),)))
+        return self._decode[key](params, state, *self._host((np.bool_(exit_on_free),)),
+                                 *_stream_args(stream))
 
-    def decode_compact(self, params, state, idx, exit_on_free: bool, steps: int, mode: str):
-        key = ("compact", int(idx.shape[0]), steps, mode)
+    def decode_compact(self, params, state, idx, exit_on_free: bool, steps: int, mode: str,
+                       stream=None):
+        key = ("compact", int(idx.shape[0]), steps, mode, stream is not None)
         if key not in self._decode:
-            self._decode[key] = jax.jit(functools.partial(decode_compact, self.layout, steps=steps,
-                                                          mode=mode), donate_argnums=1)
-        return self._decode[key](params, state, idx, np.bool_(exit_on_free))
+            self._decode[key] = jax.jit(functools.partial(
+                decode_compact, self.layout, steps=steps, mode=mode, stream=stream is not None),
+                donate_argnums=1)
+        return self._decode[key](params, state, idx, np.bool_(exit_on_free),
+                                 *_stream_args(stream))
 
     def new_state(self):
         st = init_state(self.layout)
@@ -305,6 +339,10 @@ class Programs:
         placed = len(leaves) == len(want) and all(
             isinstance(x, jax.Array) and x.sharding == s for x, s in zip(leaves, want))
         return params if placed else jax.device_put(params, self._param_sh)
+
+
+def _stream_args(stream) -> tuple:
+    return () if stream is None else (np.int32(stream[0]), np.int32(stream[1]))
 
 
 @functools.lru_cache(maxsize=16)

@@ -87,6 +87,7 @@ class DecodeBatch:
     mode: str
     exit_on_free: bool
     rows: list | None = None
+    stream: tuple = ()              # slots of streaming sequences: tokens out step by step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,7 @@ class ExecutionOutput:
     tokens: dict
     logprobs: dict
     finished: frozenset
+    streamed: dict = dataclasses.field(default_factory=dict)    # slot -> tokens already streamed
 
 
 # -- host records --------------------------------------------------------------------------
@@ -113,6 +115,7 @@ class _Sequence:
     sampling: SamplingParams
     candidate: int                  # index within its request (selects its random stream)
     hold: bool
+    stream: bool = False            # its tokens go to the engine's on_tokens as they come
     status: Status = Status.WAITING
     slot: int = -1
     cache_used: int = 0             # host mirror of the slot's next write column
@@ -161,13 +164,13 @@ class Scheduler:
                              f"max_new_tokens) but slots hold {self.max_len} (field 'max_len').")
 
     def submit(self, prompt: Seq[int], sampling: SamplingParams, n: int = 1,
-               hold: bool = False) -> list[int]:
+               hold: bool = False, stream: bool = False) -> list[int]:
         prompt = self._check_tokens(prompt, "the prompt")
         if not 1 <= n <= self.slots:
             raise ConfigError(f"engine: field 'n' ({n}) must be in [1, slots={self.slots}].")
         self._check_sampling(sampling, bucket_length(len(prompt)) + sampling.max_new_tokens,
                              "the request")
-        seqs = [_Sequence(next(self._ids), sampling, j, hold) for j in range(n)]
+        seqs = [_Sequence(next(self._ids), sampling, j, hold, stream) for j in range(n)]
         for s in seqs:
             self._seqs[s.id] = s
         self._waiting.append(_Request(prompt, seqs))
@@ -285,7 +288,8 @@ class Scheduler:
             idle = [i for i in range(self.slots) if i not in running]
             rows = sorted(running) + idle[:k - len(running)]
         return DecodeBatch(list(running), [s.id for s in running.values()], self.chunk, mode,
-                           bool(self._waiting), rows)
+                           bool(self._waiting), rows,
+                           tuple(slot for slot, s in running.items() if s.stream))
 
     # -- update ----------------------------------------------------------------------------
     def update(self, plan: SchedulerOutput, out: ExecutionOutput) -> list[Update]:
@@ -305,7 +309,8 @@ class Scheduler:
             if done:
                 hit = bool(toks) and toks[-1] in s.sampling.stop_ids
                 self._finish(s, FinishReason.STOP if hit else FinishReason.LENGTH, keep=s.hold)
-            updates.append(Update(s.id, toks, lps, done, s.finish_reason))
+            updates.append(Update(s.id, toks, lps, done, s.finish_reason,
+                                  out.streamed.get(slot, 0)))
         return updates
 
     def _finish(self, s: _Sequence, reason: FinishReason, keep: bool):

@@ -84,3 +84,4 @@ class Update:
     logprobs: list
     finished: bool
     finish_reason: FinishReason | None      # set once finished
+    streamed: int = 0       # how many of `tokens` the engine's on_tokens had already been given

@@ -33,7 +33,7 @@ from rossjax.engine.types import check_token_ids
 from rossjax.errors import InputError
 from rossjax.serve import guard, tools as tool_calls
 from rossjax.serve.guard import BadRequest
-from rossjax.serve.worker import Job
+from rossjax.serve.worker import Delta, Job
 
 _MAX_TOKENS_DEFAULT = 256
 
@@ -237,11 +237,11 @@ class Server:
         return await self._run(request, body, ids, sp, n, stops, chat=False, logprobs=bool(lp))
 
     async def _run(self, request, body, ids, sp, n, stops, *, chat: bool, logprobs: bool):
-        job = Job(ids, sp, n, stops, self.tok, asyncio.get_running_loop())
+        stream = bool(body.get("stream", False))
+        job = Job(ids, sp, n, stops, self.tok, asyncio.get_running_loop(), stream=stream)
         self.worker.submit(job)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         head = {"id": rid, "created": int(time.time()), "model": self.model_id}
-        stream = body.get("stream", False)
         if stream:
             return await self._stream(request, body, job, head, chat, logprobs)
         texts, toks, lps, reasons = [""] * n, [[] for _ in range(n)], [[] for _ in range(n)], \
@@ -273,10 +273,19 @@ class Server:
                                   "usage": _usage(len(ids), done)})
 
     async def _deltas(self, job):
-        """The job's deltas until every candidate has finished."""
-        left = job.n
+        """The job's deltas until every candidate has finished. Deltas already queued for the
+        same candidate are sent as one (a client reading slower than the model writes gets
+        fewer, larger events; at the model's pace, one per delta the engine sent)."""
+        left, held = job.n, []
         while left:
-            d = await job.out.get()
+            d = held.pop() if held else await job.out.get()
+            while d is not None and d.finish_reason is None and not job.out.empty():
+                nxt = job.out.get_nowait()
+                if nxt is None or nxt.index != d.index:
+                    held.append(nxt)
+                    break
+                d = Delta(d.index, d.text + nxt.text, d.token_ids + nxt.token_ids,
+                          d.logprobs + nxt.logprobs, nxt.finish_reason)
             if d is None:       # the engine refused the job
                 raise BadRequest(str(job.error))
             yield d

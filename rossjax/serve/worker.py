@@ -58,10 +58,13 @@ class _Text:
 
 
 class Job:
-    def __init__(self, prompt, sp: SamplingParams, n: int, stops: list[str], tok, loop):
+    def __init__(self, prompt, sp: SamplingParams, n: int, stops: list[str], tok, loop,
+                 stream: bool = False):
         self.prompt, self.sp, self.n, self.stops = prompt, sp, n, stops
         self.loop, self.out = loop, asyncio.Queue()
         self.texts = [_Text(tok, stops, sp.stop_ids) for _ in range(n)]
+        self.done = [False] * n         # candidate j's last delta is out
+        self.stream = stream            # deltas as the decode steps make them, not per chunk
         self.seq_ids: list[int] = []
         self.error: Exception | None = None
 
@@ -69,14 +72,31 @@ class Job:
         self.loop.call_soon_threadsafe(self.out.put_nowait, item)
 
 
+def _put_all(items):
+    for job, item in items:
+        job.out.put_nowait(item)
+
+
+def _send(items):
+    """Hand (job, delta) pairs to their event loops, one wake-up per loop."""
+    by_loop: dict = {}
+    for job, d in items:
+        by_loop.setdefault(job.loop, []).append((job, d))
+    for loop, group in by_loop.items():
+        loop.call_soon_threadsafe(_put_all, group)
+
+
 class EngineWorker:
     """Runs `Engine` on a daemon thread; `submit(job)` / `cancel(job)` from any thread."""
 
-    def __init__(self, engine: Engine, tokenizer):
+    def __init__(self, engine: Engine, tokenizer, stream_gap_s: float = 0.005):
         self.engine, self.tok = engine, tokenizer
         self.inbox: queue.Queue = queue.Queue()
         self.jobs: dict[int, tuple[Job, int]] = {}      # seq id -> (job, candidate index)
         self._stop = threading.Event()
+        # Streamed jobs get their tokens from inside the decode loop (rossjax.engine.stream);
+        # new work in the inbox ends the chunk, so a request waits at most a step or so.
+        engine.stream_to(self._on_tokens, stream_gap_s)
         self.thread = threading.Thread(target=self._loop, name="rossjax-engine", daemon=True)
         self.thread.start()
 
@@ -98,7 +118,8 @@ class EngineWorker:
             return False
         if cmd == "submit":
             try:
-                job.seq_ids = self.engine.submit(job.prompt, job.sp, n=job.n)
+                job.seq_ids = self.engine.submit(job.prompt, job.sp, n=job.n,
+                                                 stream=job.stream)
             except Exception as e:   # a request the engine refuses: the handler reports it
                 job.error = e
                 job.put(None)
@@ -132,14 +153,47 @@ class EngineWorker:
                     job.put(None)
                     self._forget(sid)
                 continue
+            out = []
             for u in updates:
                 if u.seq_id not in self.jobs:
                     continue
                 job, j = self.jobs[u.seq_id]
-                text, hit = job.texts[j].feed(u.tokens, u.finished)
-                reason = "stop" if hit else u.finish_reason if u.finished else None
-                if hit and not u.finished:
-                    self.engine.cancel(u.seq_id)
-                job.put(Delta(j, text, u.tokens, u.logprobs, reason))
-                if reason is not None:
+                k = u.streamed      # those went out from inside the decode (_on_tokens)
+                if u.finished or len(u.tokens) > k:
+                    self._deliver(job, j, u.tokens[k:], u.logprobs[k:], u.finished,
+                                  u.finish_reason, out)
+                if job.done[j]:     # finished, or a stop string ended it (cancelled here)
                     self._forget(u.seq_id)
+            _send(out)
+
+    def _deliver(self, job: Job, j: int, ids, lps, finished: bool, reason, out: list):
+        """Candidate j's new tokens -> a delta in `out` (none once it is done)."""
+        if job.done[j]:
+            return
+        ids, lps = list(ids), list(lps)
+        if job.stops and len(ids) > 1:   # token by token: the delta ends at the stop string
+            text, hit = "", False
+            for k in range(len(ids)):
+                piece, hit = job.texts[j].feed(ids[k:k + 1], finished and k == len(ids) - 1)
+                text += piece
+                if hit:
+                    ids, lps = ids[:k + 1], lps[:k + 1]
+                    break
+        else:
+            text, hit = job.texts[j].feed(ids, finished)
+        reason = "stop" if hit else reason if finished else None
+        job.done[j] = reason is not None
+        out.append((job, Delta(j, text, ids, lps, reason)))
+
+    def _on_tokens(self, by_seq: dict) -> bool:
+        """Called from inside a streaming decode (the engine thread waits on it): deltas out
+        now; true (end the chunk) when work waits in the inbox or a stop string ended one."""
+        out, ended = [], False
+        for sid, (ids, lps) in by_seq.items():
+            if sid in self.jobs:
+                job, j = self.jobs[sid]
+                if job.stream:
+                    self._deliver(job, j, ids, lps, False, None, out)
+                    ended |= job.done[j]
+        _send(out)
+        return ended or not self.inbox.empty()
