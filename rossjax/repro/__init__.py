@@ -13,6 +13,8 @@ import os
 import time
 
 EXPERIMENTS = ("ross", "routes", "propel")
+# run by name, but neither in `all` nor in README's Evidence until a full run is committed
+PRELIMINARY = ("retrogen",)
 
 
 def run(name: str, workdir: str, *, seeds: int, quick: bool, command, log=print) -> str:
@@ -21,11 +23,11 @@ def run(name: str, workdir: str, *, seeds: int, quick: bool, command, log=print)
     (`rossjax.cli.main`) that runs each stage as a user would type it."""
     from rossjax.repro import report, stages
 
-    if name not in EXPERIMENTS:
+    if name not in (*EXPERIMENTS, *PRELIMINARY):
         from rossjax.errors import UsageError
 
         raise UsageError(f"rossjax repro: experiment {name!r} is not one of "
-                         f"{', '.join(EXPERIMENTS)}, all.")
+                         f"{', '.join((*EXPERIMENTS, *PRELIMINARY))}, all.")
     mod = importlib.import_module(f"rossjax.repro.{name}")
     stages.COMMAND = command
     stages.enable_compile_cache(os.path.join(workdir, "jax-cache"))

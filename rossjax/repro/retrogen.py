@@ -1,0 +1,287 @@
+"""`rossjax repro retrogen`: reconstructed evidence-seeking trajectories teach a model to find evidence.
+
+Pipeline (every stage a real rossjax command): a small synthetic world (world()): one corpus
+document per material holding three facts, review artifacts that cite three documents each,
+and held-out questions on materials no artifact cites -> `rossjax reconstruct` by RetroGen and
+by ForwardGen against the rule-driven stand-in endpoint (reconstruct/standin.py: rules, NOT a
+model) -> `rossjax retrogen` four ways: RetroGen thresholded (the method), ForwardGen
+thresholded, Artifact-Only (RetroGen's records with the trajectory stripped) and next-N replace
+(RetroGen's next-ranked traces in place of the selected ones) -> `rossjax curate` and
+`rossjax train` of the same tiny random model per arm and seed (same init, steps, optimizer)
+-> `rossjax export` -> each model acts as an agent in the corpus environment on the held-out
+questions: its hermes tool calls run search / open, greedy, at most MAX_STEPS calls.
+
+Metrics per run: evidence found (the question's document was opened), answer right (the final
+answer holds the fact's value), tool steps used, and valid tool calls per question.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from rossjax.repro import stages
+
+ARMS = ("retrogen", "forwardgen", "artifact_only", "next_n_replace")
+# arm -> (reconstruction method, `rossjax retrogen` overrides)
+ARM_DATA = {"retrogen": ("retrogen", []), "forwardgen": ("forwardgen", []),
+            "artifact_only": ("retrogen", ["--config.artifact_only=True"]),
+            "next_n_replace": ("retrogen", ["--config.selection=next_n_replace"])}
+SIZES = {"full": dict(n_artifacts=12, n_test=12, steps=80),
+         "quick": dict(n_artifacts=4, n_test=6, steps=6)}
+SHAPE = dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+             ffn_dim=128)
+LR, BATCH, SEQ_LEN, MAX_STEPS, MAX_NEW = 3e-3, 8, 1024, 3, 64
+SYLLABLES = ("var", "kel", "bor", "dri", "mon", "tas", "lum", "qua", "zen", "pho", "rix", "sol")
+
+
+def world(n_artifacts: int, n_test: int, seed: int = 0) -> dict:
+    """Documents, artifacts and held-out questions; held-out materials are cited by no artifact."""
+    rng = np.random.default_rng(seed)
+    names, n = [], 3 * n_artifacts + n_test
+    while len(names) < n:
+        w = "".join(rng.choice(SYLLABLES, 2)).capitalize() + "ite"
+        if w not in names:
+            names.append(w)
+    docs, facts = [], {}
+    for name in names:
+        f = {"melt": int(rng.integers(300, 1900)), "year": int(rng.integers(1890, 2020)),
+             "site": str(rng.choice(["Oslo", "Lyon", "Porto", "Graz", "Turku", "Brno"]))}
+        facts[name] = f
+        docs.append({"id": f"{name.lower()}-note", "title": f"{name} measurements",
+                     "text": f"{name} has a melting point of {f['melt']} kelvin. {name} was "
+                             f"first described in {f['year']}. Reference samples of {name} are "
+                             f"kept at the {f['site']} archive."})
+    arts = []
+    for k in range(n_artifacts):
+        group = names[3 * k:3 * k + 3]
+        body = " ".join(f"{m} melts at {facts[m]['melt']} kelvin and was first described in "
+                        f"{facts[m]['year']} [{m.lower()}-note]." for m in group)
+        arts.append({"id": f"review-{k}", "domain": "science", "kind": "related_work",
+                     "title": f"Thermal properties of {', '.join(group)}",
+                     "text": f"This section reviews the thermal record of {len(group)} materials. "
+                             f"{body} Together they span a wide range of melting points, which "
+                             f"the archived reference samples let later work check."})
+    tests = [{"id": f"q-{m}", "material": m, "doc": f"{m.lower()}-note",
+              "value": str(facts[m]["melt"]),
+              "prompt": f"Find in the document corpus the melting point of {m} and answer "
+                        f"with it, citing the document it comes from."}
+             for m in names[3 * n_artifacts:]]
+    return {"docs": docs, "artifacts": arts, "tests": tests}
+
+
+def reconstruct(arts: str, corpus: str, out: str, method: str, seed: int) -> dict:
+    from rossjax.resources import config_path
+
+    stages.cli(["reconstruct", f"--config={config_path('reconstruct.py')}:runlocal",
+                f"--workdir={out}", f"--config.input={arts}", f"--config.corpus={corpus}",
+                f"--config.method={method}", f"--config.seed={seed}",
+                "--config.then_retrogen=False", "--config.then_sft=False"])
+    with open(os.path.join(out, "report.json")) as f:
+        rep = json.load(f)
+    return {"kept": rep["buckets"]["kept"], "scores": rep["scores"],
+            "trajectories": rep["outputs"]["trajectories"]}
+
+
+def select(trajectories: str, out: str, extra: list, seed: int) -> dict:
+    """`rossjax retrogen` (JSON tool calls only: the evaluation parses hermes calls)."""
+    from rossjax.resources import config_path
+
+    stages.cli(["retrogen", f"--config={config_path('retrogen.py')}",
+                f"--config.input={trajectories}", f"--config.output={out}",
+                f"--config.seed={seed}", "--config.react_prob=0.0", *extra])
+    path = os.path.join(out, "retrogen.jsonl")
+    with open(path) as f:
+        rows = sum(1 for line in f if line.strip())
+    return {"rows": rows, "path": path}
+
+
+def agent_eval(hf: str, tok, corpus: str, tests: list) -> dict:
+    """Each held-out question as an agent episode: the model's hermes calls of search / open run
+    on the corpus (reconstruct.trace.Tools, the observations its training rows hold); the
+    first turn without a call (or the turn after MAX_STEPS calls) is its answer."""
+    from rossjax import sample
+    from rossjax.agents.corpus import CorpusEnv
+    from rossjax.agents.parse import parse_tool_calls
+    from rossjax.reconstruct.trace import Tools
+    from rossjax.templates import render_prompt
+
+    cfg, params = stages.load_model(hf)
+    tools = Tools(CorpusEnv(path=corpus, k=3))
+    convs = [[{"role": "user", "content": t["prompt"]}] for t in tests]
+    st = [{"opened": set(), "steps": 0, "valid": 0, "answer": ""} for _ in tests]
+    active = list(range(len(tests)))
+    for turn in range(MAX_STEPS + 1):
+        if not active:
+            break
+        enc = [tok.encode(render_prompt(convs[i], "chatml", tok))[-SEQ_LEN:] for i in active]
+        seqs = sample.generate(cfg, params, enc, MAX_NEW, stop_ids=(tok.eos_id,)).sequences()
+        nxt = []
+        for i, s in zip(active, seqs):
+            text = tok.decode([t for t in s if t != tok.eos_id])
+            calls, _ = parse_tool_calls(text, "hermes")
+            call = calls[0] if calls else None
+            if call is None or turn == MAX_STEPS or call.name not in ("search", "open"):
+                st[i]["answer"] = text
+                continue
+            st[i]["steps"] += 1
+            obs = tools.run(call.name, call.arguments, call.id)
+            if not obs.startswith("error:"):
+                st[i]["valid"] += 1
+                if call.name == "open":
+                    st[i]["opened"].add(str(call.arguments.get("id")))
+            convs[i] += [{"role": "assistant", "content": text.split("</tool_call>")[0]
+                          + "</tool_call>"},
+                         {"role": "user", "content": f"<tool_response>\n{obs}\n</tool_response>"}]
+            nxt.append(i)
+        active = nxt
+    return {"evidence": float(np.mean([t["doc"] in s["opened"] for t, s in zip(tests, st)])),
+            "right": float(np.mean([t["value"] in s["answer"] for t, s in zip(tests, st)])),
+            "steps": float(np.mean([s["steps"] for s in st])),
+            "valid_calls": float(np.mean([s["valid"] for s in st])),
+            "examples": [s["answer"][:200] for s in st[:2]]}
+
+
+def _ms(v) -> dict:
+    v = np.asarray(v, np.float64)
+    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+            "n": int(len(v))}
+
+
+def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
+    size = SIZES["quick" if quick else "full"]
+    key = dict(size=size, shape=SHAPE, lr=LR, batch=BATCH, seq_len=SEQ_LEN, max_steps=MAX_STEPS,
+               max_new=MAX_NEW)
+    st = stages.Stages(workdir, log, key=key)
+    w = world(size["n_artifacts"], size["n_test"])
+    corpus = stages.write_jsonl(os.path.join(workdir, "world", "corpus.jsonl"), w["docs"])
+    arts = stages.write_jsonl(os.path.join(workdir, "world", "artifacts.jsonl"), w["artifacts"])
+    tok_path, tok = stages.ascii_tokenizer(os.path.join(workdir, "tokenizer"))
+    runs = {a: [] for a in ARMS}
+    data = {a: [] for a in ARMS}
+    for s in range(seeds):
+        init = stages.init_model(os.path.join(workdir, "init", f"s{s}"), s, **SHAPE)
+        rec = {m: st.run(f"reconstruct_{m}_s{s}", lambda m=m: reconstruct(
+            arts, corpus, os.path.join(workdir, "reconstruct", f"{m}-s{s}"), m, s))
+            for m in ("retrogen", "forwardgen")}
+        for arm in ARMS:
+            method, extra = ARM_DATA[arm]
+            sel = st.run(f"select_{arm}_s{s}", lambda: select(
+                rec[method]["trajectories"], os.path.join(workdir, "rows", f"{arm}-s{s}"),
+                extra, s))
+            data[arm].append(sel["rows"])
+            if not sel["rows"]:  # nothing to train on: reported, not invented
+                log(f"repro retrogen: {arm} seed {s} has no rows; not trained")
+                continue
+            cur = os.path.join(workdir, "curated", f"{arm}-s{s}")
+            rep = st.run(f"curate_{arm}_s{s}", lambda: stages.curated_summary(stages.curate(
+                sel["path"], cur, tok_path, rows="verifier_positive", mask_mode="eligible")))
+            wd = os.path.join(workdir, "runs", f"{arm}-s{s}")
+            fit = st.run(f"train_{arm}_s{s}", lambda: train(cur, wd, init, s, size["steps"],
+                                                              rep["kept"]))
+            ev = st.run(f"eval_{arm}_s{s}", lambda: agent_eval(
+                os.path.join(wd, "hf"), tok, corpus, w["tests"]))
+            runs[arm].append({"seed": s, "rows": sel["rows"], "tokens": rep["tokens"],
+                              "loss": fit.get("loss"), **ev})
+        runs.setdefault("_scores", []).append({m: rec[m]["scores"] for m in rec})
+    scores = runs.pop("_scores")
+    summary = {a: {k: _ms([r[k] for r in rs]) for k in ("evidence", "right", "steps",
+                                                         "valid_calls", "rows", "loss")}
+               for a, rs in runs.items() if rs}
+    return {"experiment": "retrogen", "quick": quick, "seeds": seeds, "size": size,
+            "world": {"docs": len(w["docs"]), "artifacts": len(w["artifacts"]),
+                      "tests": len(w["tests"])},
+            "rows": data, "runs": runs, "reconstruct_scores": scores, "summary": summary}
+
+
+def train(curated: str, workdir: str, init: str, seed: int, steps: int, rows: int) -> dict:
+    """`rossjax train --config=configs/retrogen_sft.py:runlocal` (the paper's recipe: packed
+    token-budget steps, left truncation, the loss over the sequence) from `init`, SEQ_LEN-token
+    rows, then `rossjax export`; returns the last logged metrics."""
+    from rossjax.resources import config_path
+
+    epochs = steps * BATCH + 2  # enough packed rows for `steps` batches however short
+    stages.cli(["train", f"--config={config_path('retrogen_sft.py')}:runlocal",
+                f"--workdir={workdir}", f"--config.data.train={curated}",
+                f"--config.model.path={init}", f"--config.data.seq_len={SEQ_LEN}",
+                f"--config.train.global_batch={BATCH}", f"--config.train.epochs={epochs}",
+                f"--config.train.num_steps={steps}", f"--config.train.seed={seed}",
+                "--config.train.log_every=1", "--config.train.eval_every=0",
+                f"--config.checkpoint.save_every={steps}", "--config.checkpoint.keep=1",
+                f"--config.optim.peak_lr={LR}", f"--config.optim.end_lr={LR / 10}"])
+    stages.export_finished("train", workdir, steps)
+    return stages.read_metrics(workdir)
+
+
+def table(res: dict):
+    from rossjax.repro.report import ms
+
+    headers = ["arm", "SFT rows", "final loss", "evidence found", "answer right", "tool steps",
+               "valid calls"]
+    rows = []
+    for a in ARMS:
+        s = res["summary"].get(a)
+        if s is None:
+            rows.append([a, "0 (not trained)", "-", "-", "-", "-", "-"])
+            continue
+        rows.append([a, ms(s["rows"], 1), ms(s["loss"]), ms(s["evidence"]), ms(s["right"]),
+                     ms(s["steps"], 2),
+                     ms(s["valid_calls"], 2)])
+    return headers, rows
+
+
+def claims(res: dict) -> list[dict]:
+    s = res["summary"]
+
+    def cmp(a: str, b: str, k: str, claim: str) -> dict:
+        if a not in s or b not in s:
+            missing = [x for x in (a, b) if x not in s]
+            return {"claim": claim, "holds": False,
+                    "evidence": f"{', '.join(missing)} had no rows to train on"}
+        va, vb = s[a][k]["mean"], s[b][k]["mean"]
+        return {"claim": claim, "holds": va > vb, "evidence": f"{k}: {a} {va:.3f}, {b} {vb:.3f}"}
+
+    return [cmp("retrogen", "forwardgen", "evidence",
+                "reconstructed trajectories beat ForwardGen on evidence-seeking"),
+            cmp("retrogen", "artifact_only", "evidence",
+                "reconstructed trajectories beat Artifact-Only on evidence-seeking"),
+            cmp("retrogen", "next_n_replace", "right",
+                "thresholded selection beats next-N replace")]
+
+
+def plot(res: dict, folder: str) -> list[str]:
+    from rossjax.repro import report
+
+    arms = [a for a in ARMS if a in res["summary"]]
+    fig, ax = report.figure(3)
+    for j, (k, title) in enumerate((("evidence", "evidence found"), ("right", "answer right"),
+                                    ("steps", "tool steps used"))):
+        report.bars(ax[j], arms, [res["summary"][a][k] for a in arms], title)
+    return [report.save(fig, folder, "retrogen.png")]
+
+
+def notes(res: dict) -> list[str]:
+    z, wd = res["size"], res["world"]
+    return [
+        "Every reconstruction here is made by the rule-driven stand-in endpoint "
+        "(rossjax/reconstruct/standin.py), NOT a model: RetroGen's and ForwardGen's data differ "
+        "only as its rules do (RetroGen searches each retrieved title and opens it; ForwardGen "
+        "searches the task's words). The arms test the pipeline and the training signal of "
+        "each dataset, not a model's reconstructions.",
+        f"World: {wd['docs']} documents (one per material, three facts each), "
+        f"{wd['artifacts']} review artifacts citing three documents each, {wd['tests']} "
+        f"held-out questions on materials no artifact cites.",
+        f"Model: a random tiny Qwen2-shaped model ({SHAPE['d_model']} wide, "
+        f"{SHAPE['n_layers']} layers, ASCII tokenizer), the same init per seed for every arm; "
+        f"{z['steps']} steps of configs/retrogen_sft.py:runlocal ({BATCH} packed rows of "
+        f"{SEQ_LEN} tokens, rows left-truncated to their last {SEQ_LEN}) at peak lr {LR}; rows "
+        f"serialized as JSON tool calls (react_prob 0), the whole sequence supervised.",
+        f"Evaluation: greedy, at most {MAX_STEPS} tool calls of {MAX_NEW} new tokens each; "
+        f"evidence found = the question's document was opened; answer right = the final "
+        f"answer holds the value.",
+        "next-N replace takes, per domain, the next-ranked traces below the threshold in place "
+        "of the kept ones; when every trace passes the threshold it has no rows and is not "
+        "trained (its claim is then NOT shown, with that reason).",
+    ]

@@ -1,0 +1,103 @@
+"""`rossjax repro retrogen` (issue 38 item 6): the world's held-out questions rest on documents no
+artifact cites; the agent evaluation scores a scripted model that searches, opens and answers
+as 1 on every metric and one that answers at once as 0; the claims say shown / NOT shown from
+the numbers, and an arm without rows is NOT shown with that reason; the quick run (slow) goes
+through every stage and writes the report."""
+
+import json
+import os
+import re
+
+import pytest
+
+from rossjax.repro import retrogen as rr
+from rossjax.repro import stages
+
+
+def test_the_world_holds_out_what_no_artifact_cites():
+    w = rr.world(4, 6)
+    ids = {d["id"] for d in w["docs"]}
+    cited = {c for a in w["artifacts"] for c in re.findall(r"\[([^\]]+)\]", a["text"])}
+    assert len(w["artifacts"]) == 4 and len(w["tests"]) == 6 and cited <= ids
+    assert all(len(a["text"]) >= 200 for a in w["artifacts"])
+    assert not {t["doc"] for t in w["tests"]} & cited
+    for t in w["tests"]:  # the answer is in its document and not in the question
+        doc = next(d for d in w["docs"] if d["id"] == t["doc"])
+        assert t["value"] in doc["text"] and t["value"] not in t["prompt"]
+    assert rr.world(4, 6) == w  # seeded
+
+
+class Scripted:
+    """sample.generate's stand-in: each call answers every prompt with its next scripted turn."""
+
+    def __init__(self, tok, turns):
+        self.tok, self.turns, self.calls = tok, turns, 0
+
+    def __call__(self, cfg, params, prompts, max_new, **kw):
+        text = self.turns[min(self.calls, len(self.turns) - 1)]
+        self.calls += 1
+        tok = self.tok
+
+        class Out:
+            def sequences(self):
+                return [tok.encode(text) for _ in prompts]
+
+        return Out()
+
+
+def _eval(tmp_path, monkeypatch, turns):
+    from rossjax import sample
+
+    w = rr.world(1, 1)
+    corpus = stages.write_jsonl(str(tmp_path / "corpus.jsonl"), w["docs"])
+    _, tok = stages.ascii_tokenizer(str(tmp_path / "tok"))
+    t = w["tests"][0]
+    turns = [x.format(doc=t["doc"], material=t["material"], value=t["value"]) for x in turns]
+    monkeypatch.setattr(stages, "load_model", lambda hf: (None, None))
+    monkeypatch.setattr(sample, "generate", Scripted(tok, turns))
+    return rr.agent_eval("unused", tok, corpus, w["tests"])
+
+
+def test_the_agent_eval_scores_an_agent_that_finds_the_evidence(tmp_path, monkeypatch):
+    got = _eval(tmp_path, monkeypatch, [
+        '<tool_call>\n{{"name": "search", "arguments": {{"query": "{material} measurements"}}}}'
+        '\n</tool_call>',
+        '<tool_call>\n{{"name": "open", "arguments": {{"id": "{doc}"}}}}\n</tool_call>',
+        "{material} melts at {value} kelvin [{doc}]."])
+    assert got["evidence"] == 1.0 and got["right"] == 1.0
+    assert got["steps"] == 2.0 and got["valid_calls"] == 2.0
+
+
+def test_the_agent_eval_gives_nothing_for_an_answer_without_evidence(tmp_path, monkeypatch):
+    got = _eval(tmp_path, monkeypatch, [
+        '<tool_call>\n{{"name": "open", "arguments": {{"id": "no-such-doc"}}}}\n</tool_call>',
+        "It melts at 1 kelvin."])
+    assert got == {**got, "evidence": 0.0, "right": 0.0, "steps": 1.0, "valid_calls": 0.0}
+
+
+def test_claims_follow_the_numbers_and_name_an_untrained_arm():
+    m = lambda v: {"mean": v, "std": 0.0, "n": 1}  # noqa: E731
+    s = {"retrogen": {"evidence": m(0.5), "right": m(0.3)},
+         "forwardgen": {"evidence": m(0.2), "right": m(0.1)},
+         "artifact_only": {"evidence": m(0.5), "right": m(0.4)}}
+    c = rr.claims({"summary": s})
+    assert [x["holds"] for x in c] == [True, False, False]
+    assert "retrogen 0.500, forwardgen 0.200" in c[0]["evidence"]
+    assert c[2]["evidence"] == "next_n_replace had no rows to train on"
+
+
+@pytest.mark.slow
+def test_repro_retrogen_quick_runs_every_stage_and_states_its_claims(tmp_path):
+    from rossjax import cli, repro
+
+    out = repro.run("retrogen", str(tmp_path), seeds=1, quick=True, command=cli.main,
+                    log=lambda m: None)
+    res = json.load(open(tmp_path / "retrogen" / "results.json"))
+    assert set(res["rows"]) == set(rr.ARMS) and res["rows"]["retrogen"] == [4]
+    for arm in ("retrogen", "forwardgen", "artifact_only"):  # trained and evaluated
+        r = res["runs"][arm][0]
+        assert 0 <= r["evidence"] <= 1 and 0 <= r["right"] <= 1 and r["loss"] > 0
+        assert os.path.isfile(tmp_path / "retrogen" / "runs" / f"{arm}-s0" / "hf" / "config.json")
+    md = open(tmp_path / "retrogen" / "report.md").read()
+    assert md.count("shown**: ") == 3 and "NOT a model" in md
+    assert "| retrogen |" in md and "shown: reconstructed trajectories beat ForwardGen" in out
