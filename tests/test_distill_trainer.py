@@ -1,5 +1,5 @@
-"""`rossjax distill` (rossjax/train/rl/distill_trainer.py): a 2-step two-teacher run through the
-CLI entry (finite KL in metrics, each row routed to its teacher, history teacher log-probs
+"""`rossjax distill` (rossjax/train/rl/distill_trainer.py): a 2-step two-teacher LoRA run with 2
+micro-batches through the CLI entry (finite KL in metrics, each row routed to its teacher, history teacher log-probs
 recomputed from the teachers and the stored tokens, the history relearnable by curate), the
 tokenizer mismatch refused before any model loads, and the trainer's loss path against the
 registry's logits path on a tiny model (value and gradient)."""
@@ -51,6 +51,7 @@ def get_config(arg=None):
     c.grpo.steps, c.grpo.contexts, c.grpo.group_size = {STEPS}, {CONTEXTS}, {GROUP}
     c.grpo.max_new_tokens = {NEW}
     c.grpo.micro_batches = 2
+    c.lora.enabled, c.lora.rank = True, 4   # full fine-tuning: the loss-path test below
     c.reward.workers = 0
     if arg == "continued":  # the Continued control in miniature: one step past the upstream
         c.grpo.steps = {STEPS} + 1

@@ -119,7 +119,8 @@ class DistillRun(grpo_setup.Run):
                tuple((n, c) for n, (c, _, _) in self.teachers.items()))
         self.fns = step_cache.get(key, lambda: distill_step.DistillFns(
             self.model_cfg, {n: (c, s) for n, (c, s, _) in self.teachers.items()},
-            self.optimizer, schedule, partitioner=self.part, state_shardings=self.state_shardings,
+            self.optimizer, schedule, partitioner=self.part, param_shardings=t.param_shardings,
+            state_shardings=self.state_shardings,
             base_shardings=t.base_shardings or {}, lora_alpha=self.lora_alpha, loss=d.loss,
             agg=g.agg, temperature=self.temperature, chunk=g.loss_chunk,
             micro_batches=g.micro_batches, max_new=g.max_new_tokens))

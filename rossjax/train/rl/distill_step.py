@@ -99,9 +99,13 @@ class DistillFns:
     `teachers`: name -> (ModelConfig, param shardings), in the order of `teacher_idx`."""
 
     def __init__(self, student_cfg, teachers: dict, optimizer, schedule, *, partitioner,
-                 state_shardings, base_shardings, lora_alpha, loss: str, agg: str,
-                 temperature: float, chunk: int, micro_batches: int, max_new: int):
+                 param_shardings, state_shardings, base_shardings, lora_alpha, loss: str,
+                 agg: str, temperature: float, chunk: int, micro_batches: int, max_new: int):
         part = self.partitioner = partitioner
+        # LoRA: the sampler's weights, base + adapters (grpo_setup.Run.policy calls it)
+        self.merge = jax.jit(lambda t, b: grpo_step.policy_params(t, b, lora_alpha),
+                             in_shardings=(state_shardings["params"], base_shardings),
+                             out_shardings=param_shardings)
         self.names = list(teachers)
         self.row_sharding = rows = part.sharding(P("batch", None))
         self.full = loss not in distill.TOKEN_FORMS
