@@ -15,7 +15,7 @@ import warnings
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_faults_sandbox import GOOD, MODES, ROOT, run_in_mode  # noqa: E402
+from test_faults_sandbox import GOOD, MODES, ROOT, WRONG as WRONG_ADD, run_in_mode  # noqa: E402
 
 from rossjax.verify import sandbox  # noqa: E402
 from rossjax.verify.sandbox import Limits  # noqa: E402
@@ -108,6 +108,31 @@ HELPERS = {
                             "tests": "def check(candidate):\n    assert candidate('ab') == "
                                      "_peek('ba')\n", "passed": None, "word": "_peek"},
 }
+# The verdict channel and other processes, with no namespaces and the hook off (a bypass):
+# write a final `done` into every pipe of an ancestor through /proc/PID/fd (the host's report
+# channel was a pipe: as root a wrong program passed), ptrace the host (PTRACE_SEIZE, which
+# does not stop it; an ATTACH left the root host stopped), signal its processes.
+_FAKE_DONE = WRONG_ADD + (
+    "import os, threading\nws, pid = [], os.getpid()\nfor _ in range(6):\n    try:\n"
+    "        pid = int(open(f'/proc/{pid}/status').read().split('PPid:')[1].split()[0])\n"
+    "        fds = os.listdir(f'/proc/{pid}/fd')\n    except (OSError, IndexError):\n        break\n"
+    "    for fd in fds:\n        p = f'/proc/{pid}/fd/{fd}'\n        try:\n"
+    "            if os.readlink(p).startswith(('pipe:', 'socket:')):\n"
+    "                ws.append(os.open(p, os.O_WRONLY | os.O_NONBLOCK))\n        except OSError:\n"
+    "            pass\ndef spam():\n    for _ in range(300):\n        for w in ws:\n"
+    "            try:\n                os.write(w, b'checker 0 0\\nprogram 0 0\\ndone\\n')\n"
+    "            except OSError:\n                pass\n"
+    "threading.Thread(target=spam, daemon=True).start()\n")
+BYPASS_NO_NS = {"audit": False, "namespaces": False, "landlock": False}  # (Landlock scopes both)
+ATTACKS.update({
+    "fake_done_proc_fds": {"kind": "tests", "program": _FAKE_DONE, "limits": BYPASS_NO_NS,
+                           "tests": "def check(candidate):\n    assert candidate(2, 3) == 5\n"},
+    "ptrace_host": {"program": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                               "print('ptrace', libc.ptrace(0x4206, {HOST_PID}, 0, 0), "
+                               "ctypes.get_errno())\n", "limits": BYPASS_NO_NS},
+    "signal_host_processes": {"program": "import os\nos.kill({VICTIM_PID}, 9)\n",
+                              "limits": BYPASS_NO_NS},
+})
 for _k, _a in HELPERS.items():
     ATTACKS[_k] = {"kind": "tests", "entry": "unshift", "tests": _SHIFT_TESTS, **_a}
 
@@ -184,6 +209,18 @@ def test_helpers_come_from_the_task(results, name):
     r, want = res[name], HELPERS[name]
     assert r["passed"] is want["passed"], (mode, name, r)
     assert want.get("word", "") in r["reason"], (mode, name, r)
+
+
+def test_no_channel_or_process_outside_the_run(results):
+    """Without namespaces and with the hook off: a fake `done` through /proc/PID/fd changes no
+    verdict (the host's status and report channels are sockets, which cannot be opened there),
+    and seccomp refuses ptrace and signals to any process but the program itself."""
+    mode, res, _ = results
+    assert res["fake_done_proc_fds"]["passed"] is False, (mode, res["fake_done_proc_fds"])
+    r = res["ptrace_host"]
+    assert "ptrace -1 " in r["stdout"], (mode, r)
+    r = res["signal_host_processes"]
+    assert r["victim_alive"] and not r["ok"] and "PermissionError" in r["reason"], (mode, r)
 
 
 def test_require_refuses_a_weaker_mode():

@@ -42,9 +42,13 @@ Confinement, by mode (`RunResult.isolation` names the active layers):
     a warning): rlimits and the audit hook, plus the user namespaces if available; files are
     confined by the hook alone (it resolves links, dir_fd and descriptor paths like the kernel,
     but a racing thread can still swap a link between check and use). `Limits.require` (or
-    $ROSSJAX_SANDBOX_REQUIRE) refuses such a run: SandboxUnavailable.
-In every mode: the bootstrap, the program, its stdin and the checker's spec come from sealed
-memfds (sandbox_host.sealed), never from a file a run could rewrite; a seccomp filter refusing
+    $ROSSJAX_SANDBOX_REQUIRE) refuses such a run: SandboxUnavailable. A suite run (run_pytest)
+    is refused here (sandbox_error) when the program has the host's own uid.
+In every mode: the bootstrap, the program, its stdin and the checker's spec (a suite's test
+files too) come from sealed memfds (sandbox_host.sealed), never from a file a run could
+rewrite; the host reads status and report over socket pairs (a pipe can be opened again for
+writing through /proc/PID/fd); seccomp also refuses ptrace, process_vm_*, the pidfd calls and
+signals to any process but the program's own (sandbox_kernel._SECCOMP_ARCH); a seccomp filter refusing
 socket(AF_UNIX) (Landlock up to ABI 7 and namespaces leave the host user's pathname unix
 sockets reachable; socketpair still works), nested user namespaces (unshare, clone with
 CLONE_NEWUSER; clone3 answers ENOSYS), mknod/mknodat and, unless `allow_fork`, every new
@@ -232,7 +236,8 @@ def run_pytest(program: str, tests: dict, modules, timeout_s: float = 30.0, *,
     """A suite run: `program` (Python source; it imports the package and defines
     `__rj_import__`, see sandbox_pytest.py) runs in the program process, and pytest, imported
     from the `site` dirs, runs the trusted `tests` ({relative path: text}: test files and
-    pytest config, written by the host where only the host can write) in the checker process,
+    pytest config; in the sealed spec, put by the checker where the program cannot reach them,
+    sandbox_kernel._private_tests; refused with no kernel wall: sandbox_error) in the checker,
     where every module below the top-level names `modules` is a proxy of the program's. Returns
     the run and the checker's report lines (sandbox_pytest.py), ok iff pytest returned."""
     site = [os.path.realpath(d) for d in site]
@@ -256,6 +261,20 @@ def _test_files(tests: dict) -> dict:
             raise InputError(f"run_pytest test path {rel!r} leaves the test dir")
         out[norm] = str(text)
     return out
+
+
+def _channel() -> tuple[int, int]:
+    """(read fd, write fd) of a one-way channel from the bootstrap to the host: a unix stream
+    socket pair, not a pipe, since a pipe can be opened again for writing through
+    /proc/PID/fd/N by any process that may look at the host's descriptors (a run as root
+    without namespaces wrote a final `done` into the host's report pipe that way); a
+    socket there cannot be opened at all."""
+    import socket
+
+    r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    r.shutdown(socket.SHUT_WR)
+    w.shutdown(socket.SHUT_RD)
+    return r.detach(), w.detach()
 
 
 def _own_tree(root: str, uid: int):
@@ -294,9 +313,9 @@ def _run(program, stdin, timeout_s, lim, checker, entry, prefix, shell=None, sui
             os.chmod(tmp, 0o711)  # the checker's uid reaches its test dir (modes keep the rest)
             os.mkdir(os.path.join(tmp, "checker"), 0o700)  # filled inside (_put_tests)
             ro_dirs = _outermost(set(ro_dirs) | set(suite["site"]))
-        status_r, status_w = os.pipe()
+        status_r, status_w = _channel()
         fds += [status_r, status_w]
-        report_r, report_w = os.pipe() if checker is not None else (-1, -1)
+        report_r, report_w = _channel() if checker is not None else (-1, -1)
         fds += [report_r, report_w] if checker is not None else []
         params = {
             "tmp": tmp, "work": work, "mark": _MARK, "uid": uid,

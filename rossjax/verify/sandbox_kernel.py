@@ -229,10 +229,17 @@ def _drop_caps():
 
 
 # audit arch, then the numbers of socket, unshare, clone, clone3, then syscalls refused outright
-# (mknod, mknodat: no audit event sees a fifo or node made with dir_fd) and refused without
-# fork (fork, vfork; aarch64 has only clone)
-_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 272, 56, 435, (133, 259), (57, 58)),
-                 "aarch64": (0xC00000B7, 198, 97, 220, 435, (33,), ())}
+# (mknod, mknodat: no audit event sees a fifo or node made with dir_fd; ptrace,
+# process_vm_readv/writev, pidfd_open, pidfd_getfd, pidfd_send_signal, tkill: another
+# process's memory, descriptors or signals, which a program of the host's own uid could reach
+# without namespaces or Landlock), refused without fork (fork, vfork; aarch64 has only clone),
+# and the signal calls whose first argument must then be the program's own pid (kill,
+# rt_sigqueueinfo, tgkill, rt_tgsigqueueinfo: raise() and os.kill(os.getpid()) still work)
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 272, 56, 435,
+                            (133, 259, 101, 310, 311, 434, 438, 424, 200), (57, 58),
+                            (62, 129, 234, 297)),
+                 "aarch64": (0xC00000B7, 198, 97, 220, 435,
+                             (33, 117, 270, 271, 434, 438, 424, 130), (), (129, 138, 131, 240))}
 CLONE_THREAD = 0x00010000
 
 
@@ -240,15 +247,19 @@ def _seccomp(no_fork=False):
     """A seccomp filter: socket(AF_UNIX) fails with EPERM (namespaces and Landlock leave the host
     user's pathname unix sockets reachable; socketpair still works); so do unshare() and clone()
     with CLONE_NEWUSER (a nested user namespace gives a program capabilities over new namespaces:
-    kernel attack surface it never needs), mknod/mknodat, and with `no_fork` fork, vfork and
-    clone without CLONE_THREAD (threads only: the kernel, not the audit hook, refuses new
+    kernel attack surface it never needs), mknod/mknodat, ptrace and the other calls on another
+    process (see _SECCOMP_ARCH); with `no_fork` also a signal to any process but itself, and
+    fork, vfork and clone without CLONE_THREAD (threads only: the kernel, not the audit hook, refuses new
     processes in every mode, whatever module makes them); clone3 answers ENOSYS (its flags sit
     in memory a filter cannot read; libc falls back to clone). False when this architecture has
     no entry."""
     if _ARCH not in _SECCOMP_ARCH:
         return False
-    arch, nr_socket, nr_unshare, nr_clone, nr_clone3, refused, forks = _SECCOMP_ARCH[_ARCH]
+    arch, nr_socket, nr_unshare, nr_clone, nr_clone3, refused, forks, signals = (
+        _SECCOMP_ARCH[_ARCH])
     refused = refused + (forks if no_fork else ())
+    signals = signals if no_fork else ()  # with fork allowed, a private uid confines signals
+    me = os.getpid()
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, kill = 0x7FFF0000, 0x80000000  # SECCOMP_RET_ALLOW, SECCOMP_RET_KILL_PROCESS
     eperm, enosys = 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
@@ -260,7 +271,10 @@ def _seccomp(no_fork=False):
     prog += [("", jeq, "sock", None, nr_socket), ("", jeq, "deny", None, nr_unshare),
              ("", jeq, "clone", None, nr_clone), ("", jeq, "enosys", None, nr_clone3)]
     prog += [("", jeq, "deny", None, nr) for nr in refused]
+    prog += [("", jeq, "self", None, nr) for nr in signals]
     prog += [("", ret, None, None, allow),
+             ("self", ld, None, None, 16), ("", jeq, None, "deny", me),  # args[0] == own pid
+             ("", ret, None, None, allow),
              ("sock", ld, None, None, 16), ("", jeq, "deny", None, 1),  # args[0] == AF_UNIX
              ("", ret, None, None, allow),
              ("clone", ld, None, None, 16), ("", jset, "deny", None, 0x10000000)]
