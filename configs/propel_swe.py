@@ -10,6 +10,9 @@ Run:
       --config.solver.endpoint.model=SOLVER --config.reference=HF_GENERATOR_DIR \
       --workdir=runs/propel_swe_labels      # prints the extract and probe-sweep steps
   rossjax swe-repos --candidates=FOLDER --workdir=runs/swe_repos   # the 4-stage repo filter
+  rossjax swe-pool --config=configs/propel_swe.py:pool --config.generator.path=HF_GENERATOR_DIR \
+      --workdir=runs/swe_pool     # the base generator's bug pool; prints the label-corpus step
+  rossjax swe-pool --config=configs/propel_swe.py:pool,runlocal --workdir=/tmp/swe-pool
 
 Task: one per repository of the RL split (data/swe/rl_tasks.jsonl, written by
 rossjax.agents.swe_env.rl_tasks from agents.swe.repo_splits over data/swe/: whole repositories
@@ -52,7 +55,10 @@ from rossjax.configs import common, grpo_agentic, propel_sil
 
 
 def get_config(arg: str | None = None):
-    variants = common.variants(arg, ("runlocal", "sil", "label", "repos"), "propel_swe.py")
+    variants = common.variants(arg, ("runlocal", "sil", "label", "repos", "pool"),
+                               "propel_swe.py")
+    if "pool" in variants:
+        return pool_config("runlocal" in variants)
     if "label" in variants:
         return label_config("runlocal" in variants)
     if "repos" in variants:
@@ -128,6 +134,79 @@ def label_config(runlocal: bool = False):
         c.solver.kind, c.solver.fn = "fn", "rossjax.agents.swe_label:REVERTING_STANDIN"
         c.swe.max_turns, c.swe.workers = 3, 1
         c.swe.step_timeout_s, c.swe.episode_timeout_s = 20.0, 120.0
+    return c
+
+
+def generator_section(rl=None):
+    """The base generator of a bug pool or an evaluation (rossjax/train/propel/swe_pool.py): kind
+    model (an HF folder `path` or a `preset`, on the rollout engine), endpoint or fn; its sampling
+    is the SWE RL run's (`rl`, this file's full config)."""
+    import ml_collections
+
+    from rossjax.configs import label_corpus
+
+    g = (rl or get_config()).grpo
+    ep = label_corpus.solver_config("endpoint").endpoint
+    ep.temperature, ep.top_p, ep.top_k = g.temperature, g.top_p, g.top_k
+    ep.max_tokens = g.max_new_tokens
+    return ml_collections.ConfigDict(dict(
+        kind="model", path="", preset="", fn="",
+        style="hermes",  # endpoint / fn: how a text reply's calls are read (HTTP driver)
+        temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, endpoint=ep))
+
+
+def episode_section(rl=None):
+    """A generator episode's budgets, the SWE RL run's (`rl`): turns, context and turn tokens,
+    step and episode limits, the suite's timeout, the App. 18 turn format."""
+    import ml_collections
+
+    rl = rl or get_config()
+    return ml_collections.ConfigDict(dict(
+        style=rl.agent.style, max_turns=rl.agent.max_turns, max_tokens=rl.agent.max_tokens,
+        max_new_tokens=rl.grpo.max_new_tokens, step_timeout_s=rl.agent.step_timeout_s,
+        episode_timeout_s=rl.agent.episode_timeout_s, suite_timeout_s=30.0))
+
+
+def runlocal_generator(c) -> None:
+    """`:runlocal`'s generator: the mutation stand-in (NOT a model), short episodes, ASCII ids."""
+    c.generator.kind, c.generator.fn = "fn", "rossjax.agents.swe_pool:MUTATION_STANDIN"
+    c.generator.preset = common.TINY_PRESET  # for --config.generator.kind=model
+    a = c.agent if "agent" in c else c.swe.agent
+    a.max_turns, a.max_tokens, a.max_new_tokens = 3, 4096, 24
+    a.step_timeout_s, a.episode_timeout_s = 20.0, 120.0
+    c.tokenizer = "ascii"
+
+
+def pool_config(runlocal: bool = False):
+    """`:pool`, `rossjax swe-pool`: the base generator's episodes over each repository of a split
+    (`episodes_per_repo` each; the paper's turn, context, turn-token and sampling settings as the
+    RL run's), each final diff verified (verify_bug); pool.jsonl holds the verified bugs with
+    their token ids and per-turn spans, report.json the invalid ones with reasons.
+    `:pool,runlocal`: the mutation stand-in generator (NOT a model: seeded single-token
+    mutations written in App. 18's format), 3 episodes per probe-split repository, ASCII ids;
+    `--config.generator.kind=model` runs the tiny random preset on the engine instead (it writes
+    no command: every episode `no_change`)."""
+    import ml_collections
+
+    c = ml_collections.ConfigDict()
+    c.workdir = ""
+    c.output = ""                  # default: WORKDIR/swe_pool
+    c.split = "probe"              # the shipped repositories of this split (agents.swe) ...
+    c.repos = ()                   # ... unless named here (folders or shipped names)
+    c.episodes_per_repo = 16       # generator episodes per repository
+    c.seed = 0
+    c.tokenizer = "qwen"           # the generator's (= reference's) tokenizer: the pool's ids
+    c.template = "chatml"
+    c.generator = generator_section()
+    c.agent = episode_section()
+    c.reference = ""               # the probe's frozen reference ("": the generator model)
+    c.next_solver = ""             # the solver endpoint's model, printed into the next step
+    c.runlocal = runlocal          # the next step is label-corpus's :label,runlocal
+    c.sandbox = common.sandbox_config()
+    if runlocal:
+        runlocal_generator(c)
+        c.episodes_per_repo = 3
+        c.reference = "preset:" + common.TINY_PRESET
     return c
 
 

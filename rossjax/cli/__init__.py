@@ -42,6 +42,7 @@ COMMANDS = {
     "probe-sweep": "probe_sweep",
     "label-corpus": "label_corpus",
     "swe-repos": "swe_repos",
+    "swe-pool": "swe_pool",
     "aux-set": "aux_set",
     "grpo": "grpo",
     "distill": "distill",
