@@ -29,13 +29,15 @@ SIGNALS = ("rubric", "quality", "grounding", "consistency")
 
 def round_config(cfg, r: int, served: str | None):
     """Round r's copy of the config (the given one is never written): the seed moved by r - 1,
-    the SFT model exported for the next round, and for a served round the folder to serve and
-    its answer budget."""
+    the SFT model exported for the next round, for a served round the folder to serve and its
+    answer budget, for a later round of loop.endpoint=standin the stand-in."""
     import ml_collections
 
     c = ml_collections.ConfigDict(cfg.to_dict())
     c.seed = cfg.seed + r - 1
     c.sft.export = True
+    if r > 1 and cfg.loop.endpoint == "standin":  # whatever round 1 used
+        c.serve.model = "standin"
     if served:
         c.serve.model, c.serve.model_id = served, f"round{r - 1}-sft"
         c.endpoint.model = ""

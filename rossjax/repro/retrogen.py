@@ -30,7 +30,7 @@ ARM_DATA = {"retrogen": ("retrogen", []), "forwardgen": ("forwardgen", []),
             "artifact_only": ("retrogen", ["--config.artifact_only=True"]),
             "next_n_replace": ("retrogen", ["--config.selection=next_n_replace"])}
 SIZES = {"full": dict(n_artifacts=12, n_test=12, steps=80),
-         "quick": dict(n_artifacts=4, n_test=6, steps=6)}
+         "quick": dict(n_artifacts=3, n_test=4, steps=4)}
 SHAPE = dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
              ffn_dim=128)
 LR, BATCH, SEQ_LEN, MAX_STEPS, MAX_NEW = 3e-3, 8, 1024, 3, 64
