@@ -27,10 +27,15 @@ steps than `grpo.steps`; its learning rate is constant, so the extra steps run a
 Keep a copy of the upstream workdir first (`cp -r`) if ROSS should relearn its history as it
 stood: the continued run appends to history.jsonl and rotates the checkpoints (`checkpoint.keep`).
 
-`:runlocal`: the tiny random Qwen2 student and one tiny random teacher (`preset:tiny_qwen2`,
-seeded apart), ASCII tokenizer, `gen:contains` tasks, 4 x 4 completions of 16 tokens, 20 steps.
-The teacher is untrained, so the run shows the machinery (the KL to the teacher falls), not a
-task the teacher can do.
+`:runlocal`: the tiny random Qwen2 student and one tiny teacher, ASCII tokenizer, `gen:contains`
+tasks, 4 x 4 completions of 16 tokens, 20 steps (~50 s on a 2-core CPU). Its default teacher
+is random (`preset:tiny_qwen2`, seeded apart) and almost uniform, as the student is, so the
+KL stays near 0: the machinery, not learning. For learning, train the teacher on the shipped
+task first (docs/distill.md gives the three commands and the 3-seed measurement):
+  rossjax grpo --config=configs/grpo_verifier.py:runlocal --workdir=/tmp/teacher-run
+  rossjax export --checkpoint /tmp/teacher-run --format hf --dtype float32 /tmp/teacher
+  rossjax distill --config=configs/distill_onpolicy.py:runlocal \
+      --config.distill.teachers.contains=/tmp/teacher --workdir=/tmp/distill
 """
 
 from rossjax.configs import common
