@@ -13,6 +13,9 @@ Run:
   rossjax swe-pool --config=configs/propel_swe.py:pool --config.generator.path=HF_GENERATOR_DIR \
       --workdir=runs/swe_pool     # the base generator's bug pool; prints the label-corpus step
   rossjax swe-pool --config=configs/propel_swe.py:pool,runlocal --workdir=/tmp/swe-pool
+  rossjax swe-eval --config=configs/propel_swe.py:eval --config.generator.path=HF_GENERATOR_DIR \
+      --config.solver.endpoint.model=SOLVER --workdir=runs/swe_eval   # held-out evaluation
+  rossjax swe-eval --config=configs/propel_swe.py:eval,runlocal --workdir=/tmp/swe-eval
 
 Task: one per repository of the RL split (data/swe/rl_tasks.jsonl, written by
 rossjax.agents.swe_env.rl_tasks from agents.swe.repo_splits over data/swe/: whole repositories
@@ -55,8 +58,10 @@ from rossjax.configs import common, grpo_agentic, propel_sil
 
 
 def get_config(arg: str | None = None):
-    variants = common.variants(arg, ("runlocal", "sil", "label", "repos", "pool"),
+    variants = common.variants(arg, ("runlocal", "sil", "label", "repos", "pool", "eval"),
                                "propel_swe.py")
+    if "eval" in variants:
+        return eval_config("runlocal" in variants)
     if "pool" in variants:
         return pool_config("runlocal" in variants)
     if "label" in variants:
@@ -207,6 +212,24 @@ def pool_config(runlocal: bool = False):
         runlocal_generator(c)
         c.episodes_per_repo = 3
         c.reference = "preset:" + common.TINY_PRESET
+    return c
+
+
+def eval_config(runlocal: bool = False):
+    """`:eval`, `rossjax swe-eval`: the held-out evaluation (rossjax/train/propel/swe_eval.py):
+    `bugs_per_repo` bugs of the generator on each eval-split repository (the pool's episodes),
+    K = 3 solver episodes per verified bug (as `:label`: kept with >= 2 judged trials, in band
+    iff 0 < solve rate < 1); realized utility, validity, top-edited-file rate, Self-BLEU-3,
+    Distinct-3, top-topic rate. `:eval,runlocal`: the mutation stand-in generator and the
+    reverting stand-in solver (neither is a model: mechanics only), 4 bugs of textkit."""
+    c = pool_config(runlocal)
+    del c.episodes_per_repo, c.reference, c.next_solver, c.runlocal
+    c.split = "eval"
+    c.bugs_per_repo = 16           # generated bugs per held-out repository
+    lab = label_config(runlocal)
+    c.k, c.min_valid, c.solver, c.swe = lab.k, lab.min_valid, lab.solver, lab.swe
+    if runlocal:
+        c.bugs_per_repo = 4
     return c
 
 

@@ -112,6 +112,7 @@ HELP_SHOWS = {
     "reconstruct": "--config.max_tool_steps=30", "plan": "--topology=None",
     "retrogen-loop": "--config.loop.rounds=2",
     "swe-repos": "--candidates", "swe-pool": "--config.episodes_per_repo=16",
+    "swe-eval": "--config.bugs_per_repo=16",
 }
 BENCHES = ("model", "sft", "sample", "curate", "select", "grpo")
 
@@ -194,7 +195,7 @@ CONFIG_VARIANTS = {
     "review": (), "eval_generator": ("runlocal", "mixed_outcome"), "grpo_verifier": ("runlocal",),
     "grpo_agentic": ("runlocal",),
     "propel_azr": ("runlocal",), "propel_math": ("runlocal",), "propel_sil": ("runlocal", "math"),
-    "propel_swe": ("runlocal", "sil", "label", "repos", "pool"),
+    "propel_swe": ("runlocal", "sil", "label", "repos", "pool", "eval"),
     "mixture": ("by_recipe",),
     "retrogen": ("runlocal", "artifact_only"), "select_routes": ("runlocal",),
     "reconstruct": ("runlocal",), "retrogen_sft": ("runlocal",),

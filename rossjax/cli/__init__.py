@@ -43,6 +43,7 @@ COMMANDS = {
     "label-corpus": "label_corpus",
     "swe-repos": "swe_repos",
     "swe-pool": "swe_pool",
+    "swe-eval": "swe_eval",
     "aux-set": "aux_set",
     "grpo": "grpo",
     "distill": "distill",
