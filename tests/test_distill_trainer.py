@@ -17,8 +17,8 @@ import pytest
 
 from rossjax import models
 from rossjax.errors import ConfigError
-from rossjax.monitor import read_metrics
 from rossjax.models import config as model_config
+from rossjax.monitor import read_metrics
 from rossjax.train.rl import distill_step, grpo_step
 from rossjax.train.rl.aggregation import normalizers
 from rossjax.train.rl.history import read_history
