@@ -54,7 +54,6 @@ every aggregation) and set `--config.model.remat_policy=full`.
 
 from rossjax.configs import common
 
-
 CONTINUED_EPOCHS = 2  # the paper's Continued RL: 2 more epochs
 
 
