@@ -18,6 +18,10 @@ Run:
       --config.oracles.a.endpoint.model=ORACLE_A --config.oracles.b.kind=endpoint \
       --config.oracles.b.endpoint.model=ORACLE_B --workdir=runs/eval_math
 
+SWE (bug writers on held-out repositories: realized utility, top-edited-file rate, Self-BLEU-3,
+Distinct-3) is its own command: rossjax swe-eval --config=configs/propel_swe.py:eval
+(rossjax/train/propel/swe_eval.py, which reuses this module's Self-BLEU and Distinct).
+
 Needs: a generator checkpoint (HF folder) and a solver (rossjax/train/propel/solvers.py: `model`, a
 checkpoint on the rollout engine; `endpoint`, an OpenAI-compatible server; `fn`,
 module:function; or the programmatic `oracle` / `identity` / `lookup`); Math also needs the

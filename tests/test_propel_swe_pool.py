@@ -116,6 +116,10 @@ def test_pool_and_eval_configs_carry_the_rl_runs_budgets_and_refuse_bad_settings
     pool.generator.path = ""
     with pytest.raises(ConfigError, match="path and .preset are both empty"):
         swe_pool.check_config(pool)
+    pool.generator.kind, pool.generator.fn = "fn", "m:f"
+    pool.generator.style = "rossjax.agents.swe_tools:bash_block"
+    with pytest.raises(ConfigError, match="HTTP driver"):
+        swe_pool.check_config(pool)
     ev.generator.path = "/m"
     with pytest.raises(ConfigError, match="solver.endpoint.model is empty"):
         swe_eval.check_config(ev)

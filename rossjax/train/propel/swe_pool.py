@@ -50,6 +50,12 @@ def check_config(c) -> None:
         raise ConfigError(f"{FIELD}: config.generator.fn is empty; give module:function.")
     if g.kind == "endpoint" and not g.endpoint.model:
         raise ConfigError(f"{FIELD}: config.generator.endpoint.model is empty.")
+    from rossjax.agents.parse import STYLES
+
+    if g.kind != "model" and g.style not in STYLES:
+        raise ConfigError(f"{FIELD}: config.generator.style is {g.style!r}; an {g.kind} generator "
+                          f"runs on the HTTP driver, which reads {' or '.join(STYLES)} text (and "
+                          "structured tool calls); config.agent.style is the engine path's.")
     if c.episodes_per_repo < 1:
         raise ConfigError(f"{FIELD}: config.episodes_per_repo is {c.episodes_per_repo}; it must "
                           "be at least 1.")
