@@ -60,6 +60,11 @@ def get_config(arg=None):
     return path
 
 
+# The tests on `run` share one real 2-step CLI run (about 25 s of CPU, most of it compiling the
+# sampler, teacher and update programs), so they are marked slow; the continued one resumes it.
+slow_run = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """The 2-step run through `rossjax distill`, and the trainer's result (teachers' params)."""
@@ -82,6 +87,7 @@ def run(tmp_path_factory):
     return work, seen["out"], tmp
 
 
+@slow_run
 def test_metrics_have_finite_kl(run):
     work, out, _ = run
     m = read_metrics(work)
@@ -113,6 +119,7 @@ def _teacher_logprobs(out, rows):
     return got
 
 
+@slow_run
 def test_history_routes_and_teacher_logprobs(run):
     work, out, _ = run
     rows = read_history(os.path.join(work, "history.jsonl"))
@@ -133,6 +140,7 @@ def test_history_routes_and_teacher_logprobs(run):
     assert {r["teacher"] for r in rows} == {"alpha", "beta"}
 
 
+@slow_run
 def test_history_relearns_in_curate(run):
     from rossjax import cli
 
@@ -147,6 +155,7 @@ def test_history_relearns_in_curate(run):
     assert rep["input_rows"] == STEPS * CONTEXTS * GROUP and rep["buckets"]["invalid"] == 0
 
 
+@slow_run
 def test_continued_resumes_the_last_checkpoint(run):
     """`:continued`'s mechanism: a copy of the finished upstream workdir, rerun with a longer
     grpo.steps, restores its last checkpoint and runs only the extra steps."""
