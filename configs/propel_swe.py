@@ -200,7 +200,7 @@ def pool_config(runlocal: bool = False):
     c.repos = ()                   # ... unless named here (folders or shipped names)
     c.episodes_per_repo = 16       # generator episodes per repository
     c.seed = 0
-    c.tokenizer = "qwen"           # the generator's (= reference's) tokenizer: the pool's ids
+    c.tokenizer = ""               # the pool's ids ("": generator.path's, else qwen)
     c.template = "chatml"
     c.generator = generator_section()
     c.agent = episode_section()

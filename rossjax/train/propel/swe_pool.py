@@ -67,10 +67,15 @@ def reference(g) -> str:
     return g.path or (f"preset:{g.preset}" if g.preset else "")
 
 
+def tokenizer_spec(c) -> str:
+    """config.tokenizer, or when empty the generator's HF folder (else "qwen")."""
+    return c.tokenizer or c.generator.path or "qwen"
+
+
 def _tokenizer(c, workdir):
     from rossjax.train.propel.solvers import load_tokenizer
 
-    return load_tokenizer(c.tokenizer, workdir)
+    return load_tokenizer(tokenizer_spec(c), workdir)
 
 
 def with_ids(rec: dict, tok, template: str) -> dict:
@@ -168,7 +173,7 @@ def next_step(c, out: str) -> str:
     ref = c.reference or reference(c.generator)
     cmd = (f"rossjax label-corpus --config=configs/propel_swe.py:label"
            f"{',runlocal' if c.runlocal else ''} --config.pool={q(os.path.join(out, 'pool.jsonl'))} "
-           f"--config.reference={q(ref)} --config.tokenizer={q(c.tokenizer)} "
+           f"--config.reference={q(ref)} --config.tokenizer={q(tokenizer_spec(c))} "
            f"--config.template={q(c.template)} --config.output={q(os.path.join(out, 'labels'))}")
     if not c.runlocal:
         cmd += f" --config.solver.endpoint.model={q(c.next_solver or 'SOLVER')}"
