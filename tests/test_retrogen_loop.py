@@ -117,4 +117,5 @@ def test_a_served_round_reconstructs_with_the_trained_model_and_says_how_it_did(
                                       f"), served by `rossjax serve` on 127.0.0.1"}
     assert r2["buckets"]["kept"] == 0 and r2["requests"] >= 6 and "steps" not in r2["sft"]
     assert sum(r2["reasons"].values()) == 6 and "round 2 kept no SFT row" in rep["stopped"]
+    assert sum(sum(c.values()) for c in r2["ended_at"].values()) == 6  # the stage each ended at
     assert "| 2 | served | round1-sft | 0 / " in open(w / "report.md").read()

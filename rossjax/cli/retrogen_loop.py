@@ -91,6 +91,7 @@ def one_round(cfg, r: int, root: str, served: str | None, base: str | None, say)
         endpoint=endpoint_of(rep, served), buckets=rep["buckets"],
         reasons={**rep["reasons"]["withheld"], **rep["reasons"]["invalid"]},
         requests=rep["requests"]["requests"], signals=_means(rep["scores"]),
+        ended_at={k: v["ended"] for k, v in rep["stages"].items() if v.get("ended")},
         signals_by_domain=rep["scores"], thresholds=rg.get("thresholds", {}),
         sft_rows=rg.get("kept", 0), discarded=rg.get("discarded", 0))
     if entry["sft_rows"]:
@@ -153,8 +154,11 @@ def line(e: dict) -> str:
     loss = (f"SFT {s['steps']} steps, loss {_f(s['loss_first'])} -> {_f(s['loss_last'])}"
             if "steps" in s else f"no SFT ({s.get('skipped')})")
     why = ", ".join(f"{k} {n}" for k, n in sorted(e["reasons"].items())) or "none"
+    where = "; ".join(f"{n} at stage {st}" for st, c in sorted((e.get("ended_at") or {}).items())
+                      for n in [sum(c.values())])
     return (f"{e['endpoint']['kind']} endpoint ({e['endpoint']['model']}); kept {b['kept']}, "
-            f"withheld {b['withheld']}, invalid {b['invalid']} ({why}); SFT rows "
+            f"withheld {b['withheld']}, invalid {b['invalid']} ({why}"
+            + (f"; {where}" if where else "") + "); SFT rows "
             f"{e['sft_rows']}; {loss}")
 
 
