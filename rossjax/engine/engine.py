@@ -8,6 +8,8 @@ executor (device) stepped together.
             ...
     eng.result(ids[0])                # SequenceResult(status, tokens, logprobs, finish_reason, ...)
 
+prefix_cache=True: a prompt whose prefix some slot's cache holds reuses it (rossjax.engine.prefix).
+
 A step is `scheduler.schedule()` -> `executor.execute(plan)` -> `scheduler.update(plan, out)`
 (rossjax.engine.scheduler says what a plan holds and when slots free).
 """
@@ -41,7 +43,7 @@ class Engine:
     """Continuous batching over `slots` KV-cache rows of `max_len` columns each."""
 
     def __init__(self, cfg, params, *, slots: int = 8, max_len: int = 1024, partitioner=None,
-                 n_stop: int = 4, chunk: int = 32):
+                 n_stop: int = 4, chunk: int = 32, prefix_cache: bool = False):
         part = _single_device(sharding.as_partitioner(partitioner))
         mult = 1 if part is None else part.batch_size_multiple()
         if slots < 1 or slots % mult:
@@ -52,7 +54,8 @@ class Engine:
         self.executor = Executor(self.layout, params)
         # Compaction gathers rows of an unsharded cache only (a sharded one keeps its layout).
         self.scheduler = Scheduler(slots=slots, max_len=max_len, n_stop=n_stop,
-                                   vocab_size=cfg.vocab_size, chunk=chunk, compact=part is None)
+                                   vocab_size=cfg.vocab_size, chunk=chunk, compact=part is None,
+                                   prefix_cache=prefix_cache)
         self._seq_of_slot: dict[int, int] = {}
 
     # -- capacity ------------------------------------------------------------------------
@@ -78,8 +81,18 @@ class Engine:
         return self.scheduler.busy
 
     def set_params(self, params):
-        """New weights (a GRPO step); live sequences continue under them."""
+        """New weights (a GRPO step); live sequences continue under them. Cached prefixes
+        were computed under the old ones: forgotten."""
         self.executor.set_params(params)
+        if self.scheduler.prefix is not None:
+            self.scheduler.prefix.clear()
+
+    @property
+    def prefix_stats(self) -> dict:
+        """Prompt tokens taken from the prefix cache and prompt tokens computed (prefill
+        or suffix) since the engine started; {} without the cache."""
+        p = self.scheduler.prefix
+        return {} if p is None else {"hit_tokens": p.hit_tokens, "computed_tokens": p.miss_tokens}
 
     # -- requests --------------------------------------------------------------------------
     def submit(self, prompt: Seq[int], sampling: SamplingParams, n: int = 1,

@@ -19,6 +19,7 @@ from rossjax.engine.scheduler import (
     DecodeBatch,
     ExecutionOutput,
     ExtendBatch,
+    ForkBatch,
     PrefillBatch,
     SchedulerOutput,
     pow2,
@@ -44,6 +45,8 @@ class Executor:
         if plan.stops:
             self.state = dict(self.state, active=self.state["active"].at[
                 np.asarray(plan.stops, np.int32)].set(False))
+        for b in plan.forks:
+            self._fork(b)
         for b in plan.extends:
             self._extend(b)
         for b in plan.prefills:
@@ -75,12 +78,21 @@ class Executor:
         slot_idx = np.asarray(list(b.slots) + [self.layout.slots] * pad, np.int32)
         src_row = np.asarray(list(b.rows) + [0] * pad, np.int32)
         self.state = self.programs.insert(self.params, self.state, tokens, positions, valid,
-                                          slot_idx, src_row, self._sampling_columns(b))
+                                          slot_idx, src_row,
+                                          self._sampling_columns(b.sampling, b.candidates))
 
-    def _sampling_columns(self, b: PrefillBatch) -> dict:
+    def _fork(self, b: ForkBatch):
+        """Prefix-cache hits: copy each prefix into its slot, then run the rest of its prompt."""
+        pad = pow2(len(b.slots)) - len(b.slots)
+        col = lambda xs, fill: np.asarray(list(xs) + [fill] * pad, np.int32)
+        self.state = self.programs.fork(
+            self.state, col(b.slots, self.layout.slots), col(b.srcs, 0), col(b.ends, 0),
+            col(b.n_tokens, 0), self._sampling_columns(b.sampling, b.candidates))
+        self._extend(ExtendBatch(b.length, b.slots, b.suffixes, b.budgets))
+
+    def _sampling_columns(self, sampling, candidates) -> dict:
         """Per-slot sampling settings [m] (m = slots padded to a power of two), as insert takes
         them: temp, top_k, top_p, stop [m, n_stop] (-1 = none), key [m, 2], budget."""
-        sampling = b.sampling
         pad = pow2(len(sampling)) - len(sampling)
         stop = np.full((len(sampling) + pad, self.layout.n_stop), -1, np.int32)
         for i, sp in enumerate(sampling):
@@ -88,7 +100,7 @@ class Executor:
         seeds = [int(sp.seed) % (1 << 64) for sp in sampling] + [0] * pad
         key = np.asarray([[x >> 32, x & 0xFFFFFFFF] for x in seeds], np.uint32)
         # Candidate j's stream: the request seed's key folded with j (threefry; see sampler).
-        key = np.asarray(_fold(key, np.asarray(list(b.candidates) + [0] * pad, np.uint32)))
+        key = np.asarray(_fold(key, np.asarray(list(candidates) + [0] * pad, np.uint32)))
 
         def column(field, dtype, fill=0):
             return np.asarray([getattr(sp, field) for sp in sampling] + [fill] * pad, dtype)

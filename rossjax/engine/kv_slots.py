@@ -149,6 +149,20 @@ def insert(layout: Layout, params, state, tokens, positions, valid, slot_idx, sr
     return out
 
 
+def fork(layout: Layout, state, dst, src, end, n_tokens, settings):
+    """Slot dst[f] takes the cache columns [0, end[f]) of slot src[f] (a cached prefix of
+    n_tokens[f] tokens; dst may be src), nothing valid past them, and sampling settings as
+    insert's; it is not active until an extension runs the rest of its prompt. Every source row
+    is read before any is written."""
+    rows = _rows_of(layout, state["cache"], src)
+    rows["mask"] = rows["mask"] & (jnp.arange(layout.max_len)[None, :] < end[:, None])
+    out = dict(state, cache=_put_rows(layout, state["cache"], dst, rows, width=layout.max_len))
+    f = dst.shape[0]
+    return _set_columns(out, dst, {
+        **settings, "write_col": end, "pos_next": n_tokens, "active": jnp.zeros((f,), bool),
+        "count": jnp.zeros((f,), jnp.int32)})
+
+
 def extend(layout: Layout, params, state, tokens, valid, slot_idx, budget):
     """Append left-padded tokens [e, C] to live slots `slot_idx` [e] at their current columns
     (positions continue from each slot's pos_next); the slots decode again with `budget`."""
@@ -288,6 +302,8 @@ class Programs:
                                out_shardings=self._out())
         self._extend = jax.jit(functools.partial(extend, layout), donate_argnums=1,
                                out_shardings=self._out())
+        self._fork = jax.jit(functools.partial(fork, layout), donate_argnums=0,
+                             out_shardings=self._out())
 
     def _host(self, tree):
         """Host values -> global replicated arrays on a mesh (every process holds the same)."""
@@ -300,6 +316,9 @@ class Programs:
 
     def extend(self, params, state, *host):
         return self._extend(params, state, *self._host(host))
+
+    def fork(self, state, *host):
+        return self._fork(state, *self._host(host))
 
     def decode(self, params, state, exit_on_free: bool, steps: int, mode: str, stream=None):
         """stream: None, or (listener id, first call step) for a streaming decode (unsharded)."""

@@ -24,6 +24,7 @@ import itertools
 from collections import deque
 from collections.abc import Sequence as Seq
 
+from rossjax.engine.prefix import PrefixIndex
 from rossjax.engine.sampler import mode_for
 from rossjax.engine.slot_pool import SlotPool
 from rossjax.engine.types import (
@@ -78,6 +79,22 @@ class PrefillBatch:
 
 
 @dataclasses.dataclass(frozen=True)
+class ForkBatch:
+    """Prefix-cache hits (rossjax.engine.prefix): slot m takes the cache columns [0, ends[m])
+    of slot srcs[m] (n_tokens[m] prompt tokens), sampling[m] and candidate index candidates[m];
+    then suffixes[m] (left-padded to `length`) runs as an extension with budgets[m]."""
+    length: int
+    slots: list
+    srcs: list
+    ends: list
+    n_tokens: list
+    suffixes: list
+    budgets: list
+    sampling: list
+    candidates: list
+
+
+@dataclasses.dataclass(frozen=True)
 class DecodeBatch:
     """Up to `steps` decode steps over the running `slots` (of `seq_ids`). `rows`: the slots
     to gather when compacting (running first, padded with idle ones), None for every slot."""
@@ -92,11 +109,13 @@ class DecodeBatch:
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerOutput:
-    """Run in this order: stop the cancelled rows, extensions, prefills, then the decode."""
+    """Run in this order: stop the cancelled rows, forks (with their suffix extensions),
+    extensions, prefills, then the decode."""
     stops: list
     extends: list
     prefills: list
     decode: DecodeBatch | None
+    forks: list = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +154,7 @@ class Scheduler:
     """Requests and sequences over `slots` KV-cache rows of `max_len` columns; no device."""
 
     def __init__(self, *, slots: int, max_len: int, n_stop: int, vocab_size: int, chunk: int,
-                 compact: bool = True):
+                 compact: bool = True, prefix_cache: bool = False):
         self.max_len, self.n_stop, self.vocab_size = int(max_len), int(n_stop), int(vocab_size)
         self.chunk = int(chunk)
         self.compact = compact          # decode may gather only the running rows (unsharded)
@@ -145,6 +164,7 @@ class Scheduler:
         self._extensions: list = []     # (sequence, token ids, budget)
         self._stops: list[int] = []     # slots of sequences cancelled while decoding
         self._ids = itertools.count()
+        self.prefix = PrefixIndex() if prefix_cache else None   # what each slot's cache holds
 
     @property
     def slots(self) -> int:
@@ -236,8 +256,8 @@ class Scheduler:
         cache columns the plan will have written)."""
         stops, self._stops = self._stops, []
         extends = self._take_extensions()
-        prefills = self._admit()
-        return SchedulerOutput(stops, extends, prefills, self._decode_batch())
+        prefills, forks = self._admit()
+        return SchedulerOutput(stops, extends, prefills, self._decode_batch(), forks)
 
     def _take_extensions(self) -> list[ExtendBatch]:
         by_len: dict[int, list] = {}
@@ -246,33 +266,87 @@ class Scheduler:
         self._extensions = []
         out = []
         for length, group in by_len.items():
-            for s, _, budget in group:
+            for s, ids, budget in group:
+                if self.prefix is not None:
+                    self.prefix.append(s.slot, ids, s.cache_used + length - len(ids))
                 s.cache_used += length
                 s.budget = budget
             out.append(ExtendBatch(length, [s.slot for s, _, _ in group],
                                    [ids for _, ids, _ in group], [b for _, _, b in group]))
         return out
 
-    def _admit(self) -> list[PrefillBatch]:
-        """Waiting requests, in order, while the first one's n slots are free."""
+    def _admit(self) -> tuple[list[PrefillBatch], list[ForkBatch]]:
+        """Waiting requests, in order, while the first one's n slots are free: a prompt whose
+        prefix a slot holds forks it (prefix cache), any other is prefilled."""
         by_len: dict[int, list[_Request]] = {}
+        forks: dict[int, list] = {}
+        taken: set[int] = set()     # slots given out in this plan: their content is changing
         while self._waiting:
-            slots = self.pool.allocate(len(self._waiting[0].seqs))
+            r = self._waiting[0]
+            hit = self._prefix_hit(r, taken)
+            slots = self._allocate(len(r.seqs), hit)
             if slots is None:
                 break
-            r = self._waiting.popleft()
+            self._waiting.popleft()
+            taken.update(slots)
             for s, slot in zip(r.seqs, slots):
                 s.slot, s.status = slot, Status.RUNNING
-            by_len.setdefault(bucket_length(len(r.prompt)), []).append(r)
+            if hit is None:
+                by_len.setdefault(bucket_length(len(r.prompt)), []).append(r)
+                if self.prefix is not None:
+                    self.prefix.miss_tokens += len(r.prompt)
+            else:
+                forks.setdefault(bucket_length(len(r.prompt) - hit.tokens), []).append((r, hit))
         out = []
         for length, reqs in by_len.items():
             seqs = [s for r in reqs for s in r.seqs]
             for s in seqs:
                 s.cache_used, s.budget = length, s.sampling.max_new_tokens
+            for r in reqs:
+                for s in r.seqs:
+                    if self.prefix is not None:
+                        self.prefix.set(s.slot, r.prompt, range(length - len(r.prompt), length))
             out.append(PrefillBatch(length, [r.prompt for r in reqs], [s.slot for s in seqs],
                                     [i for i, r in enumerate(reqs) for _ in r.seqs],
                                     [s.sampling for s in seqs], [s.candidate for s in seqs]))
-        return out
+        return out, [self._fork_batch(length, group) for length, group in forks.items()]
+
+    def _prefix_hit(self, r: _Request, taken):
+        """The cached prefix request r reuses, or None (no prefix cache, no match, or the
+        prefix's columns + the rest + the budget do not fit a slot)."""
+        if self.prefix is None:
+            return None
+        hit = self.prefix.lookup(r.prompt, exclude=taken)
+        need = lambda h: h.end + bucket_length(len(r.prompt) - h.tokens) + \
+            r.seqs[0].sampling.max_new_tokens
+        return hit if hit is not None and need(hit) <= self.max_len else None
+
+    def _allocate(self, n: int, hit):
+        """n free slots; the one holding a hit's prefix first when it is free (no copy)."""
+        if hit is None or hit.slot not in self.pool.free_slots():
+            return self.pool.allocate(n)
+        if n > self.pool.n_free:
+            return None
+        self.pool.take(hit.slot)
+        return [hit.slot] + self.pool.allocate(n - 1)
+
+    def _fork_batch(self, length: int, group) -> ForkBatch:
+        rows = []
+        for r, hit in group:
+            suffix, k = r.prompt[hit.tokens:], hit.tokens
+            cols = self.prefix.content[hit.slot].cols[:k]
+            first = hit.end + length - len(suffix)
+            for s in r.seqs:
+                s.cache_used, s.budget = hit.end + length, s.sampling.max_new_tokens
+                rows.append((s, hit, suffix))
+            for s in r.seqs:
+                self.prefix.set(s.slot, r.prompt, cols + list(range(first, first + len(suffix))))
+            self.prefix.hit_tokens += k
+            self.prefix.miss_tokens += len(suffix) * len(r.seqs)
+        return ForkBatch(length, [s.slot for s, _, _ in rows], [h.slot for _, h, _ in rows],
+                         [h.end for _, h, _ in rows], [h.tokens for _, h, _ in rows],
+                         [x for _, _, x in rows], [s.budget for s, _, _ in rows],
+                         [s.sampling for s, _, _ in rows], [s.candidate for s, _, _ in rows])
 
     def _decode_batch(self) -> DecodeBatch | None:
         running = {s.slot: s for s in self._seqs.values() if s.status is Status.RUNNING}
@@ -301,6 +375,8 @@ class Scheduler:
         for slot, sid in zip(plan.decode.slots, plan.decode.seq_ids):
             s = self._seqs[sid]
             toks, lps = list(out.tokens[slot]), list(out.logprobs[slot])
+            if self.prefix is not None:     # every emitted token's KV is in its slot
+                self.prefix.append(slot, toks, s.cache_used)
             s.tokens += toks
             s.logprobs += lps
             s.cache_used += len(toks)

@@ -31,3 +31,7 @@ class SlotPool:
             if not 0 <= s < self.capacity or s in self._free:
                 raise ValueError(f"slot pool: slot {s} is not an allocated slot of this pool.")
             self._free.append(s)
+
+    def take(self, slot: int) -> None:
+        """Allocate this free slot (a prefix cache hit reuses the slot holding the prefix)."""
+        self._free.remove(slot)

@@ -102,9 +102,11 @@ def start_server(model_dir, port, code=None, **kw):
     if code:
         env["PYTHONPATH"] = code
     args = ", ".join(f"{k}={v!r}" for k, v in kw.items())
-    src = (f"from rossjax import serve; s = serve.build({model_dir!r}, model_id='m', {args}); "
+    src = (f"import rossjax, sys; print('serving', rossjax.__file__, file=sys.stderr); "
+           f"from rossjax import serve; s = serve.build({model_dir!r}, model_id='m', {args}); "
            f"serve.serve(s, port={port})")
-    proc = subprocess.Popen([sys.executable, "-c", src], env=env)
+    # cwd too: `python -c` puts the working directory ahead of PYTHONPATH
+    proc = subprocess.Popen([sys.executable, "-c", src], env=env, cwd=code or None)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
