@@ -188,6 +188,21 @@ def test_mismatched_tokenizer_refused_before_loading(tmp_path, monkeypatch):
         distill_trainer.run(cfg, str(tmp_path / "w"))
 
 
+def test_unrouted_task_refused_before_loading(tmp_path, monkeypatch):
+    from rossjax.cli.flags import parse_config
+    from rossjax.errors import InputError
+    from rossjax.train.rl import distill_setup, distill_trainer
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    cfg = parse_config([f"--config={CONFIG}:runlocal", f"--config.data.tasks={tasks}"])[0]
+    monkeypatch.setattr(distill_setup.DistillRun, "__init__",
+                        lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(InputError, match=r"tasks.jsonl row 0: field 'domain' = 'a' names no "
+                       r"teacher \(routes: contains\)\.$"):
+        distill_trainer.run(cfg, str(tmp_path / "w"))
+
+
 def test_config_variants():
     from rossjax.cli.flags import parse_config
 

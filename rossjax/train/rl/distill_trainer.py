@@ -30,6 +30,7 @@ it relearns GRPO's.
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 
@@ -49,7 +50,14 @@ class DistillTrainer(grpo.GRPOTrainer):
 
     def prepare(self):
         super().prepare()
-        self.fingerprint = distill_setup.check_config(self.cfg)  # before any model loads
+        cfg, d = self.cfg, self.cfg.distill
+        self.fingerprint = distill_setup.check_config(cfg)  # before any model loads
+        # every row of a task file (a generator: its first task) has a teacher, before loading
+        rows = getattr(self.source, "_rows", None)
+        if rows is None:
+            rows = copy.copy(self.source).next(1)
+        distill.route_rows(rows, dict(d.routes), d.route_field, source=str(cfg.data.tasks),
+                           default=d.default)
 
     def build(self):
         self.run = distill_setup.DistillRun(self.cfg, self.workdir, self.cpu_scorer,
