@@ -128,10 +128,14 @@ class _Mutator:
         after, why = apply_patch(base.files, patch)
         if after is None:
             raise InputError(f"mutation stand-in: {why}")
-        changed = {p: t for p, t in after.items() if base.files.get(p) != t}
-        self.cmd = ("python - <<'RJ_STANDIN_EOF'\nimport json\n"
-                    f"for p, t in json.loads({json.dumps(json.dumps(changed))}).items():\n"
-                    "    open(p, 'w', encoding='utf-8').write(t)\nRJ_STANDIN_EOF")
+        edits = []  # (file, line index, new line): the lines the mutation changed
+        for rel in sorted(p for p, t in after.items() if base.files.get(p) != t):
+            old, new = base.files[rel].splitlines(keepends=True), after[rel].splitlines(keepends=True)
+            edits += [(rel, i, b) for i, (a, b) in enumerate(zip(old, new)) if a != b]
+        self.cmd = ("python - <<'RJ_STANDIN_EOF'\nimport pathlib\n"
+                    + "".join(f"p = pathlib.Path({rel!r})\nlines = p.read_text().splitlines(True)\n"
+                              f"lines[{i}] = {line!r}\np.write_text(''.join(lines))\n"
+                              for rel, i, line in edits) + "RJ_STANDIN_EOF")
 
     def __call__(self, messages, tools):
         turn = sum(m.get("role") == "assistant" for m in messages)
