@@ -157,6 +157,7 @@ def generator_section(rl=None):
     return ml_collections.ConfigDict(dict(
         kind="model", path="", preset="", fn="",
         style="hermes",  # endpoint / fn: how a text reply's calls are read (HTTP driver)
+        workers=2,       # endpoint / fn: episodes at once (threads; a policy must be thread-safe)
         temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, endpoint=ep))
 
 
@@ -176,6 +177,7 @@ def runlocal_generator(c) -> None:
     """`:runlocal`'s generator: the mutation stand-in (NOT a model), short episodes, ASCII ids."""
     c.generator.kind, c.generator.fn = "fn", "rossjax.agents.swe_pool:MUTATION_STANDIN"
     c.generator.preset = common.TINY_PRESET  # for --config.generator.kind=model
+    c.generator.workers = 1
     a = c.agent if "agent" in c else c.swe.agent
     a.max_turns, a.max_tokens, a.max_new_tokens = 3, 4096, 24
     a.step_timeout_s, a.episode_timeout_s = 20.0, 120.0

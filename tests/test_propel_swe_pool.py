@@ -76,6 +76,7 @@ def test_swe_pool_keeps_verified_bugs_with_turn_spans_and_lists_invalid(tmp_path
     out = tmp_path / "pool"
     assert main(["swe-pool", "--config=configs/propel_swe.py:pool,runlocal",
                  "--config.repos=('romans',)", f"--config.output={out}",
+                 "--config.generator.workers=2",  # two episodes at once; rows in episode order
                  "--config.generator.fn=test_propel_swe_pool:SCRIPTED_GENERATOR"]) == 0
     rep = json.loads((out / "report.json").read_text())
     assert rep["episodes"] == 3 and rep["kept"] == 1
@@ -85,6 +86,8 @@ def test_swe_pool_keeps_verified_bugs_with_turn_spans_and_lists_invalid(tmp_path
     assert rep["reasons"] == {"no_change": 1, "no_failing_test": 1} and not rep["undecided"]
     assert rep["per_repo"] == {"romans": {"episodes": 3, "kept": 1}}
     assert rep["agent"]["style"] == "rossjax.agents.swe_tools:bash_block"
+    assert [json.loads(x)["id"] for x in open(out / "episodes.jsonl")] == [
+        "romans-0", "romans-1", "romans-2"]
     pool = [json.loads(x) for x in open(out / "pool.jsonl")]
     assert [r["id"] for r in pool] == ["romans-0"] and pool[0]["patch"].startswith("diff --git")
     assert edited_files(pool[0]["patch"]) == ["romans/numerals.py"]

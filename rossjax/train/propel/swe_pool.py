@@ -8,8 +8,8 @@ The generator (config.generator.kind):
             the env agents/swe_env.py SweBugEnv: GRPO's episode exactly), `episodes_per_repo`
             episodes of each repository as one group; the records keep the exact token ids and
             one span per message (`agent.message_spans`), so the probe reads each generated turn;
-  endpoint  an OpenAI-compatible server (agents.rollout.OpenAIPolicy), one episode at a time
-            (agents.swe.write_bug);
+  endpoint  an OpenAI-compatible server (agents.rollout.OpenAIPolicy), `generator.workers`
+            episodes at a time in threads (agents.swe.write_bug; each its own scratch copy);
   fn        module:function, an agent policy, or a per-episode factory (`per_episode` true,
             called with (base, j)): `rossjax.agents.swe_pool:MUTATION_STANDIN`, the scripted
             stand-in of `:pool,runlocal` (NOT a model).
@@ -26,6 +26,7 @@ Outputs (config.output, default WORKDIR/swe_pool):
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import os
 import shlex
@@ -56,6 +57,12 @@ def check_config(c) -> None:
         raise ConfigError(f"{FIELD}: config.generator.style is {g.style!r}; an {g.kind} generator "
                           f"runs on the HTTP driver, which reads {' or '.join(STYLES)} text (and "
                           "structured tool calls); config.agent.style is the engine path's.")
+    from rossjax.agents.swe import MAX_WORKERS
+
+    w = g.workers
+    if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= MAX_WORKERS:
+        raise ConfigError(f"{FIELD}: config.generator.workers is {w!r}; it must be an integer "
+                          f"from 1 to {MAX_WORKERS} (episodes at once on the HTTP path).")
     if c.episodes_per_repo < 1:
         raise ConfigError(f"{FIELD}: config.episodes_per_repo is {c.episodes_per_repo}; it must "
                           "be at least 1.")
@@ -105,18 +112,24 @@ def _http_episodes(c, repos, tok, seed) -> list[dict]:
         from rossjax.train.propel.swe_label import policy as endpoint_policy
 
         gen = endpoint_policy(types.SimpleNamespace(kind="endpoint", endpoint=g.endpoint))
-    out = []
-    for repo in repos:
-        base = clean_baseline(repo, a.suite_timeout_s)
-        for j in range(c.episodes_per_repo):
-            policy = gen(base, j) if getattr(gen, "per_episode", False) else gen
-            row, _ = write_bug(base, policy, f"{base.name}-{j}", suite_timeout_s=a.suite_timeout_s,
-                               style=g.style, max_turns=a.max_turns,
-                               env={"step_timeout_s": a.step_timeout_s,
-                                    "episode_timeout_s": a.episode_timeout_s})
-            row["task"]["repo"] = repo
-            out.append(with_ids(row, tok, c.template))
-    return out
+    jobs = [(repo, clean_baseline(repo, a.suite_timeout_s), j) for repo in repos
+            for j in range(c.episodes_per_repo)]
+
+    def one(job):
+        repo, base, j = job
+        policy = gen(base, j) if getattr(gen, "per_episode", False) else gen
+        row, _ = write_bug(base, policy, f"{base.name}-{j}", suite_timeout_s=a.suite_timeout_s,
+                           style=g.style, max_turns=a.max_turns,
+                           env={"step_timeout_s": a.step_timeout_s,
+                                "episode_timeout_s": a.episode_timeout_s})
+        row["task"]["repo"] = repo
+        return with_ids(row, tok, c.template)
+
+    if g.workers <= 1 or len(jobs) <= 1:
+        return [one(job) for job in jobs]
+    # episodes at once, each with its own env and scratch copy; rows in job order
+    with cf.ThreadPoolExecutor(min(g.workers, len(jobs)), thread_name_prefix="rossjax-gen") as pool:
+        return list(pool.map(one, jobs))
 
 
 def _engine_episodes(c, repos, tok, seed) -> list[dict]:
