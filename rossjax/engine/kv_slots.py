@@ -185,7 +185,7 @@ def _host_call(listener, emitted, out_tok, out_lp):
     """A streaming decode's call to the host (rossjax.engine.stream): (halt, gap)."""
     return io_callback(_host_hook, (jax.ShapeDtypeStruct((), jnp.bool_),
                                      jax.ShapeDtypeStruct((), jnp.int32)),
-                       listener, emitted, out_tok, out_lp, ordered=True)
+                       listener, emitted, out_tok, out_lp, ordered=False)
 
 
 def decode(layout: Layout, params, state, exit_on_free, listener=None, first_call=None, *,

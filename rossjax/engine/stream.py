@@ -44,7 +44,7 @@ class Listener:
     """One executor's end of the hook: maps a decode's rows to slots, hands each slot's new
     tokens to `sink({slot: (tokens, logprobs)}) -> halt`, and spaces the calls."""
 
-    def __init__(self, min_gap_s: float = 0.005):
+    def __init__(self, min_gap_s: float = 0.02):
         self.min_gap_s = float(min_gap_s)
         self.sink = None
         self.step_s: float | None = None    # measured seconds per decode step

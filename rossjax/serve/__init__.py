@@ -35,7 +35,7 @@ _END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "
 def build(model: str, tokenizer: str | None = None, *, template: str | None = None,
           slots: int = 16, max_len: int = 2048, model_id: str | None = None,
           dtype: str = "float32", chunk: int = 16, step: int | None = None,
-          stream_gap_s: float = 0.005, prefix_cache: bool = True):
+          stream_gap_s: float = 0.02, prefix_cache: bool = True):
     """Load the model folder (or preset:NAME, or a training / GRPO workdir: its latest
     checkpoint, or `step`) and tokenizer; start the engine thread. A streamed request's tokens
     leave as the decode steps make them, at most every `stream_gap_s` (each token alone once a

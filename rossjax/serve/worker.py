@@ -89,7 +89,7 @@ def _send(items):
 class EngineWorker:
     """Runs `Engine` on a daemon thread; `submit(job)` / `cancel(job)` from any thread."""
 
-    def __init__(self, engine: Engine, tokenizer, stream_gap_s: float = 0.005):
+    def __init__(self, engine: Engine, tokenizer, stream_gap_s: float = 0.02):
         self.engine, self.tok = engine, tokenizer
         self.inbox: queue.Queue = queue.Queue()
         self.jobs: dict[int, tuple[Job, int]] = {}      # seq id -> (job, candidate index)
