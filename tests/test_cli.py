@@ -192,8 +192,8 @@ def test_default_configs_ship_with_the_package():
 # Every shipped config with the variants it accepts (configs/common.py parses them).
 CONFIG_VARIANTS = {
     "aux_set": (), "curate": (), "extract": (), "label_corpus": (), "probe_sweep": (),
-    "review": (), "eval_generator": ("runlocal", "mixed_outcome"), "grpo_verifier": ("runlocal",),
-    "grpo_agentic": ("runlocal",),
+    "review": (), "eval_generator": ("runlocal", "mixed_outcome"), "grpo_verifier": ("runlocal", "continued"),
+    "distill_onpolicy": ("runlocal", "continued"), "grpo_agentic": ("runlocal",),
     "propel_azr": ("runlocal",), "propel_math": ("runlocal",), "propel_sil": ("runlocal", "math"),
     "propel_swe": ("runlocal", "sil", "label", "repos", "pool", "eval"),
     "mixture": ("by_recipe",),
