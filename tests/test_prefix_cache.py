@@ -50,6 +50,11 @@ def test_shared_system_prompt_is_reused_and_greedy_answers_are_identical(tiny):
     # the first prompt is prefilled; each later one reuses the system prompt's 2 whole blocks
     assert st["hit_tokens"] == 2 * BLOCK * (len(prompts) - 1)
     assert st["hit_tokens"] + st["computed_tokens"] == sum(map(len, prompts))
+    # all at once (a burst of clients), into a fresh engine: admitted in one plan, the first
+    # is prefilled and the others fork its slot after that prefill (late forks)
+    eng = Engine(cfg, params, slots=4, max_len=128, chunk=8, prefix_cache=True)
+    _check_same(_answers(eng, prompts[:4], sp, together=True), want[:4])
+    assert eng.prefix_stats["hit_tokens"] == 2 * BLOCK * 3
 
 
 def test_a_multi_turn_history_reuses_the_last_answer_and_a_live_slot_is_copied(tiny):

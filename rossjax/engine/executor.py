@@ -51,9 +51,12 @@ class Executor:
             self._extend(b)
         for b in plan.prefills:
             self._prefill(b)
+        for b in plan.late_forks:
+            self._fork(b)
         if plan.decode is None:
             return ExecutionOutput({}, {}, frozenset())
-        return self._decode(plan.decode, fresh=bool(plan.extends or plan.prefills))
+        fresh = bool(plan.extends or plan.prefills or plan.forks)   # first tokens in this decode
+        return self._decode(plan.decode, fresh=fresh)
 
     def _extend(self, b: ExtendBatch):
         e, c = pow2(len(b.slots)), b.length

@@ -110,12 +110,13 @@ class DecodeBatch:
 @dataclasses.dataclass(frozen=True)
 class SchedulerOutput:
     """Run in this order: stop the cancelled rows, forks (with their suffix extensions),
-    extensions, prefills, then the decode."""
+    extensions, prefills, late forks (of prompts prefilled in this plan), then the decode."""
     stops: list
     extends: list
     prefills: list
     decode: DecodeBatch | None
     forks: list = ()
+    late_forks: list = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,8 +257,8 @@ class Scheduler:
         cache columns the plan will have written)."""
         stops, self._stops = self._stops, []
         extends = self._take_extensions()
-        prefills, forks = self._admit()
-        return SchedulerOutput(stops, extends, prefills, self._decode_batch(), forks)
+        prefills, forks, late = self._admit()
+        return SchedulerOutput(stops, extends, prefills, self._decode_batch(), forks, late)
 
     def _take_extensions(self) -> list[ExtendBatch]:
         by_len: dict[int, list] = {}
@@ -275,15 +276,17 @@ class Scheduler:
                                    [ids for _, ids, _ in group], [b for _, _, b in group]))
         return out
 
-    def _admit(self) -> tuple[list[PrefillBatch], list[ForkBatch]]:
+    def _admit(self) -> tuple[list[PrefillBatch], list[ForkBatch], list[ForkBatch]]:
         """Waiting requests, in order, while the first one's n slots are free: a prompt whose
-        prefix a slot holds forks it (prefix cache), any other is prefilled."""
+        prefix a slot holds forks it (prefix cache; a late fork when that slot is prefilled in
+        this same plan), any other is prefilled."""
         by_len: dict[int, list[_Request]] = {}
-        forks: dict[int, list] = {}
+        forks: dict[tuple, list] = {}
         taken: set[int] = set()     # slots given out in this plan: their content is changing
+        pending = PrefixIndex()     # what this plan's prefills will have written
         while self._waiting:
             r = self._waiting[0]
-            hit = self._prefix_hit(r, taken)
+            hit, late = self._prefix_hit(r, taken, pending)
             slots = self._allocate(len(r.seqs), hit)
             if slots is None:
                 break
@@ -292,11 +295,14 @@ class Scheduler:
             for s, slot in zip(r.seqs, slots):
                 s.slot, s.status = slot, Status.RUNNING
             if hit is None:
-                by_len.setdefault(bucket_length(len(r.prompt)), []).append(r)
+                length = bucket_length(len(r.prompt))
+                by_len.setdefault(length, []).append(r)
                 if self.prefix is not None:
                     self.prefix.miss_tokens += len(r.prompt)
+                    pending.set(slots[0], r.prompt, range(length - len(r.prompt), length))
             else:
-                forks.setdefault(bucket_length(len(r.prompt) - hit.tokens), []).append((r, hit))
+                key = (late, bucket_length(len(r.prompt) - hit.tokens))
+                forks.setdefault(key, []).append((r, hit))
         out = []
         for length, reqs in by_len.items():
             seqs = [s for r in reqs for s in r.seqs]
@@ -309,17 +315,23 @@ class Scheduler:
             out.append(PrefillBatch(length, [r.prompt for r in reqs], [s.slot for s in seqs],
                                     [i for i, r in enumerate(reqs) for _ in r.seqs],
                                     [s.sampling for s in seqs], [s.candidate for s in seqs]))
-        return out, [self._fork_batch(length, group) for length, group in forks.items()]
+        batches = {key: self._fork_batch(key[1], group) for key, group in forks.items()}
+        return (out, [b for (late, _), b in batches.items() if not late],
+                [b for (late, _), b in batches.items() if late])
 
-    def _prefix_hit(self, r: _Request, taken):
-        """The cached prefix request r reuses, or None (no prefix cache, no match, or the
-        prefix's columns + the rest + the budget do not fit a slot)."""
+    def _prefix_hit(self, r: _Request, taken, pending):
+        """(the cached prefix request r reuses, whether its slot is prefilled in this plan), or
+        (None, False): no prefix cache, no match, or the prefix's columns + the rest + the
+        budget do not fit a slot."""
         if self.prefix is None:
-            return None
-        hit = self.prefix.lookup(r.prompt, exclude=taken)
-        need = lambda h: h.end + bucket_length(len(r.prompt) - h.tokens) + \
-            r.seqs[0].sampling.max_new_tokens
-        return hit if hit is not None and need(hit) <= self.max_len else None
+            return None, False
+        fits = lambda h: h is not None and h.end + bucket_length(len(r.prompt) - h.tokens) + \
+            r.seqs[0].sampling.max_new_tokens <= self.max_len
+        hit, new = self.prefix.lookup(r.prompt, exclude=taken), pending.lookup(r.prompt)
+        hit, new = (hit if fits(hit) else None), (new if fits(new) else None)
+        if new is not None and (hit is None or new.tokens > hit.tokens):
+            return new, True
+        return hit, False
 
     def _allocate(self, n: int, hit):
         """n free slots; the one holding a hit's prefix first when it is free (no copy)."""
