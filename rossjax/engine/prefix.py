@@ -98,3 +98,42 @@ class PrefixIndex:
             if k and (best is None or k > best.tokens):
                 best = Match(slot, k, c.cols[k - 1] + 1)
         return best
+
+
+@dataclasses.dataclass(frozen=True)
+class ForkBatch:
+    """Prefix-cache hits (a plan entry, rossjax.engine.scheduler): slot m takes the cache
+    columns [0, ends[m]) of slot srcs[m] (n_tokens[m] prompt tokens), sampling[m] and
+    candidate index candidates[m]; then suffixes[m] (left-padded to `length`) runs as an
+    extension with budgets[m]."""
+    length: int
+    slots: list
+    srcs: list
+    ends: list
+    n_tokens: list
+    suffixes: list
+    budgets: list
+    sampling: list
+    candidates: list
+
+
+def fork_batch(index: PrefixIndex, length: int, group) -> ForkBatch:
+    """The plan entry of admitted requests `group` [(request, Match)] whose prompts' rests
+    bucket to `length`: their sequences' cache columns and budgets set, their slots' content
+    recorded (the source's columns read first: a slot may fork itself)."""
+    rows = []
+    for r, hit in group:
+        suffix, k = r.prompt[hit.tokens:], hit.tokens
+        cols = index.content[hit.slot].cols[:k]
+        first = hit.end + length - len(suffix)
+        for s in r.seqs:
+            s.cache_used, s.budget = hit.end + length, s.sampling.max_new_tokens
+            rows.append((s, hit, suffix))
+        for s in r.seqs:
+            index.set(s.slot, r.prompt, cols + list(range(first, first + len(suffix))))
+        index.hit_tokens += k
+        index.miss_tokens += len(suffix) * len(r.seqs)
+    return ForkBatch(length, [s.slot for s, _, _ in rows], [h.slot for _, h, _ in rows],
+                     [h.end for _, h, _ in rows], [h.tokens for _, h, _ in rows],
+                     [x for _, _, x in rows], [s.budget for s, _, _ in rows],
+                     [s.sampling for s, _, _ in rows], [s.candidate for s, _, _ in rows])

@@ -24,7 +24,7 @@ import itertools
 from collections import deque
 from collections.abc import Sequence as Seq
 
-from rossjax.engine.prefix import PrefixIndex
+from rossjax.engine.prefix import ForkBatch, PrefixIndex, fork_batch
 from rossjax.engine.sampler import mode_for
 from rossjax.engine.slot_pool import SlotPool
 from rossjax.engine.types import (
@@ -74,22 +74,6 @@ class PrefillBatch:
     prompts: list
     slots: list
     rows: list
-    sampling: list
-    candidates: list
-
-
-@dataclasses.dataclass(frozen=True)
-class ForkBatch:
-    """Prefix-cache hits (rossjax.engine.prefix): slot m takes the cache columns [0, ends[m])
-    of slot srcs[m] (n_tokens[m] prompt tokens), sampling[m] and candidate index candidates[m];
-    then suffixes[m] (left-padded to `length`) runs as an extension with budgets[m]."""
-    length: int
-    slots: list
-    srcs: list
-    ends: list
-    n_tokens: list
-    suffixes: list
-    budgets: list
     sampling: list
     candidates: list
 
@@ -315,7 +299,7 @@ class Scheduler:
             out.append(PrefillBatch(length, [r.prompt for r in reqs], [s.slot for s in seqs],
                                     [i for i, r in enumerate(reqs) for _ in r.seqs],
                                     [s.sampling for s in seqs], [s.candidate for s in seqs]))
-        batches = {key: self._fork_batch(key[1], group) for key, group in forks.items()}
+        batches = {key: fork_batch(self.prefix, key[1], group) for key, group in forks.items()}
         return (out, [b for (late, _), b in batches.items() if not late],
                 [b for (late, _), b in batches.items() if late])
 
@@ -341,24 +325,6 @@ class Scheduler:
             return None
         self.pool.take(hit.slot)
         return [hit.slot] + self.pool.allocate(n - 1)
-
-    def _fork_batch(self, length: int, group) -> ForkBatch:
-        rows = []
-        for r, hit in group:
-            suffix, k = r.prompt[hit.tokens:], hit.tokens
-            cols = self.prefix.content[hit.slot].cols[:k]
-            first = hit.end + length - len(suffix)
-            for s in r.seqs:
-                s.cache_used, s.budget = hit.end + length, s.sampling.max_new_tokens
-                rows.append((s, hit, suffix))
-            for s in r.seqs:
-                self.prefix.set(s.slot, r.prompt, cols + list(range(first, first + len(suffix))))
-            self.prefix.hit_tokens += k
-            self.prefix.miss_tokens += len(suffix) * len(r.seqs)
-        return ForkBatch(length, [s.slot for s, _, _ in rows], [h.slot for _, h, _ in rows],
-                         [h.end for _, h, _ in rows], [h.tokens for _, h, _ in rows],
-                         [x for _, _, x in rows], [s.budget for s, _, _ in rows],
-                         [s.sampling for s, _, _ in rows], [s.candidate for s, _, _ in rows])
 
     def _decode_batch(self) -> DecodeBatch | None:
         running = {s.slot: s for s in self._seqs.values() if s.status is Status.RUNNING}
