@@ -229,6 +229,11 @@ def main(argv=None) -> int:
           f"{part('time_update_s'):.2f} s; all: {', '.join(f'{x:.2f}' for x in ours)})")
     print(f"  TRL GKDTrainer    {b:7.2f} s/step (median of {len(peer['times']) - 1}; all: "
           f"{', '.join(f'{x:.2f}' for x in peer['times'])}; {peer['versions']})")
+    # each side samples with its own RNG: the work is the same in distribution, shown here
+    lens = lambda xs: ", ".join(f"{x:.1f}" for x in xs)
+    print(f"  mean completion tokens a step: rossjax "
+          f"{lens(m['completion_len_mean'] for m in metrics)} | TRL {lens(peer['lengths'])} "
+          f"(both stop at eos)")
     print("  " + compare.settings_line(
         rossjax={"remat": "none", "micro-batches": args.micro_batches, "dtype": "float32",
                  "XLA threads": compare.xla_threads(), "loss": args.loss},

@@ -1,12 +1,13 @@
 """The TRL side of `rossjax bench distill --peer trl`, run by the python of an environment with
 TRL (rossjax/bench/distill.py starts it in a child process): `python -P distill_trl_child.py
-SPEC.json` prints one JSON line {"times", "loss0", "grad_norm0", "versions", "threads"}.
+SPEC.json` prints one JSON line {"times", "lengths" (mean completion tokens a step), "loss0",
+"grad_norm0", "versions", "threads"}.
 
 SPEC: student / teacher Hugging Face folders, the prompt token ids of every step (each prompt
 repeated `group` times, consecutive rows), the new-token limit, steps, learning rate, and the
 fixed sameness rows (tokens, their length, the prompt length). GKDTrainer runs with lmbda = 1
 (every step samples from the student), beta = 1 (the generalized JSD's reverse-KL end), seq_kd
-off, temperature 1 (GKD's loss divides the logits by 1 whatever the sampling temperature, so 1
+off, stops at the tokenizer's eos (as rossjax's sampler does), temperature 1 (GKD's loss divides the logits by 1 whatever the sampling temperature, so 1
 is the one setting where the sampled and the scored distributions agree), no gradient
 checkpointing, one micro-batch, fp32, AdamW at a constant rate. The prompts come already
 tokenized (the rossjax side's ids), left-padded by a small collator in place of GKD's chat one.
@@ -67,6 +68,18 @@ def main(spec_path: str) -> int:
         dataloader_drop_last=True)
     student = AutoModelForCausalLM.from_pretrained(spec["student"], dtype=torch.float32)
     teacher = AutoModelForCausalLM.from_pretrained(spec["teacher"], dtype=torch.float32)
+    # stop at the tokenizer's eos as rossjax's sampler does (the folder's config names none,
+    # and GKD takes its stop token from the model's generation config)
+    student.generation_config.eos_token_id = tok.eos_token_id
+    lengths: list[float] = []
+    generate = GKDTrainer.generate_on_policy_outputs
+
+    def counted(model, inputs, generation_config):
+        ids, att, labels = generate(model, inputs, generation_config)
+        lengths.append(float((labels != -100).sum(1).float().mean()))
+        return ids, att, labels
+
+    GKDTrainer.generate_on_policy_outputs = staticmethod(counted)
     data = Dataset.from_list([{"prompt_ids": p} for p in spec["prompts"]])
     trainer = GKDTrainer(model=student, teacher_model=teacher, args=conf, processing_class=tok,
                          train_dataset=data, data_collator=collate, callbacks=[Clock()])
@@ -91,7 +104,7 @@ def main(spec_path: str) -> int:
     student.zero_grad(set_to_none=True)
 
     trainer.train()
-    print(json.dumps({"times": times, "loss0": float(loss), "grad_norm0": float(gnorm),
+    print(json.dumps({"times": times, "lengths": lengths, "loss0": float(loss), "grad_norm0": float(gnorm),
                       "threads": torch.get_num_threads(),
                       "versions": f"trl {trl.__version__}, torch {torch.__version__}, "
                                   f"transformers {transformers.__version__}"}))
