@@ -60,8 +60,10 @@ from rossjax.train.rl.grpo_config import check_config, default_config  # noqa: F
 from rossjax.train.rl.grpo_setup import STEP_CACHE, Run, StepCache  # noqa: F401 (StepCache: callers)
 
 
-def _data_state(src_index, hist_bytes):
-    return {"tasks_index": int(src_index), "history_bytes": int(hist_bytes)}
+def _data_state(src_index, hist_bytes, seq_len=0):
+    # seq_len: the run's batch length so far (a resumed run pads as the uninterrupted one)
+    return {"tasks_index": int(src_index), "history_bytes": int(hist_bytes),
+            "seq_len": int(seq_len)}
 
 
 class _Timer:
@@ -143,6 +145,7 @@ class GRPOTrainer(skeleton.Skeleton):
         hist_path = os.path.join(self.workdir, "history.jsonl")
         if data_state is not None:
             self.source.set_state({"index": data_state["tasks_index"]})
+            self.run.seq_len = int(data_state.get("seq_len", 0))
             self.hist = history.HistoryWriter(hist_path, resume_bytes=data_state["history_bytes"],
                                               enabled=self.lead)
         else:
@@ -313,7 +316,7 @@ class GRPOTrainer(skeleton.Skeleton):
 
     def data_state(self):
         # The data state counts only tasks of finished steps (a pending batch is redone).
-        return _data_state(self.consumed, self.hist.tell())
+        return _data_state(self.consumed, self.hist.tell(), self.run.seq_len)
 
     def log_every(self) -> int:
         return self.cfg.log_every

@@ -66,6 +66,7 @@ class Run:
     (the loop will restore a checkpoint) does not keep the loaded weights for `new_state`."""
 
     solver_reward = None  # PROPEL's solver-in-the-loop reward (train/propel/rewards.py)
+    seq_len = 0           # the longest completion-batch length S so far (grpo_step.batch_length)
 
     def __init__(self, cfg, workdir, cpu_scorer=None, *, step_cache: StepCache = STEP_CACHE,
                  fresh_start: bool = True):
@@ -208,8 +209,11 @@ class Run:
                 tasks[i], msgs[i], content, ids, gen.logprobs[r, :n].tolist(),
                 run=self.cfg.run_name, step=step, sample=j, finish_reason=gen.finish_reason[r],
                 n_prompt_tokens=len(prompts[i])))
-        s = grpo_step.round_up(max(map(len, prompts)) + g.max_new_tokens, 16)
-        batch = grpo_step.completion_batch(prompts, gen, g.group_size, s)
+        # One S for the run (the high-water mark, kept in checkpoints: grpo.py's data state),
+        # so the update and log-prob programs compile once, not once per prompt-length mix.
+        self.seq_len = grpo_step.batch_length(max(map(len, prompts)) + g.max_new_tokens,
+                                              self.seq_len)
+        batch = grpo_step.completion_batch(prompts, gen, g.group_size, self.seq_len)
         return {"tasks": tasks, "records": records, "batch": batch, "gen": gen,
                 "sample_s": time.perf_counter() - t0}
 

@@ -46,6 +46,16 @@ def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def batch_length(n: int, floor: int = 0) -> int:
+    """The batch length S for rows of up to `n` tokens: `n` rounded up to a 16th of its power of
+    two (multiples of 16 up to 256, of 128 in (1024, 2048]: at most 1/8 padding past 256), and never
+    below `floor` (the longest S of the run so far). Per-step prompt lengths vary (PROPEL Math
+    draws its examples per prompt); rounding to 16 alone gave a new S, so a new update and
+    log-prob program (~10 s to compile each on CPU), nearly every step."""
+    n = max(int(n), 1)
+    return max(int(floor), round_up(n, max(16, (1 << (n - 1).bit_length()) // 16)))
+
+
 def completion_batch(prompts, gen, num_samples: int, seq_len: int) -> dict:
     """numpy [B, S] arrays for the sampled candidates (see module doc) + sampler log-probs."""
     b = len(gen.lengths)
