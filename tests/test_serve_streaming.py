@@ -73,15 +73,21 @@ def test_a_true_answer_ends_the_chunk_and_spacing_groups_tokens(tiny):
     eng.stream_to(lambda got: True, min_gap_s=0.0)
     ids, steps = _run(eng, [[4, 4, 2]], [SamplingParams(max_new_tokens=5)], stream=True)
     assert [len(u.tokens) for us in steps for u in us] == [1] * 5     # a step per chunk
-    # a gap far above the step time: the first token at step 0, the rest at the chunk's end
+    # a gap far above a whole chunk's time: no call at all, the chunk's tokens at its end
     calls = []
     eng.stream_to(lambda got: calls.append(got) and False, min_gap_s=60.0)
     eng.executor.listener.step_s = 1e-3
     ids, steps = _run(eng, [[4, 4, 2]], [SamplingParams(max_new_tokens=12)], stream=True)
-    assert [len(t) for c in calls for t, _ in c.values()] == [1]
-    assert [(len(u.tokens), u.streamed) for us in steps for u in us] == [(12, 1)]
-    assert calls[0] == {ids[0]: ([eng.result(ids[0]).tokens[0]], pytest.approx(
-        [eng.result(ids[0]).logprobs[0]]))}
+    assert calls == [] and [(len(u.tokens), u.streamed) for us in steps for u in us] == [(12, 0)]
+    # a chunk longer than the gap (a slow model): the first token right after step 0, then
+    # groups spaced by the gap, the rest at the chunk's end
+    lst = eng.executor.listener
+    lst.min_gap_s, lst.step_s = 1e9, 1e9
+    ids, steps = _run(eng, [[4, 4, 2]], [SamplingParams(max_new_tokens=12)], stream=True)
+    r = eng.result(ids[0])
+    assert calls[0] == {ids[0]: ([r.tokens[0]], pytest.approx([r.logprobs[0]]))}
+    assert [(len(u.tokens), u.streamed) for us in steps for u in us] == \
+        [(12, sum(len(t) for c in calls for t, _ in c.values()))]
     # a sequence that does not stream shares the decode and is given nothing
     calls.clear()
     eng.executor.listener.min_gap_s = 0.0

@@ -10,6 +10,8 @@ fold_in(that, t): the same request gives the same samples whatever else shares t
 
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 
@@ -118,8 +120,10 @@ class Executor:
         if lst is not None:
             live = set(d.stream)
             lst.begin([int(r) if r in live else -1 for r in rows])
-            # A sequence new in this plan: its first token goes out at step 0.
-            stream_args = (lst.id, 0 if fresh else lst.gap - 1)
+            # A sequence new in this plan: its first token goes out at step 0; a chunk that
+            # ends within the gap anyway makes no call (first call past its last step).
+            first = (0 if fresh else lst.gap - 1) if lst.worth(d.steps) else d.steps
+            stream_args, t0 = (lst.id, first), time.perf_counter()
         else:
             stream_args = None
         if d.rows is not None:
@@ -138,6 +142,7 @@ class Executor:
             if lst.error is not None:
                 raise lst.error
             streamed = lst.delivered()
+            lst.observe(time.perf_counter() - t0, int(emitted.max(initial=0)))
         tokens, logprobs = {}, {}
         for slot in d.slots:
             r = row_of[slot]

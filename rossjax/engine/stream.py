@@ -8,11 +8,11 @@ each row has emitted so far; it answers (halt, gap): halt ends the chunk after t
 work waits on the host: a request to admit, a cancellation), gap is how many steps until the
 next call.
 
-A host call costs about 0.1 ms on XLA:CPU whatever the model, so `Listener` spaces the calls at
-least `min_gap_s` apart (from the step time it measures between calls): every step of any model
-whose step takes longer than that gets its own call (each token its own delta), and a toy model
-stepping every 0.5 ms hands its tokens over in groups every `min_gap_s`, the calls costing a few
-per cent at most.
+A host call costs about 0.1 ms on XLA:CPU whatever the model (measured 1-5 ms of stall on a
+loaded 2-core machine), so `Listener` spaces the calls at least `min_gap_s` apart (from the step
+time it measures): every step of a model whose step takes longer than that gets its own call
+(each token its own delta); a chunk that ends within `min_gap_s` anyway makes no call at all
+(a toy model streams chunk by chunk, as before, at no cost).
 
 The compiled program names its listener by an integer operand (the programs are shared by every
 engine of one layout), which `_hook` looks up in the registry.
@@ -66,6 +66,18 @@ class Listener:
         if not self.step_s:
             return 1
         return max(1, math.ceil(self.min_gap_s / self.step_s))
+
+    def worth(self, steps: int) -> bool:
+        """Whether a chunk of `steps` should call the host at all: only where the chunk takes
+        longer than min_gap_s (a toy model's 16 steps end sooner than a call would help, and
+        its calls, halts and extra deltas would cost it throughput)."""
+        return self.step_s is None or self.step_s * steps > self.min_gap_s
+
+    def observe(self, seconds: float, steps: int):
+        """A whole decode's wall time: keeps the step time current where no call measures it."""
+        if steps > 0:
+            dt = seconds / steps
+            self.step_s = dt if self.step_s is None else 0.7 * self.step_s + 0.3 * dt
 
     def begin(self, row_slots: list[int]):
         """A decode over rows whose slots are `row_slots` (-1: a padding row) starts."""
