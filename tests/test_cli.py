@@ -114,7 +114,7 @@ HELP_SHOWS = {
     "swe-repos": "--candidates", "swe-pool": "--config.episodes_per_repo=16",
     "swe-eval": "--config.bugs_per_repo=16",
 }
-BENCHES = ("model", "sft", "sample", "curate", "select", "grpo")
+BENCHES = ("model", "sft", "sample", "curate", "select", "grpo", "distill")
 
 
 def _rossjax(*argv, cwd=None, timeout=300):
