@@ -10,8 +10,7 @@ import re
 
 import pytest
 
-from rossjax.repro import retrogen as rr
-from rossjax.repro import stages
+from rossjax.repro import retrogen as rr, stages
 
 
 def test_the_world_holds_out_what_no_artifact_cites():
