@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
+from rossjax.train import state as state_lib
+
 
 def split_micro(x, n: int, sharding=None):
     """[B, ...] -> [n, B/n, ...]; micro-batch m takes rows m, m+n, ... so every data shard
@@ -73,3 +75,21 @@ def apply_if_finite(optimizer, params, opt_state, g_sum, apply, denom=None):
         return optax.apply_updates(params, updates), new_opt
 
     return jax.lax.cond(apply, update, lambda g, o, p: (p, o), g_sum, opt_state, params)
+
+
+def guarded_update(loss_fn, state, micro, metric_names, optimizer, schedule):
+    """One update from micro-batches whose `loss_fn(params, mb) -> (loss share, metrics)` already
+    divides by the whole batch's normalizers (the summed shares are the batch's loss and
+    gradient): accumulate, apply when loss and gradient norm are finite, advance the state.
+    Returns (new state, metrics); shared by the GRPO and distillation updates."""
+    g_sum, (loss, m) = accumulate(loss_fn, state["params"], micro,
+                                  {k: jnp.zeros((), jnp.float32) for k in metric_names})
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), g_sum, state["params"])
+    gnorm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+    new_params, new_opt = apply_if_finite(optimizer, state["params"], state["opt_state"], grads,
+                                          finite)
+    new_state = state_lib.advance(state, new_params, new_opt, finite)
+    return new_state, {"loss": loss, "grad_norm": gnorm, "lr": schedule(state["step"]),
+                       "skipped": 1 - finite.astype(jnp.int32),
+                       "bad_steps": new_state["bad_steps"], **m}

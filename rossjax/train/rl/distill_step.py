@@ -24,11 +24,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import PartitionSpec as P
 
 from rossjax import models, sharding
-from rossjax.train import accumulate, state as state_lib
+from rossjax.train import accumulate
 from rossjax.train.rl import distill, grpo_step
 from rossjax.train.rl.aggregation import AGGREGATION_REGISTRY, masked, normalizers
 
@@ -79,18 +78,8 @@ def make_update(loss_fn, optimizer, schedule, *, agg: str, n_micro: int, partiti
     def update(state, base, teachers, batch):
         norm = normalizers(batch["mask"], agg, max_new)
         micro = accumulate.split_batch(batch, n_micro, partitioner)
-        g_sum, (loss, m) = accumulate.accumulate(
-            lambda t, mb: loss_fn(t, base, teachers, norm, mb), state["params"], micro,
-            {k: jnp.zeros((), jnp.float32) for k in METRICS})
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), g_sum, state["params"])
-        gnorm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-        new_params, new_opt = accumulate.apply_if_finite(
-            optimizer, state["params"], state["opt_state"], grads, finite)
-        new_state = state_lib.advance(state, new_params, new_opt, finite)
-        return new_state, {"loss": loss, "grad_norm": gnorm, "lr": schedule(state["step"]),
-                           "skipped": 1 - finite.astype(jnp.int32),
-                           "bad_steps": new_state["bad_steps"], **m}
+        return accumulate.guarded_update(lambda t, mb: loss_fn(t, base, teachers, norm, mb),
+                                         state, micro, METRICS, optimizer, schedule)
     return update
 
 

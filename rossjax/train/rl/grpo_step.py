@@ -16,12 +16,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import PartitionSpec as P
 
 from rossjax import models, sharding
 from rossjax.models import lora
-from rossjax.train import accumulate, losses, state as state_lib
+from rossjax.train import accumulate, losses
 from rossjax.train.rl import grpo_losses
 
 BATCH_KEYS = ("tokens", "positions", "segment_ids", "targets", "mask")
@@ -245,18 +244,8 @@ def make_update(loss_fn, optimizer, schedule, c, *, partitioner, max_new: int):
         # normalizers, so the summed shares are the minibatch's loss and gradient.
         norm = grpo_losses.normalizers(batch["mask"], c.agg, max_new)
         micro = accumulate.split_batch(batch, n_micro, partitioner)
-        g_sum, (loss, m) = accumulate.accumulate(
-            lambda t, mb: loss_fn(t, base, norm, mb, shared), state["params"], micro,
-            {k: jnp.zeros((), jnp.float32) for k in names})
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), g_sum, state["params"])
-        gnorm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-        new_params, new_opt = accumulate.apply_if_finite(
-            optimizer, state["params"], state["opt_state"], grads, finite)
-        new_state = state_lib.advance(state, new_params, new_opt, finite)
-        return new_state, {"loss": loss, "grad_norm": gnorm, "lr": schedule(state["step"]),
-                           "skipped": 1 - finite.astype(jnp.int32),
-                           "bad_steps": new_state["bad_steps"], **m}
+        return accumulate.guarded_update(lambda t, mb: loss_fn(t, base, norm, mb, shared),
+                                         state, micro, names, optimizer, schedule)
     return update
 
 
