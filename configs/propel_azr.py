@@ -37,8 +37,8 @@ have been trained on the same rendering: user-turn task text, `reward.probe.rend
 `:runlocal` has no such probe for its random tiny model: it trains a linear *validity* probe on
 templated induction tasks at start-up (`reward.probe.path=bootstrap`; real task_valid labels, not
 utility labels), so it exercises the mechanics only, prompted with the one fixed instruction
-(`data.induction.context=instruction`: short prompts). Time: `:runlocal` ~20 s on this 2-core
-CPU; the full config is a TPU job (estimated, not measured: ~15-30 s per step for a 1.5B
+(`data.induction.context=instruction`: short prompts). Time: `:runlocal` 23 s on a loaded 2-core AMD EPYC (2026-12-04;
+load ~5.6); the full config is a TPU job (estimated, not measured: ~15-30 s per step for a 1.5B
 generator on a v5e-8).
 
 Memory: an update holds activations for `grpo.minibatch / grpo.micro_batches` rows; at long

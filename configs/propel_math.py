@@ -26,7 +26,7 @@ Paper settings: 30 RL steps; advantages = "grpo" ((r - mean) / (std + eps)); KL 
 the reference (AZR: 0.05, configs/propel_azr.py); LoRA rank 16 on all projections.
 
 Needs: a generator checkpoint and a probe selected for it. `:runlocal` uses a random tiny model
-and the bootstrap validity probe of configs/propel_azr.py (mechanics only), ~20 s on this CPU;
+and the bootstrap validity probe of configs/propel_azr.py (mechanics only), 35-42 s on a loaded 2-core AMD EPYC (2026-12-04);
 the full config is a TPU job.
 """
 

@@ -19,7 +19,7 @@ machine they move far less with the load than wall time does.
 Where the update's time goes (profiled 2026-12-02, 2-core CPU, 64 x 144 batch): nothing is
 recomputed (remat off; the chunked loss's [b, chunk, 131] logits are recomputed in the backward
 but cost < 0.1%), the state is donated, the one host sync is the metrics' device_get, and the
-batch length (round_up(prompt + max_new, 16) = 144 for every gen:arith step) does not change
+batch length (grpo_step.batch_length(prompt + max_new) = 144 for every gen:arith step) does not change
 between steps, so there is one compile. The row-wise step is matmul-bound: XLA's cost analysis
 counts 1.41 TFLOP (6 x 24.2M params x 9,216 positions + attention, the textbook count), and
 XLA:CPU's f32 dot runs ~80 GFLOP per CPU-second against torch/MKL's ~110 (oneDNN/XNNPACK flags

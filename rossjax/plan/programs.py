@@ -107,7 +107,7 @@ def grpo_programs(cfg, part, prompt_len: int) -> list[Program]:
                             param_shardings=t.param_shardings, state_shardings=st_sh,
                             base_shardings=t.base_shardings or {}, lora_alpha=t.lora_alpha,
                             loss_cfg=g, chunk=g.loss_chunk, max_new=max_new)
-    seq = grpo_step.round_up(int(prompt_len) + int(g.max_new_tokens), 16)
+    seq = grpo_step.batch_length(int(prompt_len) + int(g.max_new_tokens))
     rows_sh = fns.row_sharding
     adv_sh = part.rows(1)
 
