@@ -15,14 +15,14 @@ import pytest
 
 from rossjax import demo
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]
+# One test for the whole run (its checks below): a module fixture shared by several tests would
+# run the 6-minute demo once per xdist worker that draws one of them (make test: --dist load).
+pytestmark = pytest.mark.slow
 
 _PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    wd = tmp_path_factory.mktemp("demo")
+def _run_demo(wd):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                XLA_FLAGS="--xla_force_host_platform_device_count=1")
     proc = subprocess.run([sys.executable, "-m", "rossjax.cli", "demo", f"--workdir={wd}",
@@ -31,7 +31,7 @@ def run(tmp_path_factory):
     return wd, proc.stdout
 
 
-def test_curate_accounts_for_every_shipped_row(run):
+def _curate_accounts_for_every_shipped_row(run):
     wd, _ = run
     with open(demo.data_path("rollouts", "sample.jsonl"), encoding="utf-8") as f:
         n_rows = sum(1 for line in f if line.strip())
@@ -47,7 +47,7 @@ def test_curate_accounts_for_every_shipped_row(run):
     assert 0 < report["ter"] < 1
 
 
-def test_training_ran_every_step_and_export_reloads(run):
+def _training_ran_every_step_and_export_reloads(run):
     wd, out = run
     rows = [json.loads(line) for line in open(wd / "sft" / "metrics.jsonl")]
     steps = sorted({r["step"] for r in rows if "loss" in r})
@@ -71,7 +71,7 @@ def test_training_ran_every_step_and_export_reloads(run):
     assert np.isfinite(logits).all() and logits.shape[-1] >= len(tok)
 
 
-def test_views_are_written(run):
+def _views_are_written(run):
     wd, out = run
     html = (wd / "mask.html").read_text(encoding="utf-8")
     pick = re.search(r"\(mask of ([^)]+)\)", out).group(1)
@@ -83,7 +83,7 @@ def test_views_are_written(run):
     assert str(wd) in out.splitlines()[-7]  # the summary says where the outputs are
 
 
-def test_agentic_grpo_wrote_a_finite_reward_each_step(run):
+def _agentic_grpo_wrote_a_finite_reward_each_step(run):
     wd, out = run
     grpo = wd / "agents" / "grpo"
     rows = [json.loads(line) for line in open(grpo / "metrics.jsonl")]
@@ -96,7 +96,7 @@ def test_agentic_grpo_wrote_a_finite_reward_each_step(run):
     assert re.search(r"GRPO step 1: reward_mean [0-9.]+; opened the vault \d+/32", out)
 
 
-def test_serve_answered_and_the_server_is_gone(run):
+def _serve_answered_and_the_server_is_gone(run):
     wd, out = run
     m = re.search(r"served +vault_hf at http://127\.0\.0\.1:(\d+)/v1 answered (.*) to "
                   r"'Vault code\?' \(log: (.*)\)$", out, re.M)
@@ -110,7 +110,7 @@ def test_serve_answered_and_the_server_is_gone(run):
         s.bind(("127.0.0.1", int(m.group(1))))
 
 
-def test_summary_names_every_stage(run):
+def _summary_names_every_stage(run):
     _, out = run
     tail = out.splitlines()[-7:]
     assert tail[0].startswith("rossjax demo done in ")
@@ -119,6 +119,17 @@ def test_summary_names_every_stage(run):
     assert re.search(r"agents +vault GRPO reward first->last [0-9.]+ -> [0-9.]+ over 1 steps",
                      out)
     assert [int(k) for k in re.findall(r"^== (\d)/7 ", out, re.M)] == list(range(1, 8))
+
+
+def test_demo_runs_every_stage_and_says_where_its_outputs_are(tmp_path):
+    (tmp_path / "demo").mkdir()
+    run = _run_demo(tmp_path / "demo")
+    _curate_accounts_for_every_shipped_row(run)
+    _training_ran_every_step_and_export_reloads(run)
+    _views_are_written(run)
+    _agentic_grpo_wrote_a_finite_reward_each_step(run)
+    _serve_answered_and_the_server_is_gone(run)
+    _summary_names_every_stage(run)
 
 
 def test_a_server_that_dies_is_reported_with_its_log(tmp_path):
