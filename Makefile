@@ -55,8 +55,6 @@ lint: $(STAMP)
 	@$(PY) -m ruff check --select C901 --exit-zero --output-format concise . | grep C901 || true
 
 # The whole suite (what CI runs): lint first, then pytest with two xdist workers (one per core),
-# --dist load (a 2026-12-04 run under --dist loadgroup deadlocked: both workers idle, waiting for
-# work the scheduler never sent, at 26% after 22 min),
 # slowest modules first (tests/suite_plugin.py). The beam tests skip in the first run (no
 # apache_beam in .venv) and run in the second; the TPU-compiler tests (rossjax plan) likewise
 # skip in the first and run in the third (-k tpu), with .tpu/ in front. All share JAX's compilation cache in
@@ -67,7 +65,7 @@ CPU := $$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), \
 TPUTESTS := tests/test_plan.py tests/test_memory.py
 test: lint $(BEAM) $(TPU)
 	@start=$$(date +%s); \
-	$(PY) -m pytest -q -n 2 --dist load --durations=20 tests && \
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=20 tests && \
 	$(BEAMENV) $(PY) -m pytest -q -n 0 tests/test_curate_beam.py && \
 	$(TPUENV) $(PY) -m pytest -q -n 2 -k tpu $(TPUTESTS); rc=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s on $(CPU), exit $$rc"; exit $$rc

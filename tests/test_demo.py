@@ -16,7 +16,7 @@ import pytest
 from rossjax import demo
 
 # One test for the whole run (its checks below): a module fixture shared by several tests would
-# run the 6-minute demo once per xdist worker that draws one of them (make test: --dist load).
+# run the 6-minute demo once per xdist worker that draws one of them (make test: two xdist workers).
 pytestmark = pytest.mark.slow
 
 _PNG = b"\x89PNG\r\n\x1a\n"
