@@ -109,9 +109,12 @@ HELPERS = {
                                      "_peek('ba')\n", "passed": None, "word": "_peek"},
 }
 # The verdict channel and other processes, with no namespaces and the hook off (a bypass):
-# write a final `done` into every pipe of an ancestor through /proc/PID/fd (the host's report
-# channel was a pipe: as root a wrong program passed), ptrace the host (PTRACE_SEIZE, which
-# does not stop it; an ATTACH left the root host stopped), signal its processes.
+# write a final `done` into every pipe of an ancestor up to the host through /proc/PID/fd (the
+# host's report channel was a pipe: as root a wrong program passed), ptrace the host
+# (PTRACE_SEIZE, which does not stop it; an ATTACH left the root host stopped), signal its
+# processes. The walk stops at the host ({HOST_PID}, the process that called sandbox.run):
+# above it sit pytest-xdist's worker and controller, whose channel pipes the spam corrupted
+# (both hung, waiting on a garbage message header).
 _FAKE_DONE = WRONG_ADD + (
     "import os, threading\nws, pid = [], os.getpid()\nfor _ in range(6):\n    try:\n"
     "        pid = int(open(f'/proc/{pid}/status').read().split('PPid:')[1].split()[0])\n"
@@ -119,7 +122,7 @@ _FAKE_DONE = WRONG_ADD + (
     "    for fd in fds:\n        p = f'/proc/{pid}/fd/{fd}'\n        try:\n"
     "            if os.readlink(p).startswith(('pipe:', 'socket:')):\n"
     "                ws.append(os.open(p, os.O_WRONLY | os.O_NONBLOCK))\n        except OSError:\n"
-    "            pass\ndef spam():\n    for _ in range(300):\n        for w in ws:\n"
+    "            pass\n    if pid == {HOST_PID}:\n        break\ndef spam():\n    for _ in range(300):\n        for w in ws:\n"
     "            try:\n                os.write(w, b'checker 0 0\\nprogram 0 0\\ndone\\n')\n"
     "            except OSError:\n                pass\n"
     "threading.Thread(target=spam, daemon=True).start()\n")
