@@ -7,6 +7,9 @@
   - what it costs: every worker counts XLA compilations in its process (count, seconds, hits of
     the persistent compilation cache that tests/conftest.py turns on) and the summary adds them
     up, so a run shows how much of its time went to compiling; CLI subprocesses are not counted.
+  - CPU: each test's CPU seconds (its process and the children it waited for, getrusage) go to
+    build/test-cpu.json per module, and the summary lists the modules that cost the most CPU:
+    unlike wall time, this holds when other work shares the machine.
   - refresh: each run updates build/test-durations.json (the same form as tests/durations.json);
     copy it over after tests were added or moved.
 """
@@ -15,13 +18,18 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
+
+import pytest
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _BUILD = os.path.join(os.path.dirname(_HERE), "build")
 _STATS_ENV = "ROSSJAX_SUITE_STATS"
 _DURATIONS: dict | None = None  # module -> seconds, on the controller only
+_CPU: dict = {}  # module -> CPU seconds, on the controller only
+_CPU_START: dict = {}  # nodeid -> CPU seconds used before its setup, in the running process
 _T0 = 0.0
 
 
@@ -83,8 +91,22 @@ class _Compiles:
 _COMPILES = _Compiles()
 
 
+def _cpu_now() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def pytest_runtest_setup(item):
+    _CPU_START[item.nodeid] = _cpu_now()
     _COMPILES.attach()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    start = _CPU_START.pop(item.nodeid, None) if call.when == "teardown" else None
+    if start is not None:  # rides to the controller with the teardown report (xdist sends it)
+        outcome.get_result().user_properties.append(("cpu_s", _cpu_now() - start))
 
 
 def pytest_runtest_teardown(item):
@@ -96,6 +118,9 @@ def pytest_runtest_logreport(report):
     if _DURATIONS is not None:
         mod = _module(report.nodeid)
         _DURATIONS[mod] = _DURATIONS.get(mod, 0.0) + report.duration
+        for key, value in getattr(report, "user_properties", ()):
+            if key == "cpu_s":
+                _CPU[mod] = _CPU.get(mod, 0.0) + value
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -121,15 +146,24 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(
         f"suite: {wall:.0f} s wall; XLA in the test processes: {n} compilations, {secs:.0f} s "
         f"(persistent-cache hits {hits}; CLI subprocesses not counted)")
+    if _CPU:
+        top = sorted(_CPU.items(), key=lambda kv: -kv[1])
+        terminalreporter.write_line(
+            f"suite CPU: {sum(_CPU.values()):.0f} s in the test processes and their CLI "
+            f"subprocesses; most: " + ", ".join(f"{m.split('/')[-1]} {v:.0f}" for m, v in top[:12]))
+        _merge(os.path.join(_BUILD, "test-cpu.json"), _CPU)
     # Merged into what earlier runs wrote: make test's second pytest run (the beam module) must
     # not replace the first's table.
-    path = os.path.join(_BUILD, "test-durations.json")
+    _merge(os.path.join(_BUILD, "test-durations.json"), _DURATIONS)
+
+
+def _merge(path: str, new: dict):
     try:
         with open(path, encoding="utf-8") as f:
             table = json.load(f)
     except (OSError, ValueError):
         table = {}
-    table.update({k: round(v, 1) for k, v in _DURATIONS.items()})
+    table.update({k: round(v, 1) for k, v in new.items()})
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(dict(sorted(table.items(), key=lambda kv: -kv[1])), f, indent=0)
     os.replace(path + ".tmp", path)
