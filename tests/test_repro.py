@@ -92,7 +92,10 @@ def test_repro_usage_errors():
 
 
 def _run_quick(name, workdir):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+    # One CPU device and XLA's full optimization, as users run it (hundreds of training steps:
+    # tests/conftest.py's -O0 would cost more than it saves here).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XLA_FLAGS", "JAX_DISABLE_MOST_OPTIMIZATIONS")}
     out = subprocess.run([sys.executable, "-m", "rossjax.cli", "repro", name, "--workdir",
                           str(workdir), "--quick"], env=env, capture_output=True, text=True,
                          timeout=3600)
