@@ -32,9 +32,10 @@ $(BEAM): $(STAMP)
 # The TPU compiler (libtpu, the tpu extra at .venv's jax version) for `rossjax plan` and its
 # tests: in .tpu/, put in front by PYTHONPATH for those tests only. On a host without a TPU,
 # libtpu in .venv would make every process that asks jax for its backends print TPU-metadata
-# warnings on stderr, which the CLI tests read.
+# warnings on stderr, which the CLI tests read. Those tests compile at full optimization
+# (tests/conftest.py's -O0 would change the TPU programs whose memory they check).
 TPU     := .tpu/.installed
-TPUENV  := PYTHONPATH=$(CURDIR)/.tpu JAX_PLATFORMS=cpu
+TPUENV  := PYTHONPATH=$(CURDIR)/.tpu JAX_PLATFORMS=cpu JAX_DISABLE_MOST_OPTIMIZATIONS=0
 $(TPU): $(STAMP)
 	rm -rf .tpu && mkdir .tpu
 	$(PY) -m pip install -q --dry-run --report .tpu/plan.json \
