@@ -9,8 +9,9 @@ import os
 import shlex
 
 import pytest
+from test_propel_swe_cli import ScriptedSolver as CliScriptedSolver
 
-from rossjax.agents.swe_label import _Reverter, read_pool
+from rossjax.agents.swe_label import read_pool
 from rossjax.agents.swe_pool import _Mutator, bug_topic, changed_text, edited_files
 from rossjax.cli import main, parse_config
 from rossjax.configs import propel_swe
@@ -44,25 +45,10 @@ class SameBug:
         return _Mutator(base, 0, 0)
 
 
-class ScriptedSolver:
-    """Per bug: F reverts the bug, . answers at once (as in test_propel_swe_cli)."""
+class ScriptedSolver(CliScriptedSolver):
+    """Per bug: F reverts the bug, . answers at once (test_propel_swe_cli's solver)."""
 
-    per_task = True
     SCRIPT = {"textkit-0": "F.", "textkit-1": "FF"}
-
-    def __call__(self, base, patch, rid):
-        fix, script, n = _Reverter(base, patch, rid, 1.0, 0).fix, self.SCRIPT[rid], [0]
-
-        def policy(messages, tools):
-            if messages[-1]["role"] != "user":
-                return {"content": "done", "tool_calls": []}
-            move, n[0] = script[n[0]], n[0] + 1
-            if move == ".":
-                return {"content": "done", "tool_calls": []}
-            return {"content": "THOUGHT: revert", "tool_calls": [{
-                "id": "c0", "type": "function",
-                "function": {"name": "bash", "arguments": json.dumps({"command": fix})}}]}
-        return policy
 
 
 SCRIPTED_GENERATOR, SAME_BUG, SCRIPTED_SOLVER = ScriptedGenerator(), SameBug(), ScriptedSolver()
