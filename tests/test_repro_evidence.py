@@ -2,8 +2,8 @@
 experiment's table uses report.md's column and row names, every claim line (`- **shown**: ...`
 or `- **NOT shown**: ...`) is the one the repro's own `claims()` writes from that table's numbers,
 and a table whose full run's report is committed (docs/evidence/<name>.md) equals it cell for
-cell; README names which reports are committed, so a table without one is never passed off as
-checked."""
+cell, with every one of the report's claim lines and no other; README names which reports are
+committed, so a table without one is never passed off as checked."""
 
 from __future__ import annotations
 
@@ -69,13 +69,26 @@ def claims_from_readme(name: str) -> list[str]:
     return [report.claim_line(c) for c in propel.claims({"summary": s})]
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
-def test_every_evidence_claim_line_is_what_the_repro_writes_from_the_table(name):
+def readme_block(name: str) -> str:
+    """README's Evidence paragraphs of one experiment: from its lead to the next one's."""
     sec = evidence_section()
     block = sec[sec.index(LEADS[name]):]
     nxt = [block.index(v, 1) for v in LEADS.values() if v in block[1:]]
-    block = block[:min(nxt)] if nxt else block
-    written = [x for x in block.splitlines() if x.startswith(("- **shown**", "- **NOT shown**"))]
+    return block[:min(nxt)] if nxt else block
+
+
+def claim_lines(text: str) -> list[str]:
+    return [x for x in text.splitlines() if x.startswith(("- **shown**", "- **NOT shown**"))]
+
+
+def committed_reports() -> list[str]:
+    """The experiments whose full-run report.md is committed as docs/evidence/<name>.md."""
+    return [n for n in EXPERIMENTS if os.path.exists(os.path.join(EVIDENCE, f"{n}.md"))]
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_evidence_claim_line_is_what_the_repro_writes_from_the_table(name):
+    written = claim_lines(readme_block(name))
     want = claims_from_readme(name)
     assert all(c in written for c in want), (want, written)
     if name != "ross":  # no claim line written by hand; ROSS's second is report.md's alone
@@ -83,16 +96,29 @@ def test_every_evidence_claim_line_is_what_the_repro_writes_from_the_table(name)
 
 
 def test_readme_names_the_committed_reports_and_their_tables_match():
-    committed = [n for n in EXPERIMENTS if os.path.exists(os.path.join(EVIDENCE, f"{n}.md"))]
-    m = re.search(r"Committed reports: ([^.]+)\.", evidence_section())
+    committed = committed_reports()
+    # a sentence ends at a period followed by a space or the line's end ("ross.md" does not)
+    m = re.search(r"Committed reports: (.+?)\.(?:\s|$)", evidence_section(), re.S)
     assert m, "README's Evidence section must say which reports are committed"
     named = [] if m[1].strip() == "none yet" else re.findall(r"docs/evidence/(\w+)\.md", m[1])
     assert named == committed
-    for name in committed:
-        with open(os.path.join(EVIDENCE, f"{name}.md"), encoding="utf-8") as f:
-            rep = report.read(f.read())
-        assert report.table_differences(readme_table(name), rep) == [], name
-        assert [c for c in rep["claims"] if c not in evidence_section()] == [], name
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_a_committed_report_is_a_full_run_and_readme_quotes_it_exactly(name):
+    """Once docs/evidence/<name>.md is committed, README's table for <name> is its table cell for
+    cell (a subset of its columns, every row in its order) and README's claim lines for <name>
+    are the report's claim lines, all of them, in its order."""
+    if name not in committed_reports():
+        pytest.skip(f"docs/evidence/{name}.md is not committed yet")
+    with open(os.path.join(EVIDENCE, f"{name}.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert text.startswith(f"# rossjax repro {name} (full run, {SEEDS} seed(s))\n"), text[:80]
+    assert "with local changes" not in text  # its numbers come from a named commit
+    rep = report.read(text)
+    assert rep["rows"] and rep["claims"], name
+    assert report.table_differences(readme_table(name), rep) == [], name
+    assert claim_lines(readme_block(name)) == rep["claims"], name
 
 
 def test_report_md_round_trips_and_differences_are_named(tmp_path):
