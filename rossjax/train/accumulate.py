@@ -44,25 +44,35 @@ def split_batch(batch, n: int, partitioner=None):
     return jax.tree_util.tree_map_with_path(one, batch)
 
 
-def accumulate(loss_fn, params, micro, aux_zeros, active=None):
+def accumulate(loss_fn, params, micro, aux_zeros, active=None, prepare=None):
     """Sum over micro-batches of `loss_fn(params, mb) -> (value, aux)`: returns (float32 sum of
     d value / d params, (sum of values, sum of aux)). `aux_zeros`: float32 zeros shaped like aux.
     `active(mb) -> bool`: a micro-batch for which it is False adds zeros without running the
-    model (a `lax.cond`: the all-padding micro-batches of a sequence-count SFT batch)."""
+    model (a `lax.cond`: the all-padding micro-batches of a sequence-count SFT batch).
+    `prepare(mb) -> (inputs, ys)`: run once per micro-batch before and outside the gradient (a
+    frozen model's forward); the loss is then `loss_fn(params, mb, inputs)` and the result gains
+    a third element, every micro-batch's `ys` stacked [n, ...] (zeros where not active)."""
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     carry0 = (zeros, (jnp.zeros((), jnp.float32), aux_zeros))
 
     def grads(mb):
-        (value, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
-        return jax.tree.map(lambda x: x.astype(jnp.float32), (g, (value, aux)))
+        inputs, ys = ((), ()) if prepare is None else prepare(mb)
+        fn = loss_fn if prepare is None else (lambda p, m: loss_fn(p, m, inputs))
+        (value, aux), g = jax.value_and_grad(fn, has_aux=True)(params, mb)
+        return jax.tree.map(lambda x: x.astype(jnp.float32), (g, (value, aux))), ys
+
+    def skip(mb):
+        if prepare is None:
+            return carry0, ()
+        ys = jax.eval_shape(lambda m: prepare(m)[1], mb)
+        return carry0, jax.tree.map(lambda y: jnp.zeros(y.shape, y.dtype), ys)
 
     def body(carry, mb):
-        out = grads(mb) if active is None else jax.lax.cond(active(mb), grads,
-                                                            lambda _: carry0, mb)
-        return jax.tree.map(lambda a, b: a + b, carry, out), None
+        out, ys = grads(mb) if active is None else jax.lax.cond(active(mb), grads, skip, mb)
+        return jax.tree.map(lambda a, b: a + b, carry, out), ys
 
-    (g_sum, sums), _ = jax.lax.scan(body, carry0, micro)
-    return g_sum, sums
+    (g_sum, sums), ys = jax.lax.scan(body, carry0, micro)
+    return (g_sum, sums) if prepare is None else (g_sum, sums, ys)
 
 
 def apply_if_finite(optimizer, params, opt_state, g_sum, apply, denom=None):
@@ -77,19 +87,21 @@ def apply_if_finite(optimizer, params, opt_state, g_sum, apply, denom=None):
     return jax.lax.cond(apply, update, lambda g, o, p: (p, o), g_sum, opt_state, params)
 
 
-def guarded_update(loss_fn, state, micro, metric_names, optimizer, schedule):
+def guarded_update(loss_fn, state, micro, metric_names, optimizer, schedule, prepare=None):
     """One update from micro-batches whose `loss_fn(params, mb) -> (loss share, metrics)` already
     divides by the whole batch's normalizers (the summed shares are the batch's loss and
     gradient): accumulate, apply when loss and gradient norm are finite, advance the state.
-    Returns (new state, metrics); shared by the GRPO and distillation updates."""
-    g_sum, (loss, m) = accumulate(loss_fn, state["params"], micro,
-                                  {k: jnp.zeros((), jnp.float32) for k in metric_names})
+    Returns (new state, metrics); shared by the GRPO and distillation updates. With `prepare`
+    (see `accumulate`) the loss is `loss_fn(params, mb, inputs)` and the stacked ys come third."""
+    g_sum, (loss, m), *ys = accumulate(loss_fn, state["params"], micro,
+                                       {k: jnp.zeros((), jnp.float32) for k in metric_names},
+                                       prepare=prepare)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), g_sum, state["params"])
     gnorm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
     new_params, new_opt = apply_if_finite(optimizer, state["params"], state["opt_state"], grads,
                                           finite)
     new_state = state_lib.advance(state, new_params, new_opt, finite)
-    return new_state, {"loss": loss, "grad_norm": gnorm, "lr": schedule(state["step"]),
-                       "skipped": 1 - finite.astype(jnp.int32),
-                       "bad_steps": new_state["bad_steps"], **m}
+    metrics = {"loss": loss, "grad_norm": gnorm, "lr": schedule(state["step"]),
+               "skipped": 1 - finite.astype(jnp.int32), "bad_steps": new_state["bad_steps"], **m}
+    return (new_state, metrics) if prepare is None else (new_state, metrics, ys[0])
