@@ -103,7 +103,7 @@ class Engine:
 
     def stream_to(self, on_tokens, min_gap_s: float | None = None):
         """While a stream=True sequence decodes, call `on_tokens({seq_id: (tokens, logprobs)})`
-        from inside the decode loop, right after a step samples (a new sequence's first token
+        (a third entry, per token [(id, log-prob)], where it asked for top_logprobs) from inside the decode loop, right after a step samples (a new sequence's first token
         right after its prefill), at most every `min_gap_s` (rossjax.engine.stream); a true
         answer ends the chunk after that step (so the caller can submit or cancel). Each
         Update's `streamed` counts its tokens already given. Tokens and results are the same

@@ -17,6 +17,7 @@ import numpy as np
 
 from rossjax import sharding
 from rossjax.engine import kv_slots, stream
+from rossjax.engine.types import MAX_TOP_LOGPROBS
 from rossjax.engine.scheduler import (
     DecodeBatch,
     ExecutionOutput,
@@ -39,6 +40,9 @@ class Executor:
         # Streaming decodes (plan.decode.stream) hand tokens to listener.sink as they come;
         # one host call per step costs too much on a mesh, where they stay chunk by chunk.
         self.listener = stream.Listener() if layout.partitioner is None else None
+        # per slot, how many top log-probs its sequence asked for: a decode computes them (the
+        # program with a static k = MAX_TOP_LOGPROBS) only when one of its rows asks
+        self.top_n = np.zeros(layout.slots, np.int64)
 
     def set_params(self, params):
         self.params = self.programs.place_params(params)
@@ -82,6 +86,7 @@ class Executor:
         pad = pow2(len(b.slots)) - len(b.slots)
         slot_idx = np.asarray(list(b.slots) + [self.layout.slots] * pad, np.int32)
         src_row = np.asarray(list(b.rows) + [0] * pad, np.int32)
+        self._note_top(b.slots, b.sampling)
         self.state = self.programs.insert(self.params, self.state, tokens, positions, valid,
                                           slot_idx, src_row,
                                           self._sampling_columns(b.sampling, b.candidates))
@@ -90,10 +95,15 @@ class Executor:
         """Prefix-cache hits: copy each prefix into its slot, then run the rest of its prompt."""
         pad = pow2(len(b.slots)) - len(b.slots)
         col = lambda xs, fill: np.asarray(list(xs) + [fill] * pad, np.int32)
+        self._note_top(b.slots, b.sampling)
         self.state = self.programs.fork(
             self.state, col(b.slots, self.layout.slots), col(b.srcs, 0), col(b.ends, 0),
             col(b.n_tokens, 0), self._sampling_columns(b.sampling, b.candidates))
         self._extend(ExtendBatch(b.length, b.slots, b.suffixes, b.budgets))
+
+    def _note_top(self, slots, sampling):
+        for slot, sp in zip(slots, sampling):
+            self.top_n[slot] = sp.top_logprobs
 
     def _sampling_columns(self, sampling, candidates) -> dict:
         """Per-slot sampling settings [m] (m = slots padded to a power of two), as insert takes
@@ -117,9 +127,12 @@ class Executor:
     def _decode(self, d: DecodeBatch, fresh: bool) -> ExecutionOutput:
         lst = self.listener if d.stream and self.listener is not None else None
         rows = d.rows if d.rows is not None else range(self.layout.slots)
+        asked = {slot: int(self.top_n[slot]) for slot in d.slots if self.top_n[slot]}
+        top_n = MAX_TOP_LOGPROBS if asked else 0    # one static k: one more program, not 20
         if lst is not None:
             live = set(d.stream)
-            lst.begin([int(r) if r in live else -1 for r in rows])
+            lst.begin([int(r) if r in live else -1 for r in rows],
+                      [asked.get(int(r), 0) for r in rows])
             # A sequence new in this plan: its first token goes out at step 0; a chunk that
             # ends within the gap anyway makes no call (first call past its last step).
             first = (0 if fresh else lst.gap - 1) if lst.worth(d.steps) else d.steps
@@ -128,29 +141,32 @@ class Executor:
             stream_args = None
         if d.rows is not None:
             idx = np.asarray(d.rows, np.int32)
-            self.state, tok, lp, emitted = self.programs.decode_compact(
-                self.params, self.state, idx, d.exit_on_free, d.steps, d.mode, stream_args)
+            self.state, tok, lp, emitted, *top = self.programs.decode_compact(
+                self.params, self.state, idx, d.exit_on_free, d.steps, d.mode, stream_args,
+                top_n)
             row_of = {int(slot): r for r, slot in enumerate(idx)}
         else:
-            self.state, tok, lp, emitted = self.programs.decode(
-                self.params, self.state, d.exit_on_free, d.steps, d.mode, stream_args)
+            self.state, tok, lp, emitted, *top = self.programs.decode(
+                self.params, self.state, d.exit_on_free, d.steps, d.mode, stream_args, top_n)
             row_of = {slot: slot for slot in d.slots}
-        tok, lp, emitted, active = (sharding.to_host(x) for x in
-                                    (tok, lp, emitted, self.state["active"]))
+        tok, lp, emitted, active, *top = (sharding.to_host(x) for x in
+                                          (tok, lp, emitted, self.state["active"], *top))
         streamed = {}
         if lst is not None:
             if lst.error is not None:
                 raise lst.error
             streamed = lst.delivered()
             lst.observe(time.perf_counter() - t0, int(emitted.max(initial=0)))
-        tokens, logprobs = {}, {}
+        tokens, logprobs, tops = {}, {}, {}
         for slot in d.slots:
             r = row_of[slot]
             k = int(emitted[r])
             tokens[slot], logprobs[slot] = tok[r, :k].tolist(), lp[r, :k].tolist()
+            if slot in asked:
+                tops[slot] = stream.top_pairs(top[0][r, :k], top[1][r, :k], asked[slot])
         return ExecutionOutput(tokens, logprobs,
                                frozenset(slot for slot in d.slots if not active[slot]),
-                               {s: streamed.get(s, 0) for s in d.slots})
+                               {s: streamed.get(s, 0) for s in d.slots}, tops)
 
 
 def _fold(keys: np.ndarray, data: np.ndarray):

@@ -182,17 +182,19 @@ def extend(layout: Layout, params, state, tokens, valid, slot_idx, budget):
 
 
 def _host_call(listener, emitted, out_tok, out_lp):
-    """A streaming decode's call to the host (rossjax.engine.stream): (halt, gap)."""
+    """A streaming decode's call to the host (rossjax.engine.stream): (halt, gap). out_lp: the
+    log-prob buffers (lp, or lp, top ids, top log-probs)."""
     return io_callback(_host_hook, (jax.ShapeDtypeStruct((), jnp.bool_),
                                      jax.ShapeDtypeStruct((), jnp.int32)),
-                       listener, emitted, out_tok, out_lp, ordered=False)
+                       listener, emitted, out_tok, *out_lp, ordered=False)
 
 
 def decode(layout: Layout, params, state, exit_on_free, listener=None, first_call=None, *,
-           steps: int, mode: str, stream: bool = False):
+           steps: int, mode: str, stream: bool = False, top_n: int = 0):
     """Up to `steps` decode steps over every slot (inactive slots compute but change nothing);
     stops early once no slot is active, or, with exit_on_free, after a step that ended one (so
-    a waiting request can take its slot). Returns (state, tokens [S, steps], logprobs, emitted [S]).
+    a waiting request can take its slot). Returns (state, tokens [S, steps], logprobs, emitted [S]),
+    with top_n > 0 (static) also the top_n likeliest tokens' ids and log-probs [S, steps, top_n].
     stream: the host is called (rossjax.engine.stream) after step `first_call` and then every
     `gap` steps it asks for, with what every row has emitted so far; it may end the chunk (halt).
     The steps between calls are a plain inner loop (a call or a branch inside every step would
@@ -200,6 +202,7 @@ def decode(layout: Layout, params, state, exit_on_free, listener=None, first_cal
     s = layout.slots
     stop = state["stop"]
     start_count = state["count"]
+    top_n = min(int(top_n), layout.cfg.vocab_size)
 
     def going(c):
         i, st, _, _, freed = c
@@ -208,12 +211,13 @@ def decode(layout: Layout, params, state, exit_on_free, listener=None, first_cal
     def body(c):
         i, st, out_tok, out_lp, freed = c
         act = st["active"]
-        tok, lp = sampler.select(st["last"], st["temp"], st["top_k"], st["top_p"], st["key"],
-                                 st["count"], mode)
+        tok, *lps = sampler.select(st["last"], st["temp"], st["top_k"], st["top_p"], st["key"],
+                                   st["count"], mode, top_n)
         tok = jnp.where(act, tok, 0)
-        lp = jnp.where(act, lp, 0.0)
+        lps[0] = jnp.where(act, lps[0], 0.0)
         out_tok = jax.lax.dynamic_update_slice(out_tok, tok[:, None], (0, i))
-        out_lp = jax.lax.dynamic_update_slice(out_lp, lp[:, None], (0, i))
+        out_lp = tuple(jax.lax.dynamic_update_slice(buf, x[:, None], (0, i) + (0,) * (x.ndim - 1))
+                       for buf, x in zip(out_lp, lps))
         budget = st["budget"] - act.astype(jnp.int32)
         ended = act & (jnp.any(tok[:, None] == stop, axis=1) | (budget <= 0))
         # Every emitted token (a stop token too) enters the cache: a held sequence can be
@@ -226,11 +230,13 @@ def decode(layout: Layout, params, state, exit_on_free, listener=None, first_cal
                   last=jnp.where(act[:, None], logits[:, 0], st["last"]))
         return i + 1, st, out_tok, out_lp, freed | jnp.any(ended)
 
-    init = (jnp.int32(0), state, jnp.zeros((s, steps), jnp.int32),
-            jnp.zeros((s, steps), jnp.float32), jnp.bool_(False))
+    bufs = (jnp.zeros((s, steps), jnp.float32),)
+    if top_n:
+        bufs += (jnp.zeros((s, steps, top_n), jnp.int32), jnp.zeros((s, steps, top_n), jnp.float32))
+    init = (jnp.int32(0), state, jnp.zeros((s, steps), jnp.int32), bufs, jnp.bool_(False))
     if not stream:
         _, state, out_tok, out_lp, _ = jax.lax.while_loop(going, body, init)
-        return state, out_tok, out_lp, state["count"] - start_count
+        return (state, out_tok, out_lp[0], state["count"] - start_count, *out_lp[1:])
 
     def segment(oc):
         c, _, last_call = oc
@@ -242,7 +248,7 @@ def decode(layout: Layout, params, state, exit_on_free, listener=None, first_cal
     c, _, _ = jax.lax.while_loop(lambda oc: going(oc[0]) & ~oc[1], segment,
                                  (init, jnp.bool_(False), first_call))
     _, state, out_tok, out_lp, _ = c
-    return state, out_tok, out_lp, state["count"] - start_count
+    return (state, out_tok, out_lp[0], state["count"] - start_count, *out_lp[1:])
 
 
 def _slot_axes(layout: Layout, state):
@@ -251,7 +257,8 @@ def _slot_axes(layout: Layout, state):
 
 
 def decode_compact(layout: Layout, params, state, idx, exit_on_free, listener=None,
-                   first_call=None, *, steps: int, mode: str, stream: bool = False):
+                   first_call=None, *, steps: int, mode: str, stream: bool = False,
+                   top_n: int = 0):
     """`decode` over slots `idx` [k] only (distinct; padding entries name idle slots): their rows
     are gathered into a k-slot state, decoded, and written back. Once most sequences of a batch
     have ended, the steps then cost k rows instead of every slot's."""
@@ -263,8 +270,9 @@ def decode_compact(layout: Layout, params, state, idx, exit_on_free, listener=No
 
     sub = {k: take(v, axes[k]) if k != "cache" else
            {n: take(v[n], axes[k][n]) for n in v} for k, v in state.items()}
-    sub, out_tok, out_lp, emitted = decode(sub_layout, params, sub, exit_on_free, listener,
-                                           first_call, steps=steps, mode=mode, stream=stream)
+    sub, out_tok, out_lp, emitted, *top = decode(sub_layout, params, sub, exit_on_free, listener,
+                                                 first_call, steps=steps, mode=mode,
+                                                 stream=stream, top_n=top_n)
 
     def put(big, small, ax):
         at = (slice(None),) * ax + (idx,)
@@ -272,7 +280,7 @@ def decode_compact(layout: Layout, params, state, idx, exit_on_free, listener=No
 
     out = {k: put(v, sub[k], axes[k]) if k != "cache" else
            {n: put(v[n], sub[k][n], axes[k][n]) for n in v} for k, v in state.items()}
-    return out, out_tok, out_lp, emitted
+    return (out, out_tok, out_lp, emitted, *top)
 
 
 class Programs:
@@ -320,24 +328,27 @@ class Programs:
     def fork(self, state, *host):
         return self._fork(state, *self._host(host))
 
-    def decode(self, params, state, exit_on_free: bool, steps: int, mode: str, stream=None):
-        """stream: None, or (listener id, first call step) for a streaming decode (unsharded)."""
-        key = (steps, mode, stream is not None)
+    def decode(self, params, state, exit_on_free: bool, steps: int, mode: str, stream=None,
+               top_n: int = 0):
+        """stream: None, or (listener id, first call step) for a streaming decode (unsharded).
+        top_n: 0, or the static k of the top log-probs (a program of its own)."""
+        key = (steps, mode, stream is not None, top_n)
         if key not in self._decode:
             fn = functools.partial(decode, self.layout, steps=steps, mode=mode,
-                                   stream=stream is not None)
-            out = None if self._repl is None else self._out(self._decode_out)
+                                   stream=stream is not None, top_n=top_n)
+            out = None if self._repl is None else self._out(
+                self._decode_out + ((self._repl, self._repl) if top_n else ()))
             self._decode[key] = jax.jit(fn, donate_argnums=1, out_shardings=out)
         return self._decode[key](params, state, *self._host((np.bool_(exit_on_free),)),
                                  *_stream_args(stream))
 
     def decode_compact(self, params, state, idx, exit_on_free: bool, steps: int, mode: str,
-                       stream=None):
-        key = ("compact", int(idx.shape[0]), steps, mode, stream is not None)
+                       stream=None, top_n: int = 0):
+        key = ("compact", int(idx.shape[0]), steps, mode, stream is not None, top_n)
         if key not in self._decode:
             self._decode[key] = jax.jit(functools.partial(
-                decode_compact, self.layout, steps=steps, mode=mode, stream=stream is not None),
-                donate_argnums=1)
+                decode_compact, self.layout, steps=steps, mode=mode, stream=stream is not None,
+                top_n=top_n), donate_argnums=1)
         return self._decode[key](params, state, idx, np.bool_(exit_on_free),
                                  *_stream_args(stream))
 

@@ -128,6 +128,7 @@ def fork_batch(index: PrefixIndex, length: int, group) -> ForkBatch:
         first = hit.end + length - len(suffix)
         for s in r.seqs:
             s.cache_used, s.budget = hit.end + length, s.sampling.max_new_tokens
+            s.cached_tokens = k
             rows.append((s, hit, suffix))
         for s in r.seqs:
             index.set(s.slot, r.prompt, cols + list(range(first, first + len(suffix))))

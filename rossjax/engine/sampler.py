@@ -57,10 +57,12 @@ def mode_for(temperatures, top_ks, top_ps) -> str:
     return "plain" if all(k == 0 and p >= 1.0 for k, p in sampled) else "filtered"
 
 
-def select(last, temperature, top_k, top_p, keys, count, mode: str):
+def select(last, temperature, top_k, top_p, keys, count, mode: str, top_n: int = 0):
     """last [n, V] float32 logits; per-row knobs [n]; keys [n, 2] uint32; count [n] int32.
     Returns (tokens [n] int32, log p(token) under logits / T [n] float32: the temperature the
-    row samples at, T = 1 for greedy rows; before top-k / top-p, as the GRPO trainer scores it)."""
+    row samples at, T = 1 for greedy rows; before top-k / top-p, as the GRPO trainer scores it).
+    top_n > 0 (static): also (ids [n, top_n] int32, log-probs [n, top_n]) of the likeliest
+    tokens under that same distribution, best first (ties: the lower id first, as greedy)."""
     top = jnp.max(last, axis=-1, keepdims=True)
     greedy_tok = first_index(last == top)
     if mode == "greedy":
@@ -80,4 +82,7 @@ def select(last, temperature, top_k, top_p, keys, count, mode: str):
     top = jnp.max(scaled, axis=-1, keepdims=True)
     lse = top[:, 0] + jnp.log(jnp.sum(jnp.exp(scaled - top), axis=-1))
     lp = jnp.take_along_axis(scaled, tok[:, None], 1)[:, 0] - lse
-    return tok, lp
+    if not top_n:
+        return tok, lp
+    vals, ids = jax.lax.top_k(scaled, min(top_n, scaled.shape[-1]))
+    return tok, lp, ids.astype(jnp.int32), vals - lse[:, None]

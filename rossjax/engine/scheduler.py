@@ -110,6 +110,7 @@ class ExecutionOutput:
     logprobs: dict
     finished: frozenset
     streamed: dict = dataclasses.field(default_factory=dict)    # slot -> tokens already streamed
+    top_logprobs: dict = dataclasses.field(default_factory=dict)  # slot -> per token [(id, lp)]
 
 
 # -- host records --------------------------------------------------------------------------
@@ -127,6 +128,7 @@ class _Sequence:
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
     finish_reason: FinishReason | None = None
+    cached_tokens: int = 0          # prompt tokens the prefix cache supplied (prefix.fork_batch)
 
 
 @dataclasses.dataclass
@@ -226,7 +228,7 @@ class Scheduler:
     def result(self, seq_id: int) -> SequenceResult:
         s = self._seq(seq_id)
         return SequenceResult(s.id, s.status, tuple(s.tokens), tuple(s.logprobs), s.finish_reason,
-                              s.cache_used)
+                              s.cache_used, s.cached_tokens)
 
     def count(self, status: Status) -> int:
         return sum(s.status is status for s in self._seqs.values())
@@ -364,7 +366,7 @@ class Scheduler:
                 hit = bool(toks) and toks[-1] in s.sampling.stop_ids
                 self._finish(s, FinishReason.STOP if hit else FinishReason.LENGTH, keep=s.hold)
             updates.append(Update(s.id, toks, lps, done, s.finish_reason,
-                                  out.streamed.get(slot, 0)))
+                                  out.streamed.get(slot, 0), out.top_logprobs.get(slot, [])))
         return updates
 
     def _finish(self, s: _Sequence, reason: FinishReason, keep: bool):

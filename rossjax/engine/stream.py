@@ -32,17 +32,21 @@ _IDS = itertools.count(1)
 _LOCK = threading.Lock()
 
 
-def hook(listener, emitted, tokens, logprobs):
-    """The io_callback target: (halt, gap) as numpy scalars."""
+def hook(listener, emitted, tokens, logprobs, *top):
+    """The io_callback target: (halt, gap) as numpy scalars. top: a decode with top log-probs
+    also passes their ids and log-probs [rows, steps, k]."""
     lst = _REGISTRY.get(int(listener))
     if lst is None:
         return np.bool_(False), np.int32(1 << 30)
-    return lst.called(np.asarray(emitted), np.asarray(tokens), np.asarray(logprobs))
+    return lst.called(np.asarray(emitted), np.asarray(tokens), np.asarray(logprobs),
+                      *(np.asarray(x) for x in top))
 
 
 class Listener:
     """One executor's end of the hook: maps a decode's rows to slots, hands each slot's new
-    tokens to `sink({slot: (tokens, logprobs)}) -> halt`, and spaces the calls."""
+    tokens to `sink({slot: (tokens, logprobs)}) -> halt` (with a third entry where the slot's
+    sequence asked for top log-probs: per token the [(id, log-prob)] of its top_n likeliest),
+    and spaces the calls."""
 
     def __init__(self, min_gap_s: float = 0.02):
         self.min_gap_s = float(min_gap_s)
@@ -50,6 +54,7 @@ class Listener:
         self.step_s: float | None = None    # measured seconds per decode step
         self.error: BaseException | None = None
         self._rows: list[int] = []
+        self._top_n: list[int] = []
         self._delivered = np.zeros(0, np.int64)
         self._last = None                   # (time, step count) of the previous call
         with _LOCK:
@@ -79,9 +84,11 @@ class Listener:
             dt = seconds / steps
             self.step_s = dt if self.step_s is None else 0.7 * self.step_s + 0.3 * dt
 
-    def begin(self, row_slots: list[int]):
-        """A decode over rows whose slots are `row_slots` (-1: a padding row) starts."""
+    def begin(self, row_slots: list[int], top_n: list[int] | None = None):
+        """A decode over rows whose slots are `row_slots` (-1: a padding row) starts; top_n:
+        per row, how many top log-probs its sequence asked for."""
         self._rows = list(row_slots)
+        self._top_n = list(top_n) if top_n is not None else [0] * len(row_slots)
         self._delivered = np.zeros(len(row_slots), np.int64)
         self._last = None
         self.error = None
@@ -90,7 +97,7 @@ class Listener:
         """slot -> how many of its tokens in this chunk went out through the sink."""
         return {s: int(d) for s, d in zip(self._rows, self._delivered) if s >= 0}
 
-    def called(self, emitted, tokens, logprobs):
+    def called(self, emitted, tokens, logprobs, top_ids=None, top_lps=None):
         now = time.perf_counter()
         step = int(emitted.max(initial=0))
         if self._last is not None and step > self._last[1]:
@@ -103,10 +110,18 @@ class Listener:
             for r, slot in enumerate(self._rows):
                 a, b = int(self._delivered[r]), int(emitted[r])
                 if slot >= 0 and b > a:
-                    new[slot] = (tokens[r, a:b].tolist(), logprobs[r, a:b].tolist())
+                    k = self._top_n[r] if top_ids is not None else 0
+                    new[slot] = (tokens[r, a:b].tolist(), logprobs[r, a:b].tolist()) + (
+                        (top_pairs(top_ids[r, a:b], top_lps[r, a:b], k),) if k else ())
                     self._delivered[r] = b
             if new and self.sink is not None:
                 halt = bool(self.sink(new))
         except BaseException as e:     # raised again by the executor after the decode
             self.error, halt = e, True
         return np.bool_(halt), np.int32(self.gap)
+
+
+def top_pairs(ids, lps, k: int) -> list:
+    """[steps, >= k] top ids and log-probs -> per step [(id, log-prob)] of the first k."""
+    ids, lps = np.asarray(ids)[:, :k].tolist(), np.asarray(lps)[:, :k].tolist()
+    return [list(zip(i, p)) for i, p in zip(ids, lps)]

@@ -31,6 +31,11 @@ class FinishReason(enum.StrEnum):
     CANCELLED = "cancelled"  # Engine.cancel
 
 
+# The decode computes top log-probs for this many tokens (one static k: one program) when any
+# sequence in its batch asks for them (SamplingParams.top_logprobs), none otherwise.
+MAX_TOP_LOGPROBS = 20
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 16
@@ -39,10 +44,13 @@ class SamplingParams:
     top_k: int = 0                    # 0 = off
     stop_ids: tuple = ()
     seed: int = 0
+    top_logprobs: int = 0             # per token, the k likeliest tokens' log-probs (0 = none)
 
     def check(self, where: str = "engine"):
         if self.max_new_tokens < 1:
             raise ConfigError(f"{where}: field 'max_new_tokens' must be >= 1.")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ConfigError(f"{where}: field 'top_logprobs' must be in [0, {MAX_TOP_LOGPROBS}].")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ConfigError(f"{where}: need temperature >= 0, 0 < top_p <= 1 and top_k >= 0.")
 
@@ -75,6 +83,7 @@ class SequenceResult:
     logprobs: tuple
     finish_reason: FinishReason | None
     cache_used: int                 # its slot's next write column (left padding included)
+    cached_tokens: int = 0          # prompt tokens whose KV the prefix cache supplied
 
 
 @dataclasses.dataclass
@@ -85,3 +94,6 @@ class Update:
     finished: bool
     finish_reason: FinishReason | None      # set once finished
     streamed: int = 0       # how many of `tokens` the engine's on_tokens had already been given
+    # per token, [(token id, log-prob)] of the sequence's top_logprobs likeliest tokens under
+    # the distribution `logprobs` are taken from (best first); [] when it asked for none
+    top_logprobs: list = dataclasses.field(default_factory=list)
