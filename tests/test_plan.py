@@ -61,6 +61,61 @@ def test_collectives_are_counted_with_their_result_bytes():
     assert c["reduce-scatter"]["count"] == 0
 
 
+def test_collectives_per_step_multiply_by_the_loops_around_them():
+    """A scan of 16 layers whose body holds a 4-step windowed loop: a collective-permute inside
+    the inner body runs 64 times per call, an all-gather in the scan body 16 times, an
+    all-reduce in the entry once; a loop bound that is not a constant counts once."""
+    hlo = """
+%inner_cond (p: (u32[], f32[4])) -> pred[] {
+  %c = u32[] constant(4)
+  %i = u32[] get-tuple-element(%p), index=0
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}
+
+%inner_body (p: (u32[], f32[4])) -> (u32[], f32[4]) {
+  %cp = f32[1024]{0} collective-permute(%x), channel_id=3, source_target_pairs={{0,1},{1,0}}
+  ROOT %t = (u32[], f32[4]) tuple(%i, %y)
+}
+
+%fused (a: bf16[8]) -> bf16[64] {
+  ROOT %ag2 = bf16[64]{0} all-gather(%a), channel_id=5, dimensions={0}
+}
+
+%scan_cond (p: (s32[], f32[4])) -> pred[] {
+  %n = s32[] constant(16)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%scan_body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %w = (u32[], f32[4]) while(%t0), condition=%inner_cond, body=%inner_body
+  %ag = bf16[8,16]{1,0} all-gather(%q), channel_id=2, dimensions={0}
+  %f = bf16[64]{0} fusion(%a), kind=kCustom, calls=%fused
+  ROOT %t = (s32[], f32[4]) tuple(%i, %y)
+}
+
+%odd_cond (p: (s32[], s32[])) -> pred[] {
+  ROOT %lt = pred[] compare(%i, %bound), direction=LT
+}
+
+%odd_body (p: (s32[], s32[])) -> (s32[], s32[]) {
+  %cp2 = f32[2]{0} collective-permute(%z), channel_id=4, source_target_pairs={{0,1}}
+  ROOT %t = (s32[], s32[]) tuple(%i, %b)
+}
+
+ENTRY %main (x: f32[4]) -> f32[10] {
+  %loop = (s32[], f32[4]) while(%init), condition=%scan_cond, body=%scan_body
+  %odd = (s32[], s32[]) while(%init2), condition=%odd_cond, body=%odd_body
+  ROOT %ar = f32[10]{0} all-reduce(%x), to_apply=%add
+}
+"""
+    once = compile_lib.collectives(hlo)
+    assert once["collective-permute"] == {"count": 2, "bytes": 4096 + 8}
+    runs = compile_lib.collectives_per_step(hlo)
+    assert runs["collective-permute"] == {"count": 16 * 4 + 1, "bytes": 64 * 4096 + 8}
+    assert runs["all-gather"] == {"count": 16 + 16, "bytes": 16 * 256 + 16 * 128}
+    assert runs["all-reduce"] == {"count": 1, "bytes": 40}
+
+
 def test_the_sentence_names_the_program_and_the_fields():
     prog = {"program": "train step (ross)", "fits": False, "hbm": 16 * 2 ** 30,
             "memory": {"peak": 20 * 2 ** 30, "temporaries": 18 * 2 ** 30},
@@ -108,6 +163,14 @@ def test_tpu_sft_plan_matches_memory_analysis_and_runs_splash(tmp_path, capsys, 
     assert prog["margin"] == 16 * 2 ** 30 - mem["peak"] and prog["fits"]
     assert plan["target"]["devices"] == 4 and plan["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
     assert prog["cost"]["flops"] > 0 and 0 < prog["estimate"]["mfu"] <= 1
+    # collectives: the compiled program's own, and each runs at least once per call
+    hlo = c.as_text()
+    assert prog["collectives"] == compile_lib.collectives(hlo)
+    assert prog["collectives_per_step"] == compile_lib.collectives_per_step(hlo)
+    for op, v in prog["collectives"].items():
+        assert prog["collectives_per_step"][op]["count"] >= v["count"], op
+        assert prog["collectives_per_step"][op]["bytes"] >= v["bytes"], op
+    assert "run per call" in text
 
 
 @needs_tpu

@@ -4,9 +4,12 @@
 
 Memory is `compiled.memory_analysis()` per device, unchanged: arguments + outputs - aliased
 (donated state written in place) + temporaries + generated code is the peak the plan compares
-with the chip's HBM. Collectives are counted in the compiled HLO text: each instruction once, so
-one inside a loop body (the layer scan, micro-batches) counts once however many times it runs;
-bytes are its result's size per device. FLOPs and bytes accessed are `cost_analysis()`'s, which
+with the chip's HBM. Collectives are counted in the compiled HLO text, bytes being each one's
+result size per device: `collectives` counts each instruction once, so one inside a loop body
+(the layer scan, micro-batches, the LM-head chunks, the compiler's windowed einsums) counts once
+however many times it runs; `collectives_per_step` counts it times the trip counts of the loops
+around it, what one call moves (docs/tpu.md: on an fsdp mesh most are the collective-permutes of
+windowed einsums). FLOPs and bytes accessed are `cost_analysis()`'s, which
 also counts a loop body once (the layer scan: measured 4.1 TFLOP per device for a 1B step whose
 model FLOPs are 64 TFLOP per device) and never looks inside a Pallas kernel. The step time is a
 roofline estimate from the chip's published peaks: compute at peak for the larger of those FLOPs
@@ -52,6 +55,66 @@ def collectives(hlo_text: str) -> dict:
     for type_text, op in _OP.findall(hlo_text):
         out[op]["count"] += 1
         out[op]["bytes"] += _array_bytes(type_text)
+    return out
+
+
+# A computation's header line in HLO text (instructions are indented), a while loop's condition
+# and body, the computations an instruction calls.
+_COMP = re.compile(r"^(?:ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
+_WHILE = re.compile(r"\swhile\(.*?condition=%([\w.\-]+), body=%([\w.\-]+)")
+_CALLS = re.compile(r"(?:calls|to_apply|branch_computations)=\{?((?:%[\w.\-]+,?\s*)+)\}?")
+
+
+def _computations(hlo_text: str) -> tuple[dict, str]:
+    """({computation name: its instruction lines}, the entry computation's name)."""
+    comps, cur, entry = {}, None, None
+    for line in hlo_text.splitlines():
+        m = _COMP.match(line)
+        if m and not line.startswith(" "):
+            cur = m.group(1)
+            comps[cur] = []
+            entry = cur if line.startswith("ENTRY") else entry
+        elif cur is not None:
+            comps[cur].append(line)
+    return comps, entry
+
+
+def _trip_count(cond_lines) -> int:
+    """A compiled loop's trip count: the bound its condition compares the counter with (`i < N`,
+    the counter from 0, as XLA writes scans and its windowed einsums); 1 where it is not that."""
+    body = "\n".join(cond_lines)
+    bounds = [int(b) for b in re.findall(r"constant\((\d+)\)", body)]
+    return bounds[-1] if bounds and "direction=LT" in body else 1
+
+
+def collectives_per_step(hlo_text: str) -> dict:
+    """Like `collectives`, each instruction counted as often as it runs in one call: times the
+    trip counts of the while loops around it (the layer scan, the LM-head chunks, the TPU
+    compiler's windowed einsums). A loop whose bound is not a constant counts once."""
+    comps, entry = _computations(hlo_text)
+    calls = {name: [] for name in comps}
+    for name, lines in comps.items():
+        for line in lines:
+            w = _WHILE.search(line)
+            if w:
+                calls[name].append((w.group(2), _trip_count(comps.get(w.group(1), []))))
+                continue
+            for group in _CALLS.findall(line):
+                calls[name] += [(c, 1) for c in re.findall(r"%([\w.\-]+)", group)]
+    # HLO text defines a computation before its callers: backwards, every caller comes first.
+    runs = dict.fromkeys(comps, 0)
+    if entry in runs:
+        runs[entry] = 1
+    for name in reversed(list(comps)):
+        for callee, trips in calls[name]:
+            if callee in runs:
+                runs[callee] += runs[name] * trips
+    out = {op: {"count": 0, "bytes": 0} for op in COLLECTIVES}
+    for name, lines in comps.items():
+        n = runs.get(name) or 1
+        for type_text, op in _OP.findall("\n".join(lines)):
+            out[op]["count"] += n
+            out[op]["bytes"] += n * _array_bytes(type_text)
     return out
 
 
@@ -129,6 +192,7 @@ def analyze(program, chip, mesh, *, remat: bool = True) -> dict:
         return {"program": program.name, "what": program.what, "memory": mem,
                 "hbm": chip.hbm_bytes, "fits": False, "margin": chip.hbm_bytes - mem["peak"],
                 "collectives": {op: {"count": 0, "bytes": 0} for op in COLLECTIVES},
+                "collectives_per_step": {op: {"count": 0, "bytes": 0} for op in COLLECTIVES},
                 "mosaic_kernels": 0, "cost": {"flops": 0.0, "bytes_accessed": 0.0,
                                               "transcendentals": 0.0},
                 "model_flops": program.model_flops,
@@ -149,6 +213,7 @@ def analyze(program, chip, mesh, *, remat: bool = True) -> dict:
         "memory": mem, "hbm": chip.hbm_bytes, "fits": mem["peak"] <= chip.hbm_bytes,
         "margin": chip.hbm_bytes - mem["peak"],
         "collectives": collectives(text),
+        "collectives_per_step": collectives_per_step(text),
         "mosaic_kernels": text.count(MOSAIC),
         "cost": cost, "model_flops": program.model_flops,
         "estimate": {"step_s": step_s, "bound": "compute" if t_flops >= t_bytes else "memory",

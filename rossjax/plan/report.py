@@ -48,16 +48,20 @@ def table(plan: dict) -> str:
         c = p["collectives"]
         coll = ", ".join(f"{op} {v['count']} ({_bytes(v['bytes'])})" for op, v in c.items()
                          if v["count"])
+        runs = ", ".join(f"{op} {v['count']} ({_bytes(v['bytes'])})"
+                         for op, v in p.get("collectives_per_step", {}).items() if v["count"])
         cost = p["cost"]
         lines.append(f"{p['program']}: {p['what']}; {cost['flops'] / 1e12:.3g} TFLOP and "
                      f"{_bytes(cost['bytes_accessed'])} per device per call "
                      f"({p['estimate']['bound']}-bound); Mosaic kernels {p['mosaic_kernels']}; "
-                     f"collectives in the HLO: {coll or 'none'}.")
+                     f"collectives in the HLO: {coll or 'none'}; run per call: "
+                     f"{runs or 'none'}.")
     lines.append("* estimates, not measurements: a roofline from the chip's published peak "
                  "FLOP/s and HBM bandwidth over max(cost_analysis FLOPs, model FLOPs with remat) "
                  "and cost_analysis bytes (which count a loop body once); MFU = model FLOPs (6N "
-                 "per token + attention) over that time. Collective counts are HLO instructions "
-                 "(a loop body counts once), bytes per device.")
+                 "per token + attention) over that time. Collectives 'in the HLO' count instructions "
+                 "(a loop body once), 'run per call' times the loops' trip counts; bytes are "
+                 "result sizes per device.")
     return "\n".join(lines)
 
 
