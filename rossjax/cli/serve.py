@@ -12,6 +12,8 @@ http://HOST:PORT/v1.
   --step=N          a workdir's checkpoint step (default: the latest)
   --dtype=float32   compute dtype (bfloat16 on accelerators)
   --model_id=NAME   the id /v1/models reports and requests name (default: the folder's name)
+  --noprefix_cache  prefill every prompt whole (default: reuse the KV of a prefix some slot's
+                    cache holds; usage.prompt_tokens_details.cached_tokens counts it)
   --api_key=KEY     refuse requests without `Authorization: Bearer KEY` (401), as vLLM's
                     --api-key; default $ROSSJAX_API_KEY, else none. /health stays open.
 Binds 127.0.0.1 unless --host says otherwise; another host without a key prints a warning.
@@ -46,6 +48,8 @@ def _flags(fv):
     d.DEFINE_string("dtype", "float32", "Compute dtype.", flag_values=fv)
     d.DEFINE_string("model_id", None, "The id /v1/models reports (default: the folder's name).",
                     flag_values=fv)
+    d.DEFINE_boolean("prefix_cache", True, "Reuse the cached KV of a shared prompt prefix "
+                     "(--noprefix_cache: prefill every prompt whole).", flag_values=fv)
     d.DEFINE_string("api_key", None, "Bearer key requests must send (default $ROSSJAX_API_KEY).",
                     flag_values=fv)
 
@@ -62,9 +66,10 @@ def main(argv) -> int:
 
     server = serve.build(args.model, args.tokenizer, template=args.template, slots=args.slots,
                          max_len=args.max_len, model_id=args.model_id, dtype=args.dtype,
-                         step=args.step)
+                         step=args.step, prefix_cache=args.prefix_cache)
     print(f"rossjax serve: {server.model_id} on http://{args.host}:{args.port}/v1 "
           f"({args.slots} slots x {args.max_len} tokens, template {server.template}, "
+          f"prefix cache {'on' if args.prefix_cache else 'off'}, "
           f"{'API key required' if api_key else 'no API key'})", file=sys.stderr)
     warning = serve.exposure_warning(args.host, api_key)
     if warning:

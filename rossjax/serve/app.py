@@ -8,11 +8,13 @@ graceful shutdown with no ASGI layer in between; handlers only parse, queue and 
 Fields: n, max_tokens (max_completion_tokens; at most --max_len minus the prompt, as vLLM's
 max_model_len, else a 400 naming --max_len; the cache also holds the prompt's padding to its
 length bucket, so a limit inside that padding ends the answer early: "length"), temperature, top_p, top_k (extension), seed, stop
-(a string or up to 4), logprobs (chat: bool, completions: int 0/1; the chosen token's log-prob
-under logits / temperature (1 when greedy), the sampler's; top_logprobs are not computed and
-asking for them is a 400), stream (SSE, `data: [DONE]` at the end; stream_options.include_usage
-adds the usage chunk), usage in every non-streamed reply; response_format other than "text" is a
-400 (decoding is not constrained). A bad request is a 400 whose
+(a string or up to 4), logprobs (chat: bool with top_logprobs 0..20; completions: null or an int
+0..5; the chosen token's log-prob under logits / temperature (1 when greedy), the sampler's, and
+the top alternatives under that same distribution, computed in the decode only when a request
+in its batch asks: rossjax.serve.logprobs has the shapes), stream (SSE, `data: [DONE]` at the
+end; stream_options.include_usage adds the usage chunk; log-probs ride on each chunk), usage in
+every non-streamed reply (prompt_tokens_details.cached_tokens: prompt tokens the prefix cache
+reused); response_format other than "text" is a 400 (decoding is not constrained). A bad request is a 400 whose
 error.message names the field.
 
 Hostile input: rossjax.serve.guard (a 4xx, never a 500; the API key).
@@ -31,7 +33,7 @@ from aiohttp import web
 from rossjax.engine import SamplingParams, bucket_length
 from rossjax.engine.types import check_token_ids
 from rossjax.errors import InputError
-from rossjax.serve import guard, tools as tool_calls
+from rossjax.serve import guard, logprobs as lp_fmt, tools as tool_calls
 from rossjax.serve.guard import BadRequest
 from rossjax.serve.worker import Delta, Job
 
@@ -111,7 +113,7 @@ class Server:
                              f"{self.model_id!r} (GET /v1/models).", "model", status=404)
         return body
 
-    def _sampling(self, body, n_prompt: int, stop_ids: tuple):
+    def _sampling(self, body, n_prompt: int, stop_ids: tuple, top_n: int = 0):
         rf = body.get("response_format")
         kind = rf.get("type") if isinstance(rf, dict) else rf
         if rf is not None and kind != "text":   # silently unconstrained JSON would be a lie
@@ -155,7 +157,7 @@ class Server:
         if not isinstance(body.get("stream", False), (bool, type(None))):
             raise BadRequest("'stream' must be true or false.", "stream")
         sp = SamplingParams(int(max_new), float(temperature), float(top_p), int(top_k),
-                            stop_ids, int(seed))
+                            stop_ids, int(seed), int(top_n))
         return sp, int(n), stops
 
     def _chat_prompt(self, body) -> list[int]:
@@ -194,15 +196,9 @@ class Server:
     async def chat(self, request):
         try:
             body = await self._body(request)
-            lp = body.get("logprobs")
-            lp = False if lp is None else lp         # null is false, as OpenAI's
-            if not isinstance(lp, bool):
-                raise BadRequest("'logprobs' must be true or false.", "logprobs")
-            if body.get("top_logprobs"):
-                raise BadRequest("'top_logprobs' is not supported: the sampler keeps the chosen "
-                                 "token's log-prob only.", "top_logprobs")
+            lp, top_n = lp_fmt.chat_request(body)
             ids = self._chat_prompt(body)
-            sp, n, stops = self._sampling(body, len(ids), self.chat_stop_ids)
+            sp, n, stops = self._sampling(body, len(ids), self.chat_stop_ids, top_n)
         except BadRequest as e:
             return guard.error(e)
         return await self._run(request, body, ids, sp, n, stops, chat=True, logprobs=lp)
@@ -227,14 +223,11 @@ class Server:
                 check_token_ids(ids, self.engine.cfg.vocab_size, "'prompt'")
             except InputError as e:
                 raise BadRequest(str(e), "prompt") from None
-            lp = body.get("logprobs")
-            if lp not in (None, 0, 1) or isinstance(lp, bool):
-                raise BadRequest("'logprobs' must be 0 or 1 here (only the chosen token's "
-                                 "log-prob is kept).", "logprobs")
-            sp, n, stops = self._sampling(body, len(ids), self.text_stop_ids)
+            lp, top_n = lp_fmt.completion_request(body)
+            sp, n, stops = self._sampling(body, len(ids), self.text_stop_ids, top_n)
         except BadRequest as e:
             return guard.error(e)
-        return await self._run(request, body, ids, sp, n, stops, chat=False, logprobs=bool(lp))
+        return await self._run(request, body, ids, sp, n, stops, chat=False, logprobs=lp)
 
     async def _run(self, request, body, ids, sp, n, stops, *, chat: bool, logprobs: bool):
         stream = bool(body.get("stream", False))
@@ -246,12 +239,15 @@ class Server:
             return await self._stream(request, body, job, head, chat, logprobs)
         texts, toks, lps, reasons = [""] * n, [[] for _ in range(n)], [[] for _ in range(n)], \
             [None] * n
+        tops, cached = [[] for _ in range(n)], 0
         try:
             async for d in self._deltas(job):
                 texts[d.index] += d.text
                 toks[d.index] += d.token_ids
                 lps[d.index] += d.logprobs
+                tops[d.index] += d.top
                 reasons[d.index] = d.finish_reason or reasons[d.index]
+                cached = max(cached, d.cached)
         except BadRequest as e:
             return guard.error(e)
         except asyncio.CancelledError:
@@ -259,8 +255,9 @@ class Server:
             raise
         choices = []
         for j in range(n):
+            fmt = lp_fmt.Formatter(self.tok, chat, sp.top_logprobs)
             c = {"index": j, "finish_reason": reasons[j],
-                 "logprobs": self._logprobs(toks[j], lps[j], chat) if logprobs else None}
+                 "logprobs": fmt(toks[j], lps[j], tops[j]) if logprobs else None}
             if chat:
                 c["message"], c["finish_reason"] = tool_calls.answer_message(
                     texts[j], reasons[j], tool_calls.request_tools(body))
@@ -270,7 +267,7 @@ class Server:
         done = sum(map(len, toks))
         return web.json_response({**head, "object": "chat.completion" if chat else
                                   "text_completion", "choices": choices,
-                                  "usage": _usage(len(ids), done)})
+                                  "usage": _usage(len(ids), done, cached)})
 
     async def _deltas(self, job):
         """The job's deltas until every candidate has finished. Deltas already queued for the
@@ -285,7 +282,8 @@ class Server:
                     held.append(nxt)
                     break
                 d = Delta(d.index, d.text + nxt.text, d.token_ids + nxt.token_ids,
-                          d.logprobs + nxt.logprobs, nxt.finish_reason)
+                          d.logprobs + nxt.logprobs, nxt.finish_reason, d.top + nxt.top,
+                          nxt.cached)
             if d is None:       # the engine refused the job
                 raise BadRequest(str(job.error))
             yield d
@@ -301,7 +299,8 @@ class Server:
         async def send(payload):
             await resp.write(f"data: {json.dumps(payload)}\n\n".encode())
 
-        n_done = 0
+        n_done, cached = 0, 0
+        fmts = [lp_fmt.Formatter(self.tok, chat, job.sp.top_logprobs) for _ in range(n_total)]
         try:
             if chat:
                 for j in range(n_total):
@@ -310,7 +309,8 @@ class Server:
                          "logprobs": None, "finish_reason": None}]})
             async for d in self._deltas(job):
                 n_done += len(d.token_ids)
-                lp = self._logprobs(d.token_ids, d.logprobs, chat) if logprobs else None
+                cached = max(cached, d.cached)
+                lp = fmts[d.index](d.token_ids, d.logprobs, d.top) if logprobs else None
                 c = {"index": d.index, "logprobs": lp, "finish_reason": d.finish_reason}
                 if chat:
                     c["delta"] = {"content": d.text} if d.text or d.finish_reason is None else {}
@@ -320,7 +320,7 @@ class Server:
             opts = body.get("stream_options") or {}
             if isinstance(opts, dict) and opts.get("include_usage"):
                 await send({**head, "object": obj, "choices": [],
-                            "usage": _usage(len(job.prompt), n_done)})
+                            "usage": _usage(len(job.prompt), n_done, cached)})
             await resp.write(b"data: [DONE]\n\n")
         except BadRequest as e:
             await send({"error": {"message": str(e), "type": "invalid_request_error"}})
@@ -329,17 +329,8 @@ class Server:
             raise
         return resp
 
-    def _logprobs(self, ids, lps, chat: bool):
-        tok = self.tok
-        pieces = [tok.token_bytes(t) if t < tok.vocab_size else b"" for t in ids]
-        if chat:
-            return {"content": [{"token": p.decode("utf-8", errors="replace"), "logprob": lp,
-                                 "bytes": list(p), "top_logprobs": []}
-                                for p, lp in zip(pieces, lps)]}
-        return {"tokens": [p.decode("utf-8", errors="replace") for p in pieces],
-                "token_logprobs": list(lps), "top_logprobs": None, "text_offset": None}
 
-
-def _usage(prompt: int, completion: int) -> dict:
+def _usage(prompt: int, completion: int, cached: int = 0) -> dict:
+    """cached: prompt tokens the prefix cache supplied (OpenAI's prompt_tokens_details)."""
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}}

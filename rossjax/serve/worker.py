@@ -27,6 +27,8 @@ class Delta:
     token_ids: list
     logprobs: list
     finish_reason: str | None   # set on the candidate's last delta
+    top: list = dataclasses.field(default_factory=list)    # per token [(id, log-prob)], if asked
+    cached: int = 0             # on the last delta: prompt tokens the prefix cache supplied
 
 
 class _Text:
@@ -161,39 +163,41 @@ class EngineWorker:
                 k = u.streamed      # those went out from inside the decode (_on_tokens)
                 if u.finished or len(u.tokens) > k:
                     self._deliver(job, j, u.tokens[k:], u.logprobs[k:], u.finished,
-                                  u.finish_reason, out)
+                                  u.finish_reason, out, u.top_logprobs[k:])
                 if job.done[j]:     # finished, or a stop string ended it (cancelled here)
                     self._forget(u.seq_id)
             _send(out)
 
-    def _deliver(self, job: Job, j: int, ids, lps, finished: bool, reason, out: list):
-        """Candidate j's new tokens -> a delta in `out` (none once it is done)."""
+    def _deliver(self, job: Job, j: int, ids, lps, finished: bool, reason, out: list, top=()):
+        """Candidate j's new tokens -> a delta in `out` (none once it is done); top: per token
+        its top log-probs (empty where the request asked for none)."""
         if job.done[j]:
             return
-        ids, lps = list(ids), list(lps)
+        ids, lps, top = list(ids), list(lps), list(top)
         if job.stops and len(ids) > 1:   # token by token: the delta ends at the stop string
             text, hit = "", False
             for k in range(len(ids)):
                 piece, hit = job.texts[j].feed(ids[k:k + 1], finished and k == len(ids) - 1)
                 text += piece
                 if hit:
-                    ids, lps = ids[:k + 1], lps[:k + 1]
+                    ids, lps, top = ids[:k + 1], lps[:k + 1], top[:k + 1]
                     break
         else:
             text, hit = job.texts[j].feed(ids, finished)
         reason = "stop" if hit else reason if finished else None
         job.done[j] = reason is not None
-        out.append((job, Delta(j, text, ids, lps, reason)))
+        cached = self.engine.result(job.seq_ids[j]).cached_tokens if job.done[j] else 0
+        out.append((job, Delta(j, text, ids, lps, reason, top, cached)))
 
     def _on_tokens(self, by_seq: dict) -> bool:
         """Called from inside a streaming decode (the engine thread waits on it): deltas out
         now; true (end the chunk) when work waits in the inbox or a stop string ended one."""
         out, ended = [], False
-        for sid, (ids, lps) in by_seq.items():
+        for sid, (ids, lps, *top) in by_seq.items():
             if sid in self.jobs:
                 job, j = self.jobs[sid]
                 if job.stream:
-                    self._deliver(job, j, ids, lps, False, None, out)
+                    self._deliver(job, j, ids, lps, False, None, out, top[0] if top else ())
                     ended |= job.done[j]
         _send(out)
         return ended or not self.inbox.empty()
