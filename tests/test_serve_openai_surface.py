@@ -165,7 +165,9 @@ def test_serve_a_run_workdir_as_generate_loads_it(served, tmp_path):
         stop()
     assert from_run.model_id == "run" and from_run.template == "chatml"
     assert got.choices[0].message.content == want.choices[0].message.content
-    assert got.usage == want.usage
+    # the same counts (cached_tokens aside: the HF server's prefix cache already holds MSGS)
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == \
+        (want.usage.prompt_tokens, want.usage.completion_tokens)
 
 
 def test_response_format_json_is_a_clear_400(served):
