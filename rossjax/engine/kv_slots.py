@@ -230,10 +230,11 @@ def decode(layout: Layout, params, state, exit_on_free, listener=None, first_cal
                   last=jnp.where(act[:, None], logits[:, 0], st["last"]))
         return i + 1, st, out_tok, out_lp, freed | jnp.any(ended)
 
+    out_tok = jnp.zeros((s, steps), jnp.int32)
     bufs = (jnp.zeros((s, steps), jnp.float32),)
     if top_n:
         bufs += (jnp.zeros((s, steps, top_n), jnp.int32), jnp.zeros((s, steps, top_n), jnp.float32))
-    init = (jnp.int32(0), state, jnp.zeros((s, steps), jnp.int32), bufs, jnp.bool_(False))
+    init = (jnp.int32(0), state, out_tok, bufs, jnp.bool_(False))
     if not stream:
         _, state, out_tok, out_lp, _ = jax.lax.while_loop(going, body, init)
         return (state, out_tok, out_lp[0], state["count"] - start_count, *out_lp[1:])
