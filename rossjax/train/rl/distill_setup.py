@@ -149,14 +149,20 @@ class DistillRun(grpo_setup.Run):
             self.teachers[name] = (tcfg, sh, jax.tree.map(jax.lax.stop_gradient, params))
         self.teacher_params = tuple(p for _, _, p in self.teachers.values())
 
+    def teacher_index(self, names: list[str]):
+        """Each row's teacher index (the order of `self.teachers`, the update's teacher_idx)."""
+        import numpy as np
+
+        order = list(self.teachers)
+        return np.asarray([order.index(n) for n in names], np.int32)
+
     def teacher_logprobs(self, batch: dict, names: list[str]):
         """(teacher log-probs [B, S] of the completion batch, each row under its own teacher:
         one forward pass per teacher over its rows, teacher index per row)."""
         import numpy as np
 
-        order = list(self.teachers)
         out = np.zeros(batch["mask"].shape, np.float32)
-        idx = np.asarray([order.index(n) for n in names], np.int32)
+        idx = self.teacher_index(names)
         multiple = self.part.batch_size_multiple()
         for name, rows in distill.rows_by_teacher(names).items():
             sub = {k: batch[k][rows] for k in grpo_step.BATCH_KEYS}

@@ -8,7 +8,9 @@ batch), route each row to its teacher by a task field (`distill.routes` on
 pass at the sampling temperature, and take one update on the per-token reverse KL to the
 teacher (`distill.loss`, a DISTILL_REGISTRY name: the sampled-token estimator or the full
 vocabulary; rossjax/train/rl/distill.py), split into `grpo.micro_batches` with exact gradient
-accumulation, LoRA or full fine-tuning as `lora.enabled` says. The run's rewards are still
+accumulation, LoRA or full fine-tuning as `lora.enabled` says. The sampled-token loss scores in
+a pass of its own before the update; a full-vocabulary loss scores inside the update (its one
+teacher pass, distill_step.py), which hands back the log-probs the history stores. The run's rewards are still
 computed on the reward workers, but only measured (metrics and the history's verdicts).
 
 Design: a command of its own, `DistillTrainer`, a subclass of GRPOTrainer, not an objective
@@ -34,7 +36,6 @@ import copy
 import sys
 import time
 
-import jax
 import numpy as np
 
 from rossjax.errors import Diverged
@@ -87,23 +88,28 @@ class DistillTrainer(grpo.GRPOTrainer):
         run, batch = self.run, sampled["batch"]
         t = time.perf_counter()
         names = self.routed(sampled)
-        teacher_lp, idx = run.teacher_logprobs(batch, names)
+        if run.fns.full:  # the update is the teachers' one pass; it returns their log-probs
+            teacher_lp, idx = None, run.teacher_index(names)
+        else:
+            teacher_lp, idx = run.teacher_logprobs(batch, names)
         t = timer.span("teacher", t)
         cpu_scores = get_cpu()
         t = timer.span("reward_wait", t)
         reward, rewards = run.rewards(sampled["records"], cpu_scores)
         timer.span("reward_probe", t)
-        rows = {**{k: batch[k] for k in grpo_step.BATCH_KEYS}, "teacher_logp": teacher_lp,
-                "teacher_idx": idx}
+        rows = {**{k: batch[k] for k in grpo_step.BATCH_KEYS}, "teacher_idx": idx}
+        if teacher_lp is not None:
+            rows["teacher_logp"] = teacher_lp
         sampled["teachers"] = names
         return _Scored(sampled, cpu_scores, reward, rewards, rows, None, {})
 
     def update(self, step: int, update_rows: dict, timer: _Timer) -> list:
         run = self.run
         t = time.perf_counter()
-        self.state, m = run.fns.update(self.state, run.base, run.teacher_params,
-                                       run.fns.put_rows(update_rows))
-        m = jax.device_get(m)
+        self.state, m, teacher_lp = run.fns.update(self.state, run.base, run.teacher_params,
+                                                   update_rows)
+        if teacher_lp is not None:  # full mode: record() (after this) reads them from the rows
+            update_rows["teacher_logp"] = teacher_lp
         timer.span("update", t)
         if int(m["bad_steps"]) >= self.cfg.grpo.max_bad_steps:
             raise Diverged(f"stopped at step {step + 1}: non-finite distillation updates.")
