@@ -1,8 +1,10 @@
 """`rossjax distill` (rossjax/train/rl/distill_trainer.py): a 2-step two-teacher LoRA run with 2
 micro-batches through the CLI entry (finite KL in metrics, each row routed to its teacher, history teacher log-probs
 recomputed from the teachers and the stored tokens, the history relearnable by curate), the
-tokenizer mismatch refused before any model loads, and the trainer's loss path against the
-registry's logits path on a tiny model (value and gradient)."""
+same run with the full-vocabulary KL (each teacher runs once a step, in the update, whose
+teacher log-probs the history stores: the scoring pass's within 1e-5), the tokenizer mismatch
+refused before any model loads, and the trainer's loss path against the registry's logits path
+on a tiny model (value and gradient)."""
 
 from __future__ import annotations
 
@@ -219,10 +221,9 @@ def _tiny(seed):
     return cfg, models.init_params(cfg, jax.random.PRNGKey(seed))
 
 
-def test_trainer_loss_paths_agree_with_the_registry():
-    """The trainer's loss on tiny models against numpy from plain forwards: the sampled loss
-    (chunked head, stored teacher log-probs; its gradient form is test_distill_losses') and the
-    full KL, which runs the teachers inside the update and takes each row's own teacher."""
+@pytest.fixture(scope="module")
+def tiny_two():
+    """Tiny student and two teachers, 4 rows routed 0 1 1 0, the scoring pass's log-probs."""
     scfg, sp = _tiny(0)
     (tcfg, tp0), (_, tp1) = _tiny(1), _tiny(2)
     r = np.random.default_rng(0)
@@ -245,6 +246,14 @@ def test_trainer_loss_paths_agree_with_the_registry():
         f = lambda p: fn(p, {}, (tp0, tp1), norm, batch)[0]  # noqa: E731
         return jax.jit(jax.value_and_grad(f) if grad else lambda p: (f(p), None))(sp)
 
+    return scfg, sp, tcfg, tp0, tp1, tok, batch, temp, norm, value_grad
+
+
+def test_trainer_loss_paths_agree_with_the_registry(tiny_two):
+    """The trainer's loss on tiny models against numpy from plain forwards: the sampled loss
+    (chunked head, stored teacher log-probs; its gradient form is test_distill_losses') and the
+    full KL, which runs the teachers inside the update and takes each row's own teacher."""
+    scfg, sp, tcfg, tp0, tp1, tok, batch, temp, norm, value_grad = tiny_two
     v_tok, g_tok = value_grad("reverse_kl_sampled")            # TOKEN_FORMS path
     assert max(float(jnp.abs(a).max()) for a in jax.tree.leaves(g_tok)) > 1e-4
     v_full, _ = value_grad("reverse_kl_full", grad=False)       # full logits, in-update teachers
@@ -259,3 +268,140 @@ def test_trainer_loss_paths_agree_with_the_registry():
     kl = (np.exp(ls) * (ls - lt)).sum(-1)
     want = (kl * m).sum() / m.sum()
     assert abs(float(v_full) - want) < 1e-5
+
+
+# -- the full-vocabulary loss: the update is the teachers' only pass --------------------------
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """The same 2-step two-teacher run with reverse_kl_full, counting every teacher forward
+    (a debug callback in distill_step.teacher_forward: it fires when the forward runs, inside
+    the update's scan and lax.cond) and every call of the separate scoring pass."""
+    from rossjax import cli
+    from rossjax.train.rl import distill_trainer
+
+    tmp = str(tmp_path_factory.mktemp("distill_full"))
+    tasks = os.path.join(tmp, "tasks.jsonl")
+    with open(tasks, "w") as f:
+        f.writelines(json.dumps(t) + "\n" for t in TASKS)
+    cfg_path, work = _config_file(tmp, tasks), os.path.join(tmp, "run")
+    calls, marks, scoring, seen = [], [], [], {}
+    fwd, upd, score = (distill_step.teacher_forward, distill_step.DistillFns.update,
+                       distill_step.DistillFns.teacher_logp)
+
+    def counted(tcfg, params, mb):
+        first = jax.tree.leaves(params)[0]
+        jax.debug.callback(lambda fp, idx: calls.append((float(fp), np.asarray(idx))),
+                           jnp.sum(first.astype(jnp.float32)), mb["teacher_idx"])
+        return fwd(tcfg, params, mb)
+
+    def update(self, *a, **k):
+        out = upd(self, *a, **k)
+        jax.effects_barrier()
+        marks.append(len(calls))
+        return out
+
+    real = distill_trainer.run
+    distill_trainer.run = lambda cfg, w, **kw: seen.setdefault("out", real(cfg, w, **kw))
+    distill_step.teacher_forward = counted
+    distill_step.DistillFns.update = update
+    distill_step.DistillFns.teacher_logp = lambda *a, **k: scoring.append(1) or score(*a, **k)
+    try:
+        rc = cli.main(["distill", f"--config={cfg_path}", f"--workdir={work}",
+                       "--config.distill.loss=reverse_kl_full"])
+    finally:
+        distill_trainer.run = real
+        distill_step.teacher_forward = fwd
+        distill_step.DistillFns.update, distill_step.DistillFns.teacher_logp = upd, score
+    assert rc == 0
+    return work, seen["out"], calls, marks, scoring
+
+
+@slow_run
+def test_full_kl_runs_each_teacher_once_a_step(full_run):
+    """Per step: no separate scoring pass, and the update runs a teacher only on a micro-batch
+    holding its rows. The step's rows come in grouped by teacher, so with this run's 4 + 4 rows
+    in micro-batches of 4, each teacher runs exactly once a step, over its own rows."""
+    work, out, calls, marks, scoring = full_run
+    assert scoring == [] and marks == [2, 4], (scoring, marks)
+    rows = read_history(os.path.join(work, "history.jsonl"))
+    order = list(out["run"].teachers)
+    fps = np.asarray([float(jnp.sum(jax.tree.leaves(p)[0].astype(jnp.float32)))
+                      for _, _, p in out["run"].teachers.values()])
+    assert abs(fps[0] - fps[1]) > 1e-2 and order == ["alpha", "beta"]
+
+    def which(fp):  # the teacher whose parameters the forward ran with
+        k = int(np.argmin(np.abs(fps - fp)))
+        assert abs(fps[k] - fp) < 1e-3
+        return k
+    for step in range(STEPS):
+        names = [r["teacher"] for r in rows if r["source"]["step"] == step]
+        assert sorted(names) == ["alpha"] * 4 + ["beta"] * 4
+        mine = calls[2 * step:2 * step + 2]
+        ran = sorted(which(fp) for fp, _ in mine)
+        assert ran == [0, 1]  # each teacher once
+        for fp, idx in mine:  # on a micro-batch of its own rows only
+            assert idx.shape == (4,) and (idx == which(fp)).all(), (fp, idx)
+    m = read_metrics(work)
+    assert all(math.isfinite(x["loss"]) and x["grad_norm"] > 0 for x in m)
+    # step 1 is on-policy: the update's own log-probs are the sampler's (same weights)
+    assert abs(m[0]["kl_sampled"] - m[0]["kl_sampler"]) < 1e-4
+
+
+@slow_run
+def test_full_kl_history_matches_the_scoring_pass(full_run):
+    """The history's teacher_logprobs (from the update's teacher pass) against the separate
+    scoring pass the sampled-token loss runs (DistillFns.teacher_logp, the chunked LM head),
+    on the stored tokens: within 1e-5."""
+    work, out, *_ = full_run
+    run = out["run"]
+    rows = read_history(os.path.join(work, "history.jsonl"))
+    assert {r["distill"]["loss"] for r in rows} == {"reverse_kl_full"}
+    width = max(len(r["token_ids"]) for r in rows)
+    for name in run.teachers:
+        mine = [r for r in rows if r["teacher"] == name]
+        host = {k: np.zeros((len(mine), width), np.int32) for k in grpo_step.BATCH_KEYS}
+        for i, r in enumerate(mine):
+            ids = r["token_ids"]
+            host["tokens"][i, :len(ids)] = ids
+            host["targets"][i, :len(ids) - 1] = ids[1:]
+            host["positions"][i] = np.arange(width)
+            host["segment_ids"][i, :len(ids)] = 1
+        lp = run.fns.teacher_logp(name, run.teachers[name][2], host)
+        for i, r in enumerate(mine):
+            p0, n = r["source"]["prompt_tokens"] - 1, len(r["logprobs"])
+            np.testing.assert_allclose(r["teacher_logprobs"], lp[i, p0:p0 + n], atol=1e-5,
+                                       rtol=0)
+            k1 = sum(a - b for a, b in zip(r["logprobs"], r["teacher_logprobs"]))
+            assert abs(r["distill"]["kl_sampled_sum"] - k1) < 1e-3
+
+
+def test_group_order_and_merge_micro():
+    """group_order fills whole micro-batches with one teacher's rows under split_micro's
+    strided split, and merge_micro undoes split_micro."""
+    from rossjax.train import accumulate
+
+    idx = np.asarray([1, 0, 2, 1, 0, 0, 2, 1, 1, 0, 2, 2], np.int32)
+    order = distill_step.group_order(idx, 3)
+    assert sorted(order) == list(range(12))
+    micro = np.asarray(accumulate.split_micro(jnp.asarray(idx[order]), 3))
+    assert [sorted(set(x)) for x in micro] == [[0], [1], [2]]
+    x = jnp.arange(24).reshape(12, 2)
+    np.testing.assert_array_equal(distill_step.merge_micro(accumulate.split_micro(x, 4)), x)
+
+
+def test_update_teacher_pass_is_the_loss_own(tiny_two):
+    """The update's way for the full KL: the teachers' pass runs outside the gradient and is
+    handed to the loss (make_teacher_fn); the same loss as the loss running the teachers itself
+    (the same function of them: its gradient is test_distill_parity's), and its sampled-token
+    log-probs are the scoring pass's (chunked head) within 1e-5."""
+    scfg, sp, tcfg, tp0, tp1, tok, batch, temp, norm, value_grad = tiny_two
+    v_full, _ = value_grad("reverse_kl_full", grad=False)
+    (t_logits, t_lp), t_lp_masked = jax.jit(distill_step.make_teacher_fn([tcfg, tcfg], temp))(
+        (tp0, tp1), batch)
+    fn = distill_step.make_loss_fn(scfg, [tcfg, tcfg], loss="reverse_kl_full", agg="token_mean",
+                                   temperature=temp, chunk=16, lora_alpha=None)
+    v_pre = jax.jit(lambda p: fn(p, {}, (), norm, batch, (t_logits, t_lp))[0])(sp)
+    assert abs(float(v_pre) - float(v_full)) < 1e-7 and float(v_full) > 1e-3
+    np.testing.assert_allclose(np.asarray(t_lp_masked), batch["teacher_logp"] * batch["mask"],
+                               atol=1e-5, rtol=0)
