@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-BENCHES = ("model", "sft", "sample", "curate", "select", "grpo", "distill", "all")
+BENCHES = ("model", "sft", "sample", "curate", "select", "grpo", "distill", "serve", "all")
 
 
 def load(name: str):
