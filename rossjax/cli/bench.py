@@ -1,4 +1,4 @@
-"""`rossjax bench {model|sft|sample|curate|select|grpo|distill|all} [flags]`: run one benchmark against its
+"""`rossjax bench {model|sft|sample|curate|select|grpo|distill|serve|all} [flags]`: run one benchmark against its
 peer (rossjax/bench/); the flags after the name belong to that benchmark
 (`rossjax bench NAME --help` lists them with their defaults)."""
 
