@@ -67,7 +67,11 @@ async def _round(url: str, model: str, streams: int, jobs) -> dict:
         async def worker():
             while todo:
                 prompt, max_tokens, seed = todo.pop(0)
-                r = await loadtest._one(session, url, model, prompt, max_tokens, seed)
+                try:
+                    r = await loadtest._one(session, url, model, prompt, max_tokens, seed)
+                except KeyError:     # an event without "choices": the server's error event
+                    raise RuntimeError(f"{url} sent an error event in place of a completion "
+                                       f"chunk (at {streams} streams)") from None
                 done.append((max_tokens, *r))
 
         t = time.perf_counter()

