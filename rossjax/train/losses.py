@@ -19,9 +19,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
-
-from rossjax.models.kernels import activations
 
 
 def shift_targets(input_ids, loss_mask, segment_ids=None):
@@ -72,18 +69,6 @@ def _pad_positions(x, multiple):
     return jnp.pad(x, widths)
 
 
-def _whole_model_dim(w, vocab_major):
-    """The head weights gathered over their model dimension once, before the chunk loop (the
-    vocab dimension keeps whatever split it has). Under fsdp the table is split over d; left to
-    itself the TPU compiler gathers it inside every chunk (a windowed einsum per chunk, forward and
-    recomputed backward, and an all-reduce of its gradient per chunk)."""
-    act = activations.current()
-    if act is None:
-        return w
-    spec = P(P.UNCONSTRAINED, None) if vocab_major else P(None, P.UNCONSTRAINED)
-    return jax.lax.with_sharding_constraint(w, NamedSharding(act.mesh, spec))
-
-
 def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024, vocab_major=False,
                            with_entropy=False, temperature=1.0):
     """log p(target) `[b, s]` float32 from hidden states, one block of positions at a time.
@@ -121,7 +106,6 @@ def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024, vocab_ma
         hb, tb = xs
         return carry, block(lm_head_w, hb, tb)
 
-    lm_head_w = _whole_model_dim(lm_head_w, vocab_major)
     _, out = jax.lax.scan(body, None, (hs, ts))
     return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :s], out)
 
