@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import random
-import statistics
 import tempfile
 import time
 import urllib.request

@@ -17,8 +17,6 @@ spread of about 1). The layers compute on the other 511 dimensions as any random
 
 from __future__ import annotations
 
-import os
-
 SHAPE = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
              intermediate_size=2048)
 END_IDS = (128, 129, 130)

@@ -17,7 +17,6 @@ import numpy as np
 
 from rossjax import sharding
 from rossjax.engine import kv_slots, stream
-from rossjax.engine.types import MAX_TOP_LOGPROBS
 from rossjax.engine.scheduler import (
     DecodeBatch,
     ExecutionOutput,
@@ -27,6 +26,7 @@ from rossjax.engine.scheduler import (
     SchedulerOutput,
     pow2,
 )
+from rossjax.engine.types import MAX_TOP_LOGPROBS
 
 
 class Executor:
