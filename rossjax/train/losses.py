@@ -19,6 +19,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from rossjax.models.kernels import activations
 
 
 def shift_targets(input_ids, loss_mask, segment_ids=None):
@@ -69,6 +72,34 @@ def _pad_positions(x, multiple):
     return jnp.pad(x, widths)
 
 
+def _whole_model_dim(w, vocab_major):
+    """The head weights gathered over their model dimension once, before the chunk loop (the
+    vocab split stays the compiler's choice), under an activation mesh. Under fsdp the table is
+    split over d, and left alone the TPU compiler gathers it inside every chunk: a windowed
+    einsum per chunk forward, a re-gather per chunk in the backward (docs/tpu.md). The gradient
+    goes back with its sharding left free (a custom VJP): the constraint's own transpose would
+    pin the cotangent unsharded and keep the full fp32 table gradient live through the loss."""
+    act = activations.current()
+    if act is None:
+        return w
+    U = P.UNCONSTRAINED
+    whole = NamedSharding(act.mesh, P(U, None) if vocab_major else P(None, U))
+    free = NamedSharding(act.mesh, P(U, U))
+
+    @jax.custom_vjp
+    def gather(w):
+        return jax.lax.with_sharding_constraint(w, whole)
+
+    def fwd(w):
+        return gather(w), None
+
+    def bwd(_, ct):
+        return (jax.lax.with_sharding_constraint(ct, free),)
+
+    gather.defvjp(fwd, bwd)
+    return gather(w)
+
+
 def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024, vocab_major=False,
                            with_entropy=False, temperature=1.0):
     """log p(target) `[b, s]` float32 from hidden states, one block of positions at a time.
@@ -106,6 +137,7 @@ def chunked_token_logprobs(hidden, lm_head_w, targets, chunk_size=1024, vocab_ma
         hb, tb = xs
         return carry, block(lm_head_w, hb, tb)
 
+    lm_head_w = _whole_model_dim(lm_head_w, vocab_major)
     _, out = jax.lax.scan(body, None, (hs, ts))
     return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :s], out)
 
