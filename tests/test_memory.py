@@ -8,17 +8,17 @@ the per-device sizes of the SPMD program, by two compilers:
 - the TPU compiler (libtpu) for a v5e 2x4 slice (8 chips of 16 GiB HBM, fsdp=8), where libtpu is
   installed (make test's TPU pass; skipped with the reason elsewhere). Measured 2026-12-04,
   libtpu 0.0.42.1, jax 0.10.2, on an AMD EPYC host (2 cores): arguments 1.44 GiB, temporaries
-  5.15 GiB, generated code 0.03 GiB, peak 6.63 GiB per device (9.4 GiB margin on the chip);
+  4.49 GiB, generated code 0.03 GiB, peak 5.96 GiB per device (10.0 GiB margin on the chip);
   attention is the splash Pallas kernel, chosen for the TPU target; the compile takes ~400 s.
   With the pure-JAX block-wise attention (what a CPU host's backend chose before the kernels
-  followed the target) temporaries are 5.40 GiB; the 16.34 GiB first reported was not
-  reproduced. Where they go: docs/tpu.md.
+  followed the target) and the LM head gathered per chunk, temporaries were 5.40 GiB (splash:
+  5.15); the 16.34 GiB first reported was not reproduced. Where they go: docs/tpu.md.
 
 Model: Qwen2 shape, d 2048, 16 layers, 16 heads / 4 KV heads of 128, ffn 5632, vocab 151,936
 (tied): 1.03B params. Step: fp32 params and AdamW state, bf16 compute, remat `full`, a global
 batch of 8 rows x 8,192 tokens (8k tokens per device), chunked LM head (1,024 positions).
 
-Budget: 10 GiB per device (measured on CPU, jax 0.10: 8.2 GiB = 1.4 GiB state + 6.7 GiB temps;
+Budget: 10 GiB per device (measured on CPU, jax 0.10: 7.2 GiB = 1.4 GiB state + 5.7 GiB temps;
 the largest temps are the gathered [vocab, d] table and its fp32 gradient before reduce-scatter,
 ~1.2 GiB each). Layers run as one lax.scan (one compiled body), so compile time does not grow
 with depth (~20 s here). For scale: remat `none` needs 38.4 GiB per device here; without
