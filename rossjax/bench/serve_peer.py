@@ -23,20 +23,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
+from rossjax.reconstruct.local import free_port
+
 VLLM_VERSION = "0.32.0"
 READY = ".rossjax-ready"        # written once the venv's install went through
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vllm_python(venv: str, log) -> str:
