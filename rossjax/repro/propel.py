@@ -28,7 +28,7 @@ import os
 
 import numpy as np
 
-from rossjax.repro import propel_tasks as pt, stages, warmup
+from rossjax.repro import propel_compare as cmp, propel_tasks as pt, stages, warmup
 
 ARMS = ("base", "probe", "heuristic")
 NAMES = {"base": "base generator", "probe": "GRPO, probe reward", "heuristic": "GRPO, heuristic"}
@@ -45,7 +45,7 @@ SIZES = {
 }
 K, LO, HI = 8, 1 / 8, 3 / 8
 MAX_NEW = 160
-SOLVER = dict(competence=15, care=0.1)
+SOLVER = pt.SOLVER
 GRPO_LR = 5e-4
 
 
@@ -152,10 +152,12 @@ def probe_summary(path: str) -> dict:
             "split_detail": m.get("split_detail", "random 80/10/10, groups ignored")}
 
 
-def grpo(workdir: str, gen_hf: str, tasks_file: str, size: dict, seed: int, reward: list[str]):
+def grpo(workdir: str, gen_hf: str, tasks_file: str, size: dict, seed: int, reward: list[str],
+         config: str = "propel_azr.py:runlocal"):
     from rossjax.resources import config_path as repo_config
 
-    stages.cli(["grpo", f"--config={repo_config('propel_azr.py')}:runlocal", f"--workdir={workdir}",
+    name, _, variant = config.partition(":")
+    stages.cli(["grpo", f"--config={repo_config(name)}:{variant}", f"--workdir={workdir}",
                 f"--config.model.path={gen_hf}", f"--config.data.tasks={tasks_file}",
                 f"--config.grpo.steps={size['grpo_steps']}",
                 f"--config.grpo.contexts={size['contexts']}",
@@ -174,6 +176,19 @@ def _ms(v) -> dict:
             "n": int(len(v))}
 
 
+def train_generator(workdir: str, size: dict, rows: int, seed: int = 0,
+                    name: str = "generator") -> str:
+    """The templated-task generator of one init seed (WORKDIR/<name>/hf); seed 1: the cold
+    transfer arm's other generator (propel_compare)."""
+    init = stages.init_model(os.path.join(workdir, "init" + (f"{seed}" if seed else "")), seed,
+                             **warmup.SHAPE)
+    gen = os.path.join(workdir, name)
+    stages.train(os.path.join(workdir, "curated"), gen, "positive_sft", seed=seed,
+                 steps=size["gen_steps"], init=init, rows=rows,
+                 **dict(warmup.train_kw(finetune=False), seq_len=256))
+    return os.path.join(gen, "hf")
+
+
 def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
     from tqdm import tqdm
 
@@ -187,13 +202,8 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
     cur = os.path.join(workdir, "curated")
     rep = st.run("curate", lambda: stages.curated_summary(stages.curate(
         corpus, cur, tok_path, rows="verifier_positive", mask_mode="eligible")))
-    init = stages.init_model(os.path.join(workdir, "init"), 0, **warmup.SHAPE)
-    gen = os.path.join(workdir, "generator")
-    gen_kw = dict(warmup.train_kw(finetune=False), seq_len=256)
-    st.run("train_generator", lambda: stages.train(cur, gen, "positive_sft", seed=0,
-                                                   steps=size["gen_steps"], init=init,
-                                                   rows=rep["kept"], **gen_kw))
-    gen_hf = os.path.join(gen, "hf")
+    st.run("train_generator", lambda: train_generator(workdir, size, rep["kept"]))
+    gen_hf = os.path.join(workdir, "generator", "hf")
     pool = st.run("label_pool", lambda: label_pool(os.path.join(workdir, "labels"), gen_hf, tok,
                                                    size["n_pool"]))
     pr = st.run("probe", lambda: probe(workdir, gen_hf))
@@ -202,39 +212,62 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
     stages.write_jsonl(tasks_file, [{"id": f"gen-{i}", "domain": "induction_gen", "prompt": pt.PROMPT,
                                      "protocol": {"n_inputs": 10, "n_visible": 5, "split": "first"}}
                                     for i in range(64)])
-    rewards = {"probe": [f"--config.reward.probe.path={pr['path']}"],
-               "heuristic": ["--config.reward.fn=rossjax.repro.propel_tasks:heuristic_reward"]}
-    runs = {a: [] for a in ARMS}
-    todo = [(s, a) for s in range(seeds) for a in ARMS]
+    ctx = {"gen_hf": gen_hf, "probe": pr["path"], "tok": tok, "rows": rep["kept"]}
+    plans = {"probe": {"config": "propel_azr.py:runlocal", "policy": gen_hf,
+                       "reward": [f"--config.reward.probe.path={pr['path']}"]},
+             "heuristic": {"config": "propel_azr.py:runlocal", "policy": gen_hf, "reward": [
+                 "--config.reward.fn=rossjax.repro.propel_tasks:heuristic_reward"]}}
+    arms = (*ARMS, *cmp.arms(quick))
+    runs = {a: [] for a in arms}
+    todo = [(s, a) for s in range(seeds) for a in arms]
     for s, a in tqdm(todo, desc="repro propel", unit="run", disable=None):
-        hf = gen_hf if a == "base" else st.run(f"grpo_{a}_s{s}", lambda: grpo(
-            os.path.join(workdir, "runs", f"{a}-s{s}"), gen_hf, tasks_file, size, s, rewards[a]))
+        cmp.prepare(a, st, ctx, workdir, size)
+        extra = {}
+        if a == "base":
+            hf = gen_hf
+        elif a in cmp.UNTRAINED:
+            hf = ctx["gen2"]
+        else:
+            p = plans.get(a) or cmp.plan(a, ctx)
+            rd = os.path.join(workdir, "runs", f"{a}-s{s}")
+            hf = st.run(f"grpo_{a}_s{s}", lambda p=p, rd=rd, s=s: grpo(
+                rd, p["policy"], tasks_file, size, s, p["reward"], config=p["config"]))
+            extra = cmp.cost(st, f"grpo_{a}_s{s}", rd)
 
         def ev(hf=hf, s=s):
             texts = generate(hf, tok, size["n_eval"], seed=100 + s)
             return summarize_scores(score_tasks(texts, seed=200 + s), texts)
-        runs[a].append({"seed": s, **st.run(f"eval_{a}_s{s}", ev)})
-    summary = {a: {k: _ms([r[k] for r in rs]) for k in ("utility", "validity", "self_bleu3",
-                                                          "distinct3")} for a, rs in runs.items()}
+        runs[a].append({"seed": s, **st.run(f"eval_{a}_s{s}", ev), **extra})
+    summary = {a: {**{k: _ms([r[k] for r in rs]) for k in ("utility", "validity", "self_bleu3",
+                                                            "distinct3")}, **cmp.summary(rs)}
+               for a, rs in runs.items()}
     return {"experiment": "propel", "quick": quick, "seeds": seeds, "size": size,
             "solver": SOLVER, "k": K, "band": [LO, HI], "corpus_mix": corpus_mix, "pool": pool,
-            "probe": pr, "runs": runs, "summary": summary}
+            "pool_trials": cmp.pool_trials(pool, K), "probe": pr, "runs": runs,
+            "summary": summary}
+
+
+def names(res: dict) -> dict:
+    return {**NAMES, **cmp.NAMES}
 
 
 def table(res: dict):
     from rossjax.repro.report import ms
 
-    headers = ["generator", "utility", "validity", "Self-BLEU-3", "Distinct-3", "top family"]
+    headers = ["generator", "utility", "validity", "Self-BLEU-3", "Distinct-3", "top-family share",
+               "top family", "GRPO s", "solver trials (RL)"]
     rows = []
-    for a in ARMS:
+    for a in res["runs"]:
         s = res["summary"][a]
         fams = collections.Counter()
         for r in res["runs"][a]:
             fams.update(r["families"])
-        n = sum(fams.values()) or 1
-        top = fams.most_common(1)[0] if fams else ("-", 0)
-        rows.append([NAMES[a], ms(s["utility"]), ms(s["validity"]), ms(s["self_bleu3"]),
-                     ms(s["distinct3"]), f"{top[0]} {top[1] / n:.2f}"])
+        top = fams.most_common(1)[0][0] if fams else "-"
+        share = ms(s["top_share"]) if "top_share" in s else "-"
+        cost = ([ms(s["grpo_seconds"], 0), ms(s["solver_trials"], 0)] if "grpo_seconds" in s
+                else ["-", "-"])
+        rows.append([names(res)[a], ms(s["utility"]), ms(s["validity"]), ms(s["self_bleu3"]),
+                     ms(s["distinct3"]), share, top, *cost])
     return headers, rows
 
 
@@ -245,7 +278,7 @@ def claims(res: dict) -> list[dict]:
                       "generator", "holds": u["probe"] > u["base"], "evidence": ev},
             {"claim": "the probe reward beats the verifier-free heuristic on utility",
              "holds": u["probe"] > u["heuristic"], "evidence": ev},
-            _kept(res["summary"])]
+            _kept(res["summary"]), *cmp.claims(res, names(res))]
 
 
 def _kept(s: dict) -> dict:
@@ -268,13 +301,15 @@ def _kept(s: dict) -> dict:
 def plot(res: dict, folder: str) -> list[str]:
     from rossjax.repro import report
 
-    s, names = res["summary"], [NAMES[a] for a in ARMS]
-    fig, ax = report.figure(4)
-    for j, (key, title) in enumerate((("utility", "utility rate (band 1..3 of 8)"),
-                                      ("validity", "validity rate"),
-                                      ("self_bleu3", "Self-BLEU-3 (lower: diverse)"),
-                                      ("distinct3", "Distinct-3 (higher: diverse)"))):
-        report.bars(ax[j], names, [s[a][key] for a in ARMS], title)
+    s, arms = res["summary"], list(res["summary"])
+    labels = [names(res)[a] for a in arms]
+    panels = (("utility", "utility rate (band 1..3 of 8)"), ("validity", "validity rate"),
+              ("self_bleu3", "Self-BLEU-3 (lower: diverse)"),
+              ("distinct3", "Distinct-3 (higher: diverse)"),
+              ("top_share", "top-family share (collapse)"))
+    fig, ax = report.figure(len(panels))
+    for j, (key, title) in enumerate(panels):
+        report.bars(ax[j], labels, [s[a][key] for a in arms], title)
     return [report.save(fig, folder, "propel.png")]
 
 
@@ -300,7 +335,9 @@ def notes(res: dict) -> list[str]:
         f"operators and larger constants score higher). Evaluation: {z['n_eval']} fresh tasks "
         f"per generator and seed at T=1.",
         "Family 'other': a valid task whose message names none of the five families, so the "
-        "solver cannot use the hint and searches all it knows. Both GRPO runs move there; for "
-        "this solver an uninformative hint is a cheap way into the band, which the utility rate "
-        "counts like any other band task (look at the family column before reading utility).",
+        "solver cannot use the hint and searches all it knows; for this solver an uninformative "
+        "hint is a cheap way into the band, which the utility rate counts like any other band "
+        "task. Top-family share (the collapse metric): the most common family's share of an "
+        "arm's valid tasks, per seed (look at it before reading utility).",
+        *cmp.notes(res),
     ]

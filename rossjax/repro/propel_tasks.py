@@ -29,6 +29,7 @@ FAMILIES = {
     "cond": ("x + {a} if x > {t} else x - {b}", "it depends on x"),
 }
 KNOWN = ("add", "mul", "aff", "sq")  # the solver's library (it never writes cond)
+SOLVER = dict(competence=15, care=0.1)  # the experiment's solver (rossjax.repro.propel)
 PROMPT = "Write an induction task."
 
 
@@ -74,28 +75,47 @@ class Solver:
         self.c, self.care = int(competence), float(care)
         self._lib = {f: _hypotheses(f, self.c) for f in KNOWN}
 
-    def trials(self, st: dict, k: int, rng: np.random.Generator) -> list[bool]:
+    def picks(self, st: dict, k: int, rng: np.random.Generator) -> list | None:
+        """Per trial the (f, text) hypothesis the solver writes, or None when none fits the
+        pairs it read; None for a task whose values are not the integers this solver reads."""
         fam = family_of_message(st.get("message", ""))
         lib = self._lib.get(fam) if fam else None
         lib = lib if lib is not None else [h for f in KNOWN for h in self._lib[f]]
         try:
             xs = [int(x) for x in st["inputs"]]
             ys = [int(y) for y in st["visible_outputs"]]
-            hx = [int(x) for x in st["hidden_inputs"]]
-            hy = [int(y) for y in st["hidden_outputs"]]
         except (TypeError, ValueError):
-            return [False] * k  # not the integer tasks this solver reads
+            return None
         out = []
         for _ in range(k):
             m = len(xs) if rng.random() < self.care else 1
             idx = rng.choice(len(xs), size=m, replace=False)
-            fits = [h for h, _ in lib if all(h(xs[i]) == ys[i] for i in idx)]
-            if not fits:
-                out.append(False)
-                continue
-            h = fits[int(rng.integers(len(fits)))]
-            out.append(all(h(x) == y for x, y in zip(hx, hy)))
+            fits = [h for h in lib if all(h[0](xs[i]) == ys[i] for i in idx)]
+            out.append(fits[int(rng.integers(len(fits)))] if fits else None)
         return out
+
+    def trials(self, st: dict, k: int, rng: np.random.Generator) -> list[bool]:
+        try:
+            hx = [int(x) for x in st["hidden_inputs"]]
+            hy = [int(y) for y in st["hidden_outputs"]]
+        except (TypeError, ValueError):
+            return [False] * k  # not the integer tasks this solver reads
+        got = self.picks(st, k, rng)
+        if got is None:
+            return [False] * k
+        return [h is not None and all(h[0](x) == y for x, y in zip(hx, hy)) for h in got]
+
+
+def solver_fn(task: dict, k: int, seed: int) -> list[str]:
+    """The same solver as a `reward.solver.kind=fn` (`module:function`) for GRPO's solver-in-
+    the-loop reward: K programs for a solver task, which the reward then judges in the sandbox
+    on the hidden inputs as it would a model's answers (a trial with no fitting hypothesis
+    answers a program that cannot pass). Seeded by the call's seed and the task id."""
+    import zlib
+
+    rng = np.random.default_rng([int(seed) % 2**32, zlib.crc32(str(task.get("id")).encode())])
+    got = Solver(**SOLVER).picks(task, k, rng) or [None] * k
+    return [f"```python\ndef f(x):\n    return {h[1] if h else 'None'}\n```" for h in got]
 
 
 def heuristic_reward(prompt: str, completion: str, task: dict) -> float:
