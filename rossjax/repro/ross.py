@@ -11,6 +11,11 @@ Metrics per run: held-out accuracy (greedy and sampled; the verifier's verdict, 
 fraction of pairs right), error-imitation rate (a completion writes the policy's planted
 error, a forgotten carry), recovery-line rate, wrong-step rate, completion length in tokens;
 per recipe the curated TER (excluded / eligible assistant tokens).
+
+Then (ross_sources.py) the paper's controls and its second source, from the positive-SFT model
+as the upstream checkpoint: ROSS relearning against Continued RL (`rossjax grpo`) for the same
+extra updates x rollouts, and MOPD (`rossjax distill` from two clean teachers) as a second
+source, its history relearned by ROSS against Continued MOPD.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import os
 
 import numpy as np
 
-from rossjax.repro import stages, tasks, warmup
+from rossjax.repro import ross_sources, stages, tasks, warmup
 
 RECIPES = ("ross", "ross_no_mask", "positive_sft")
 CURATE_FLAGS = {"ross": dict(rows="accepted", mask_mode="annotated"),
@@ -76,7 +81,9 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
     from tqdm import tqdm
 
     size = SIZES["quick" if quick else "full"]
-    key = dict(size=size, policy=POLICY, max_new=MAX_NEW, shape=warmup.SHAPE, train=warmup.TRAIN)
+    src = ross_sources.SIZES["quick" if quick else "full"]
+    key = dict(size=size, policy=POLICY, max_new=MAX_NEW, shape=warmup.SHAPE, train=warmup.TRAIN,
+               sources=src)
     st = stages.Stages(workdir, log, key=key)
     tok_path, tok = stages.ascii_tokenizer(os.path.join(os.path.dirname(workdir), "tokenizer"))
     reserve = warmup.problems()[1]
@@ -101,9 +108,15 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
         ev = st.run(f"eval_{r}_s{s}", lambda: evaluate(os.path.join(wd, "hf"), tok, test_p,
                                                        size["samples"], seed=s))
         runs[r].append({"seed": s, "train_loss": m.get("loss"), **ev})
+    more, cur_more, info = ross_sources.run(workdir, st, tok_path, tok, train_p, test_p, seeds,
+                                            size["samples"], src, curated["ross"]["kept"],
+                                            evaluate)
+    curated.update(cur_more)
+    runs.update(more)
     return {"experiment": "ross", "quick": quick, "seeds": seeds, "size": size,
-            "shape": warmup.SHAPE, "train": warmup.TRAIN, "policy": POLICY,
-            "pool": pool, "curated": curated, "runs": runs, "summary": summarize(runs, curated)}
+            "shape": warmup.SHAPE, "train": warmup.TRAIN, "policy": POLICY, "sources": src,
+            "sources_info": info, "pool": pool, "curated": curated, "runs": runs,
+            "summary": summarize(runs, curated)}
 
 
 def _ms(v) -> dict:
@@ -119,12 +132,23 @@ def summarize(runs: dict, curated: dict) -> dict:
                   for mode in ("greedy", "sampled")
                   for k in ("accuracy", "pairs_correct", "imitation", "recovery",
                             "wrong_step", "length")}
-        out[r]["ter"] = curated[r]["ter"]
-        out[r]["rows"] = curated[r]["kept"]
+        cur = _curated_of(r, len(rs), curated)
+        out[r]["ter"] = float(np.mean([c["ter"] for c in cur])) if cur else None
+        out[r]["rows"] = round(float(np.mean([c["kept"] for c in cur]))) if cur else None
     return out
 
 
-NAMES = {"ross": "ROSS", "ross_no_mask": "ROSS w/o mask", "positive_sft": "positive SFT"}
+def _curated_of(arm: str, seeds: int, curated: dict) -> list[dict]:
+    """The curated sets an arm trained on (one per seed for MOPD + ROSS; none for Continued)."""
+    if arm in curated:
+        return [curated[arm]]
+    if arm == "ross_upstream":
+        return [curated["ross"]]
+    return [curated[f"{arm}_s{s}"] for s in range(seeds) if f"{arm}_s{s}" in curated]
+
+
+NAMES = {"ross": "ROSS", "ross_no_mask": "ROSS w/o mask", "positive_sft": "positive SFT",
+         **ross_sources.NAMES}
 
 
 def table(res: dict):
@@ -134,7 +158,8 @@ def table(res: dict):
                "recovery T=1", "length"]
     rows = []
     for r, s in res["summary"].items():
-        rows.append([NAMES[r], s["rows"], f"{s['ter']:.3f}", ms(s["greedy_accuracy"]),
+        rows.append([NAMES[r], "—" if s["rows"] is None else s["rows"],
+                     "—" if s["ter"] is None else f"{s['ter']:.3f}", ms(s["greedy_accuracy"]),
                      ms(s["greedy_pairs_correct"]), ms(s["greedy_imitation"]),
                      ms(s["sampled_imitation"]), ms(s["sampled_recovery"]),
                      ms(s["greedy_length"], 1)])
@@ -161,7 +186,7 @@ def claims(res: dict) -> list[dict]:
                   "right each not below another recipe by more than their mean std)",
          "holds": acc_ok,
          "evidence": f"accuracy {fmt('greedy_accuracy')}; pairs {fmt('greedy_pairs_correct')}"},
-    ]
+    ] + ross_sources.claims(s, _not_worse)
 
 
 def plot(res: dict, folder: str) -> list[str]:
@@ -176,7 +201,7 @@ def plot(res: dict, folder: str) -> list[str]:
                 "held-out accuracy (greedy)")
     report.bars(ax[2], names, [s[r]["greedy_length"] for r in RECIPES],
                 "completion length (greedy)", "tokens")
-    return [report.save(fig, folder, "ross.png")]
+    return [report.save(fig, folder, "ross.png"), *ross_sources.plot(s, folder)]
 
 
 def notes(res: dict) -> list[str]:
@@ -196,4 +221,4 @@ def notes(res: dict) -> list[str]:
         f"{res['size']['samples']} samples at T=1 each. Imitation: a completion writes a sum minus "
         f"10 on a pair that carries. Recovery: a 'wait, ' line, which ROSS keeps (it follows an "
         f"error in the context), so it is not counted as imitation.",
-    ]
+    ] + (ross_sources.notes(res) if "sources_info" in res else [])
