@@ -176,3 +176,21 @@ def test_propel_sil_runlocal_cli(tmp_path):
     m = [json.loads(x) for x in open(os.path.join(work, "metrics.jsonl"))][-1]
     assert m["solver_trials"] == 0 and m["solver_tasks"] == 0
     assert m["peak_rss_mb"] > 50 and "peak_rss_children_mb" in m
+
+
+def test_trials_judge_a_repeated_answer_once_and_keep_cut_offs_apart(monkeypatch):
+    from rossjax.verify.answers import Truncated
+
+    st = {"id": "t", "domain": "induction", "program": "def f(x):\n    return x + 1",
+          "inputs": ["0", "1", "2", "3", "4"], "hidden_inputs": ["5", "6", "7", "8", "9"],
+          "message": "m", "prompt": "solve"}
+    good = "```python\ndef f(x):\n    return x + 1\n```"
+    bad = "```python\ndef f(x):\n    return x\n```"
+    answers = [good, good, bad, Truncated(good), good, None, bad, good]
+    judged = []
+    real = solvers.judge
+    monkeypatch.setattr(solvers, "judge", lambda t, a: judged.append(a) or real(t, a))
+    got = solvers.trials(Texts({"t": answers}), [st, None], 8)
+    assert got == [[True, True, False, False, True, None, False, True], []]
+    # one sandboxed judgment per distinct answer: good, bad, the cut-off good, no answer
+    assert len(judged) == 4 and isinstance(judged[2], Truncated)

@@ -294,14 +294,22 @@ def judge(task: dict, answer: str | None) -> bool | None:
 def trials(solver: Solver, solver_tasks: list[dict | None], k: int, seed: int = 0,
            batch_tasks: int = 64) -> list[list]:
     """K trials per solver task ([] for None: an invalid task is not tried), sampled
-    `batch_tasks` tasks at a time."""
+    `batch_tasks` tasks at a time. A task's answers that are the same text are judged once (a
+    sampled solver repeats itself often, and each judgment is a sandboxed run): a repeat would run
+    the same program on the same inputs, so only a program whose own outcome varies run to run
+    (near the time limit, or reading hash seeds) could be judged otherwise K times over."""
     out = [[] for _ in solver_tasks]
     todo = [i for i, t in enumerate(solver_tasks) if t is not None]
     for b in range(0, len(todo), max(1, batch_tasks)):
         chunk = todo[b:b + batch_tasks]
         answers = solver.answers([solver_tasks[i] for i in chunk], k, seed + b)
         for i, ans in zip(chunk, answers):
-            out[i] = [judge(solver_tasks[i], a) for a in ans]
+            seen = {}  # (kind, text) -> verdict: a Truncated text fails, its equal str may not
+            for a in ans:
+                key = (type(a).__name__, a)
+                if key not in seen:
+                    seen[key] = judge(solver_tasks[i], a)
+            out[i] = [seen[(type(a).__name__, a)] for a in ans]
     return out
 
 
