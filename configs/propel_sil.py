@@ -84,6 +84,9 @@ def get_config(arg: str | None = None):
                 c.reward.solver.oracles[name].kind = "fn"
                 c.reward.solver.oracles[name].fn = "rossjax.configs.propel_sil:echo_answer"
             c.reward.solver.oracles.allow_same = True  # one stand-in function as both
+            # the fixed instruction, not the paper's two examples: ~10x shorter rows, so the
+            # --math warm-up and the run fit a few CPU minutes
+            c.data.math.context = "instruction"
         c.grpo.steps = 2
         # room for a warm-up generator's task (rossjax/train/propel/warmup.py: ~96 tokens)
         c.grpo.max_new_tokens = 128

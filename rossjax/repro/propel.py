@@ -16,7 +16,10 @@ this module writes their formats with their own functions (label_corpus.probe_in
 eval_generator's metrics).
 
 Metrics per generator: utility rate (valid and solved 1..3 times in K=8: the learnable band),
-validity rate, Self-BLEU-3 and Distinct-3 (rossjax.train.propel.eval_generator), family mix.
+validity rate, Self-BLEU-3 and Distinct-3 (rossjax.train.propel.eval_generator), the top-family
+share (the collapse metric) and family mix; for each GRPO run its wall-clock and solver trials.
+The paper's comparisons (solver in the loop, WCO, the adversarial auxiliary probe, cold
+transfer) are the arms of propel_compare.py; `--quick` runs solver in the loop only.
 """
 
 from __future__ import annotations
