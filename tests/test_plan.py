@@ -125,6 +125,90 @@ def test_the_sentence_names_the_program_and_the_fields():
     assert report.not_fit_sentence({"programs": [dict(prog, fits=True)], "target": {}}) is None
 
 
+def test_plan_engine_shapes_are_what_grpo_sampling_hands_the_engine(monkeypatch):
+    """The engine programs the plan compiles for GRPO (plan/engine.py) have the slots, cache
+    length and chunk `sample.generate` builds its Engine with, and the prefill rows, bucket,
+    decode steps and sampler mode the scheduler's first step runs for the upstream 128 x 8."""
+    import jax
+
+    from rossjax import sample, sharding
+    from rossjax.configs import grpo_verifier
+    from rossjax.engine.scheduler import Scheduler, pow2
+    from rossjax.engine.types import SamplingParams
+    from rossjax.plan import engine
+
+    cfg = grpo_verifier.get_config()
+    cfg.grpo.max_new_tokens, cfg.grpo.temperature = 700, 1.0
+    part = sharding.Partitioner(sharding.make_mesh(data=-1, fsdp=1, tensor=1,
+                                                   devices=jax.devices()[:4]))
+    s = engine.shape_of(cfg, part, prompt_len=300)
+    got = {}
+
+    class Built(Exception):
+        pass
+
+    def fake_engine(model_cfg, params, **kw):
+        got.update(kw)
+        raise Built
+
+    monkeypatch.setattr(sample, "Engine", fake_engine)
+    g = cfg.grpo
+    with pytest.raises(Built):
+        sample.generate(config_lib.PRESETS["tiny_qwen2"], None, [[1] * 300] * g.contexts,
+                        g.max_new_tokens, temperature=g.temperature, num_samples=g.group_size,
+                        stop_ids=(2,), partitioner=part)
+    assert (got["slots"], got["max_len"], got["n_stop"], got["chunk"]) == \
+        (s.slots, s.max_len, s.n_stop, s.chunk) == (256, 512 + 700, 1, 16)
+    sched = Scheduler(slots=s.slots, max_len=s.max_len, n_stop=s.n_stop, vocab_size=64,
+                      chunk=s.chunk, compact=False)
+    for i in range(g.contexts):
+        sched.submit([1] * 300, SamplingParams(g.max_new_tokens, g.temperature, g.top_p,
+                                               g.top_k, (2,), i), n=g.group_size)
+    plan = sched.schedule()
+    (pre,) = plan.prefills
+    assert (pow2(len(pre.prompts)), pre.length, pow2(len(pre.slots))) == \
+        (s.prompts, s.plen, s.candidates) == (32, 512, 256)
+    assert (plan.decode.steps, plan.decode.mode) == (s.chunk, s.mode) == (16, "plain")
+
+
+def test_plan_engine_shapes_are_what_agent_episodes_hand_the_engine(monkeypatch):
+    """Multi-turn GRPO (configs/grpo_agentic.py): a slot per episode, the spec's cache length,
+    and an extension program beside the prefill and decode."""
+    import types
+
+    import jax
+
+    from rossjax import sharding
+    from rossjax.configs import grpo_agentic
+    from rossjax.plan import engine
+    from rossjax.train.rl import agentic, agentic_grpo
+
+    cfg = grpo_agentic.get_config()
+    part = sharding.Partitioner(sharding.make_mesh(data=-1, fsdp=1, tensor=1,
+                                                   devices=jax.devices()[:4]))
+    s = engine.shape_of(cfg, part, prompt_len=100)
+    got = {}
+
+    class Built(Exception):
+        pass
+
+    def fake_engine(model_cfg, params, **kw):
+        got.update(kw)
+        raise Built
+
+    monkeypatch.setattr(agentic, "Engine", fake_engine)
+    monkeypatch.setattr(agentic, "TokenTurns", lambda *a: None)
+    monkeypatch.setattr(agentic, "_handles", lambda envs, spec, n: [None] * n)
+    g = cfg.grpo
+    with pytest.raises(Built):
+        agentic.rollouts(config_lib.PRESETS["tiny_qwen2"], None, types.SimpleNamespace(eos_id=2),
+                         [{}] * g.contexts, agentic_grpo.spec_of(cfg), group=g.group_size,
+                         temperature=1.0, partitioner=part)
+    assert (got["slots"], got["max_len"], got["n_stop"], got["chunk"]) == \
+        (s.slots, s.max_len, s.n_stop, s.chunk) == (128, 2 * 4096 + 16 * 7, 1, 16)
+    assert s.extend_len == 512 and (s.prompts, s.candidates) == (16, 128)
+
+
 @pytest.mark.skipif(NO_TPU is None, reason="libtpu is installed here")
 def test_without_libtpu_plan_says_why_in_one_sentence(capsys):
     rc, _, err = _plan(capsys, "--config=configs/ross_sft.py:runlocal", "--topology=v5e:2x2")
@@ -190,20 +274,45 @@ def test_tpu_splash_changes_the_plans_memory(tmp_path, capsys):
 
 @needs_tpu
 @pytest.mark.slow
-def test_tpu_grpo_update_compiles_for_v5p(tmp_path, capsys):
+def test_tpu_grpo_programs_compile_for_v5p(tmp_path, capsys):
+    """A PROPEL (probe-reward) GRPO config: the update, the old-policy log-prob pass, the rollout
+    engine's prefill and decode (its slot state donated) and the probe reward's reference
+    forward, whose splash kernel runs per shard on the 4-device mesh (before the reward handed
+    extract the run's partitioner, the TPU compiler refused it: a Pallas call to partition)."""
     out = tmp_path / "plan.json"
-    rc, text, err = _plan(capsys, "--config=configs/grpo_verifier.py:runlocal",
+    rc, text, err = _plan(capsys, "--config=configs/propel_azr.py:runlocal",
                           "--topology=v5p:2x2x1", "--config.mesh.num_devices=0",
-                          "--config.mesh.data=-1", "--config.mesh.fsdp=1", "--config.grpo.beta=0", "--prompt_len=64",
+                          "--config.mesh.data=-1", "--config.mesh.fsdp=1", "--prompt_len=64",
                           f"--out={out}")
     assert rc == 0, err
     plan = json.loads(out.read_text())
-    names = [p["program"] for p in plan["programs"]]
+    progs = {p["program"]: p for p in plan["programs"]}
     # runlocal updates in minibatches: the old policy is scored by a separate log-prob pass;
     # on 4 devices rows stay row-wise (the shared-prompt variant is a one-device program)
-    assert names == ["grpo update", "log-probs (old policy / reference)"], names
+    assert list(progs) == ["grpo update", "log-probs (old policy / reference)",
+                           "engine insert (prefill)", "engine decode",
+                           "probe reward (reference forward)"], list(progs)
     assert plan["target"]["device_kind"] == "TPU v5" and plan["mesh"]["data"] == 4
-    assert plan["programs"][0]["fits"] and plan["programs"][0]["hbm"] == 95 * 2 ** 30
+    assert all(p["fits"] and p["hbm"] == 95 * 2 ** 30 for p in progs.values())
+    for name in ("engine insert (prefill)", "engine decode"):   # the slot state, in place
+        assert progs[name]["memory"]["aliased"] > 0, name
+    assert progs["probe reward (reference forward)"]["mosaic_kernels"] > 0
+    assert "16 steps (plain)" in progs["engine decode"]["what"]
+
+
+@needs_tpu
+def test_tpu_extract_plan_runs_splash_per_shard(tmp_path, capsys):
+    """`rossjax extract`'s forward batch over a 4-chip mesh: the batch iter_extract would run
+    for 1,000-token rows (bucket 1,024, 8 rows of the 8,192 batch tokens), splash per shard."""
+    out = tmp_path / "plan.json"
+    rc, text, err = _plan(capsys, "--config=configs/extract.py", "--topology=v5e:2x2",
+                          "--seq_len=1000", f"--out={out}")
+    assert rc == 0, err
+    plan = json.loads(out.read_text())
+    (prog,) = plan["programs"]
+    assert plan["command"] == "extract" and prog["program"] == "extract (forward + pooling)"
+    assert prog["what"].startswith("8 rows x 1024 tokens") and prog["fits"]
+    assert prog["mosaic_kernels"] > 0
 
 
 @needs_tpu

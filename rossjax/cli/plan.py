@@ -1,9 +1,11 @@
 """`rossjax plan --config=configs/ross_sft.py --topology=v5e:2x4 [--num_slices=N]
-[--prompt_len=N] [--out=plan.json] [--config.x=y ...]`: compile every program the config's
-command runs (train: the SFT step; grpo: the update and the log-prob pass) with the TPU compiler
-for that slice, on this machine, and say per device what fits. Exit 2 when one does not fit.
+[--prompt_len=N] [--seq_len=N] [--out=plan.json] [--config.x=y ...]`: compile every program the config's
+command runs (train: the SFT step; grpo: the update, the log-prob pass, the rollout engine's
+programs and the probe reward's forward; extract: its forward batch) with the TPU compiler for
+that slice, on this machine, and say per device what fits. Exit 2 when one does not fit.
 Needs libtpu (pip install 'rossjax[tpu]'); the model comes from config.model.preset or the
-config.json of config.model.path (weights are never read)."""
+config.json of config.model.path (extract: config.model, preset:NAME or a folder); weights are
+never read."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ def _flags(fv):
     flags.DEFINE_integer("num_slices", 1, "slices joined by DCN (multi-slice)", flag_values=fv)
     flags.DEFINE_integer("prompt_len", 512, "grpo: prompt tokens per row (rows are "
                          "prompt_len + grpo.max_new_tokens long)", flag_values=fv)
+    flags.DEFINE_integer("seq_len", 4096, "extract: tokens per row (the length bucket planned)",
+                         flag_values=fv)
     flags.DEFINE_string("out", "", "plan.json path (default WORKDIR/plan.json, else ./plan.json)",
                         flag_values=fv)
 
@@ -36,7 +40,8 @@ def main(argv=None) -> int:
 
     name = str(fv["config"].config_filename) if hasattr(fv["config"], "config_filename") else ""
     plan = plan_lib.run(cfg, fv.topology, num_slices=int(fv.num_slices),
-                        prompt_len=int(fv.prompt_len), config_name=name)
+                        prompt_len=int(fv.prompt_len), seq_len=int(fv.seq_len),
+                        config_name=name)
     out = fv.out or os.path.join(workdir or ".", "plan.json")
     report.write_json(plan, out)
     print(report.table(plan))

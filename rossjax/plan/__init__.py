@@ -27,16 +27,18 @@ def _libtpu_version() -> str:
 
 
 def run(cfg, topology: str, *, num_slices: int = 1, prompt_len: int = 512,
-        config_name: str = "") -> dict:
-    """The plan of `cfg` on `topology` (a dict: target, mesh, programs; see report.py)."""
+        seq_len: int = 4096, config_name: str = "") -> dict:
+    """The plan of `cfg` on `topology` (a dict: target, mesh, programs; see report.py).
+    prompt_len: grpo's prompt tokens per row; seq_len: extract's row length."""
     devs = topologies.devices(topology, num_slices)
     chip, _ = topologies.parse(topology)
     part = sharding.partitioner_from_config(cfg, devs, num_slices=num_slices)
     t0 = time.perf_counter()
-    progs = programs_lib.for_config(cfg, part, prompt_len=prompt_len)
-    remat = str(cfg.model.get("remat_policy", "none")) != "none"
+    progs = programs_lib.for_config(cfg, part, prompt_len=prompt_len, seq_len=seq_len)
+    # extract's model is a one-string spec (preset:NAME or a folder), not a section
+    model = cfg.model if hasattr(cfg.model, "get") else {"path": str(cfg.model)}
+    remat = str(model.get("remat_policy", "none")) != "none"
     results = [compile_lib.analyze(p, chip, part.mesh, remat=remat) for p in progs]
-    model = cfg.model
     return {"command": programs_lib.command_of(cfg), "config": config_name,
             "model": {"path": model.get("path", ""), "preset": model.get("preset", ""),
                       "remat_policy": model.get("remat_policy", ""),

@@ -13,8 +13,10 @@ windowed einsums). FLOPs and bytes accessed are `cost_analysis()`'s, which
 also counts a loop body once (the layer scan: measured 4.1 TFLOP per device for a 1B step whose
 model FLOPs are 64 TFLOP per device) and never looks inside a Pallas kernel. The step time is a
 roofline estimate from the chip's published peaks: compute at peak for the larger of those FLOPs
-and the model's (6N per token + attention, x 8/6 with remat recomputing the forward), HBM traffic
-at full bandwidth, whichever is slower; MFU puts the model FLOPs over it. Estimates, not
+and the model's (6N per token + attention, x 8/6 with remat recomputing the forward; 2N for a
+forward-only program), HBM traffic (the larger of cost_analysis's bytes and the program's
+`min_bytes`, the engine decode's weights and cache read every step) at full bandwidth, whichever
+is slower; MFU puts the model FLOPs over it. Estimates, not
 measurements (docs/deviations.md).
 """
 
@@ -201,11 +203,12 @@ def analyze(program, chip, mesh, *, remat: bool = True) -> dict:
     mem = memory(compiled)
     cost = _cost(compiled)
     text = compiled.as_text()
-    n = mesh.devices.size
+    n = program.devices or mesh.devices.size
     # Roofline (estimate): the slower of compute at peak and HBM traffic at full bandwidth.
-    hw_flops = max(cost["flops"], program.model_flops * (8 / 6 if remat else 1.0) / n)
+    recompute = 8 / 6 if remat and program.training else 1.0
+    hw_flops = max(cost["flops"], program.model_flops * recompute / n)
     t_flops = hw_flops / chip.peak_flops
-    t_bytes = cost["bytes_accessed"] / chip.hbm_bw
+    t_bytes = max(cost["bytes_accessed"], program.min_bytes) / chip.hbm_bw
     step_s = max(t_flops, t_bytes)
     mfu = program.model_flops / n / chip.peak_flops / step_s if step_s > 0 else 0.0
     return {

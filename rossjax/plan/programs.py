@@ -6,8 +6,11 @@
 uses (`trainable.Trainable`, `optim.make_optimizer`, `Partitioner.rows`), on a
 [global_batch, seq_len] batch. `grpo`: `grpo_step.StepFns`, the same object `grpo_setup.Run`
 builds: the policy update on one minibatch (and its shared-prompt variant where the run takes it,
-one device) and the log-prob pass that scores the old policy and the reference. Nothing here
-copies a step: a change to a builder is what the plan compiles.
+one device) and the log-prob pass that scores the old policy and the reference; the rollout
+engine's insert / decode (/ extend) programs (plan/engine.py); the probe reward's reference
+forward where `reward.functions` holds "probe" (plan/forward.py). `extract`: its jitted
+forward + pooling on one batch (plan/forward.py). Nothing here copies a step: a change to a
+builder is what the plan compiles.
 
 Arguments are ShapeDtypeStructs carrying the shardings (no weights exist); a model section's
 `path` is read for its config.json only.
@@ -34,6 +37,10 @@ class Program:
     model_flops: float        # useful FLOPs per call, all devices (6N per token + attention)
     what: str = ""            # one line: rows x tokens, what it runs
     knobs: tuple = ()         # config fields that shrink it (the DOES NOT FIT sentence)
+    training: bool = True     # a backward pass (remat recomputes the forward); False: inference
+    devices: int = 0          # devices it runs on (0: the mesh's; 1: one device)
+    min_bytes: float = 0.0    # HBM traffic per device per call the model implies (a loop that
+                              # cost_analysis counts once: the engine's decode steps)
 
 
 def _sds(shape, dtype, sh):
@@ -41,14 +48,17 @@ def _sds(shape, dtype, sh):
 
 
 def command_of(cfg) -> str:
-    """'grpo' | 'train' from the config's sections."""
+    """'grpo' | 'train' | 'extract' from the config's sections."""
     if "grpo" in cfg:
         return "grpo"
     if "recipe" in cfg and "train" in cfg:
         return "train"
-    raise ConfigError("rossjax plan: the config is neither an SFT config (recipe, train, data) "
-                      "nor a GRPO config (grpo); plan takes configs/ross_sft.py, "
-                      "configs/retrogen_sft.py, configs/grpo_*.py, configs/propel_*.py.")
+    if "layers" in cfg and "batch_tokens" in cfg:
+        return "extract"
+    raise ConfigError("rossjax plan: the config is neither an SFT config (recipe, train, data), "
+                      "a GRPO config (grpo) nor an extract config (layers, batch_tokens); plan "
+                      "takes configs/ross_sft.py, configs/retrogen_sft.py, configs/grpo_*.py, "
+                      "configs/propel_*.py, configs/extract.py.")
 
 
 def _base_arg(t):
@@ -136,12 +146,23 @@ def grpo_programs(cfg, part, prompt_len: int) -> list[Program]:
         progs.append(Program("log-probs (old policy / reference)", fns._logp[False],
                              (params, batch(rows, grpo_step.BATCH_KEYS)),
                              per_tok / 3 * rows * seq, f"{rows} x {seq} tokens, forward only",
-                             ("grpo.loss_chunk", "mesh.fsdp", "mesh.tensor")))
+                             ("grpo.loss_chunk", "mesh.fsdp", "mesh.tensor"), training=False))
+    from rossjax.plan import engine, forward
+
+    progs += engine.grpo_engine_programs(cfg, t.model_cfg, part, prompt_len=prompt_len,
+                                         program_cls=Program)
+    if "probe" in cfg.reward.functions:
+        progs += forward.probe_programs(cfg, t.model_cfg, part, seq_len=seq,
+                                        program_cls=Program)
     return progs
 
 
-def for_config(cfg, part, *, prompt_len: int = 512) -> list[Program]:
+def for_config(cfg, part, *, prompt_len: int = 512, seq_len: int = 4096) -> list[Program]:
     command = command_of(cfg)
     if command == "grpo":
         return grpo_programs(cfg, part, prompt_len)
+    if command == "extract":
+        from rossjax.plan import forward
+
+        return forward.extract_programs(cfg, part, seq_len=seq_len, program_cls=Program)
     return sft_programs(cfg, part)

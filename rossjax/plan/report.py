@@ -58,8 +58,9 @@ def table(plan: dict) -> str:
                      f"{runs or 'none'}.")
     lines.append("* estimates, not measurements: a roofline from the chip's published peak "
                  "FLOP/s and HBM bandwidth over max(cost_analysis FLOPs, model FLOPs with remat) "
-                 "and cost_analysis bytes (which count a loop body once); MFU = model FLOPs (6N "
-                 "per token + attention) over that time. Collectives 'in the HLO' count instructions "
+                 "and cost_analysis bytes (which count a loop body once; the engine decode's "
+                 "steps read at least the weights and the cache each); MFU = model FLOPs (6N "
+                 "per token + attention, 2N forward-only) over that time. Collectives 'in the HLO' count instructions "
                  "(a loop body once), 'run per call' times the loops' trip counts; bytes are "
                  "result sizes per device.")
     return "\n".join(lines)
