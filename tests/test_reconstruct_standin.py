@@ -67,3 +67,23 @@ def test_the_standin_judges_can_fail_a_draft():
                           "Contract rates declined less than spot rates. [shipping-rates]\n"
                           "Spot rates doubled. [shipping-rates]\n>>>")
     assert [c["supported"] for c in ground["claims"]] == [True, False]
+
+
+def test_the_standin_slips_like_a_sampling_model_only_above_temperature_zero():
+    # at T > 0 a draft line misquotes its figure with probability T / 2, drawn from a hash of
+    # the request (a rerun gives the same slips); at T = 0 (:runlocal) never
+    from rossjax.reconstruct import standin
+
+    reqs = [f"STAGE: step\nrequest {i}" for i in range(400)]
+    assert not any(any(standin._slips(r, 0.0, 3)) for r in reqs)
+    hot = [standin._slips(r, 0.7, 1)[0] for r in reqs]
+    assert 0.25 < sum(hot) / len(hot) < 0.45 and hot == [standin._slips(r, 0.7, 1)[0] for r in reqs]
+    assert standin._misquote("X melts at 1186 kelvin. [x-note]") == "X melts at 2186 kelvin. [x-note]"
+    assert standin._misquote("X melts at 942 kelvin.") == "X melts at 842 kelvin."
+
+
+def test_the_induced_task_names_no_citation_of_the_artifact():
+    from rossjax.reconstruct.standin import induced_task
+
+    task = induced_task("Kelvarite melts at 900 kelvin [kelvarite-note]. Kelvarite is cast.", "brief")
+    assert "kelvarite" in task and "note" not in task and "900" not in task

@@ -18,6 +18,10 @@ model: they show that every stage, check and output works, nothing about RetroGe
   step      RetroGen: search each Ê title and open that document (3 at most); ForwardGen:
             search the task's words, open the hits; then a draft of each opened document's
             first sentence with its id cited
+  sampling  at temperature T > 0 a draft line misquotes its figure with probability T/2 (a
+            sampling slip a model makes: the line is then not in the evidence and grounding says
+            so), drawn from a hash of the request, so a run is reproducible and the judges and
+            thresholds have traces of unequal quality to rank; at T = 0 (:runlocal) never
   judges    rubric / quality by the draft's citations and sentences; grounding: a claim is
             supported when its sentence occurs in the cited evidence; consistency: every
             observation answers its call, every open names an id an earlier search returned,
@@ -26,6 +30,7 @@ model: they show that every stage, check and output works, nothing about RetroGe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -39,6 +44,7 @@ NOTICE = (f"stand-in endpoint ({MODEL_ID}): rule-based answers over the corpus, 
 STOP = set("the a an and or of to in on for with by from as at is are was were be that this "
            "which its it their than more most over into per not no under after before".split())
 HIT = re.compile(r"(\S+) \(\d+\.\d+\): ")
+NUMBER = re.compile(r"\b\d{3,}\b")
 CITE = re.compile(r"\[([^\]\s]+)\]")
 
 
@@ -56,13 +62,43 @@ def _section(text: str, start: str, end: str | None = None) -> str:
     return body.split(end, 1)[0] if end and end in body else body
 
 
+def induced_task(artifact: str, kind: str, named=()) -> str:
+    """The task rule: a request to research the artifact's most frequent content words (those
+    inside a named figure or a [citation] left out: naming it would leak the answer)."""
+    words = [w for w in re.findall(r"[a-z][a-z-]{4,}", CITE.sub("", artifact).lower())
+             if w not in STOP and not any(w in n for n in named)]
+    top = [w for w, _ in Counter(words).most_common(5)]
+    return (f"Research the corpus's sources on {', '.join(top)}; write the {kind}, citing each "
+            f"claim's document.")
+
+
+def _slips(user: str, temperature: float, n: int) -> list[bool]:
+    """n seeded draws of a sampling slip (probability temperature / 2), from the request."""
+    if temperature <= 0:
+        return [False] * n
+    draw = lambda i: int.from_bytes(hashlib.blake2b(  # noqa: E731
+        f"{temperature}:{i}:{user}".encode(), digest_size=8).digest(), "little") / 2.0 ** 64
+    return [draw(i) < temperature / 2 for i in range(n)]
+
+
+def _misquote(line: str) -> str:
+    # the figure a slip gets wrong: its first digit moved by one (1186 -> 2186, 942 -> 842)
+    m = NUMBER.search(line)
+    if not m:
+        return line
+    d = int(m.group(0)[0])
+    return line[:m.start()] + str(d + 1 if d < 9 else d - 1) + line[m.start() + 1:]
+
+
 class Rules:
     def __init__(self, corpus_path: str):
         with open(corpus_path, encoding="utf-8") as f:
             self.docs = {d["id"]: d for d in map(json.loads, filter(str.strip, f))}
 
-    def answer(self, user: str) -> dict:
+    def answer(self, user: str, temperature: float = 0.0) -> dict:
         stage = re.search(r"^STAGE: (\S+)", user, re.M).group(1)
+        if stage == "step":
+            return self.step(user, temperature)
         return getattr(self, stage)(user)
 
     def cues(self, user):
@@ -73,11 +109,7 @@ class Rules:
         kind = (re.search(r"^Domain: .*\((.+)\)$", user, re.M) or re.search(
             r"^Domain: (.+)$", user, re.M)).group(1)
         named = set(re.findall(r"'([^']+)'", _section(user, "figures (", ")").lower()))
-        words = [w for w in re.findall(r"[a-z][a-z-]{4,}", art.lower())
-                 if w not in STOP and not any(w in n for n in named)]
-        top = [w for w, _ in Counter(words).most_common(5)]
-        return {"task": f"Research in the document corpus the sources on {', '.join(top)}, and "
-                        f"write the {kind} an expert would, citing the document behind each claim."}
+        return {"task": induced_task(art, kind, named)}
 
     def rubric(self, user):
         return {"rubric": [
@@ -91,7 +123,7 @@ class Rules:
                          {"action": "open", "purpose": "read the most relevant hits"},
                          {"action": "draft", "purpose": "write the answer from what was read"}]}
 
-    def step(self, user):
+    def step(self, user, temperature: float = 0.0):
         hist = _section(user, "HISTORY:\n", "\n\nTool steps used")
         hist = _section(user, "HISTORY:\n", "\n\nThe tool budget") if not hist else hist
         opened = re.findall(r'call open \{"id": "([^"]+)"\}', hist)
@@ -106,22 +138,24 @@ class Rules:
                 doc = self.docs[todo[0]]
                 title = doc.get("title") or doc["text"][:60]
                 if title not in searched:
-                    return {"note": f"Search for the source on {title}.", "action": "search",
+                    return {"note": "Find the source.", "action": "search",
                             "arguments": {"query": title}}
-                return {"note": f"Open {todo[0]}, found by the search.", "action": "open",
+                return {"note": "Open the source.", "action": "open",
                         "arguments": {"id": todo[0]}}
             if not evidence:  # ForwardGen: search the task's words, open its hits
                 if not searched:
-                    query = _section(user, "the sources on ", ", and write") or "sources"
-                    return {"note": "Search the corpus for the task's subject.",
+                    query = _section(user, "sources on ", "; write") or "sources"
+                    return {"note": "Search the subject.",
                             "action": "search", "arguments": {"query": query}}
                 new = [h for h in hits if h not in opened]
                 if new:
-                    return {"note": f"Open the hit {new[0]}.", "action": "open",
+                    return {"note": "Open a hit.", "action": "open",
                             "arguments": {"id": new[0]}}
         lines = [f"{_sentences(self.docs[i]['text'])[0]} [{i}]" for i in opened if i in self.docs]
+        lines = [_misquote(x) if slip else x
+                 for x, slip in zip(lines, _slips(user, temperature, len(lines)))]
         text = "\n".join(lines) or "The corpus search found no source for this task."
-        return {"note": "Write the answer from the opened documents.", "action": "draft",
+        return {"note": "Answer from what was read.", "action": "draft",
                 "arguments": {"text": text}}
 
     @staticmethod
@@ -211,7 +245,8 @@ class StandinServer:
 
             def do_POST(self):
                 req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                content = json.dumps(rules.answer(req["messages"][1]["content"]))
+                content = json.dumps(rules.answer(req["messages"][1]["content"],
+                                                  float(req.get("temperature") or 0.0)))
                 self._send({"id": "standin", "object": "chat.completion", "model": MODEL_ID,
                             "choices": [{"index": 0, "finish_reason": "stop", "message": {
                                 "role": "assistant", "content": content}}],

@@ -1,18 +1,24 @@
 """`rossjax repro retrogen`: reconstructed evidence-seeking trajectories teach a model to find evidence.
 
-Pipeline (every stage a real rossjax command): a small synthetic world (world()): one corpus
-document per material holding three facts, review artifacts that cite three documents each,
-and held-out questions on materials no artifact cites -> `rossjax reconstruct` by RetroGen and
-by ForwardGen against the rule-driven stand-in endpoint (reconstruct/standin.py: rules, NOT a
-model) -> `rossjax retrogen` four ways: RetroGen thresholded (the method), ForwardGen
-thresholded, Artifact-Only (RetroGen's records with the trajectory stripped) and next-N replace
-(RetroGen's next-ranked traces in place of the selected ones) -> `rossjax curate` and
-`rossjax train` of the same tiny random model per arm and seed (same init, steps, optimizer)
--> `rossjax export` -> each model acts as an agent in the corpus environment on the held-out
-questions: its hermes tool calls run search / open, greedy, at most MAX_STEPS calls.
+Pipeline (every stage a real rossjax command): a small synthetic world (retrogen_world.py: a
+measurement note and a trade note per invented material, one expert brief per training
+material citing its note, held-out tasks induced the same way from briefs on other materials)
+-> `rossjax reconstruct` by RetroGen and by ForwardGen against the rule-driven stand-in
+endpoint (reconstruct/standin.py: rules, NOT a model, sampling slips at TEMPERATURE) ->
+`rossjax retrogen` four ways: RetroGen thresholded (the method), ForwardGen thresholded,
+Artifact-Only (RetroGen's selected records with tool calls, observations and notes stripped)
+and next-N replace (RetroGen's next-ranked traces in place of the selected ones) -> `rossjax
+curate` and `rossjax train` of the same tiny random model per arm and seed (same init, steps,
+optimizer) -> `rossjax export` -> each model acts as an agent in the corpus environment on the
+held-out tasks: its hermes tool calls run search / open, greedy, at most MAX_STEPS calls.
 
-Metrics per run: evidence found (the question's document was opened), answer right (the final
-answer holds the fact's value), tool steps used, and valid tool calls per question.
+What differs between the arms is only what each method's data holds: RetroGen's agent sees Ê
+(artifact-conditioned retrieval) and searches for and opens that document; ForwardGen's sees
+the task alone, searches its words and opens the hits; Artifact-Only has no tool use; next-N
+replace has RetroGen's lower-scored traces (the stand-in's slips: a misquoted figure).
+
+Metrics per run: evidence found (the task's document was opened), answer right (the final
+answer holds the figure), tool steps used, and valid tool calls per task.
 """
 
 from __future__ import annotations
@@ -22,54 +28,24 @@ import os
 
 import numpy as np
 
-from rossjax.repro import stages
+from rossjax.repro import stages, warmup
+from rossjax.repro.retrogen_world import world
 
 ARMS = ("retrogen", "forwardgen", "artifact_only", "next_n_replace")
 # arm -> (reconstruction method, `rossjax retrogen` overrides)
 ARM_DATA = {"retrogen": ("retrogen", []), "forwardgen": ("forwardgen", []),
             "artifact_only": ("retrogen", ["--config.artifact_only=True"]),
             "next_n_replace": ("retrogen", ["--config.selection=next_n_replace"])}
-SIZES = {"full": dict(n_artifacts=12, n_test=12, steps=80),
-         "quick": dict(n_artifacts=3, n_test=4, steps=4)}
-SHAPE = dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
-             ffn_dim=128)
-LR, BATCH, SEQ_LEN, MAX_STEPS, MAX_NEW = 3e-3, 8, 1024, 3, 64
-SYLLABLES = ("var", "kel", "bor", "dri", "mon", "tas", "lum", "qua", "zen", "pho", "rix", "sol")
-
-
-def world(n_artifacts: int, n_test: int, seed: int = 0) -> dict:
-    """Documents, artifacts and held-out questions; held-out materials are cited by no artifact."""
-    rng = np.random.default_rng(seed)
-    names, n = [], 3 * n_artifacts + n_test
-    while len(names) < n:
-        w = "".join(rng.choice(SYLLABLES, 2)).capitalize() + "ite"
-        if w not in names:
-            names.append(w)
-    docs, facts = [], {}
-    for name in names:
-        f = {"melt": int(rng.integers(300, 1900)), "year": int(rng.integers(1890, 2020)),
-             "site": str(rng.choice(["Oslo", "Lyon", "Porto", "Graz", "Turku", "Brno"]))}
-        facts[name] = f
-        docs.append({"id": f"{name.lower()}-note", "title": f"{name} measurements",
-                     "text": f"{name} has a melting point of {f['melt']} kelvin. {name} was "
-                             f"first described in {f['year']}. Reference samples of {name} are "
-                             f"kept at the {f['site']} archive."})
-    arts = []
-    for k in range(n_artifacts):
-        group = names[3 * k:3 * k + 3]
-        body = " ".join(f"{m} melts at {facts[m]['melt']} kelvin and was first described in "
-                        f"{facts[m]['year']} [{m.lower()}-note]." for m in group)
-        arts.append({"id": f"review-{k}", "domain": "science", "kind": "related_work",
-                     "title": f"Thermal properties of {', '.join(group)}",
-                     "text": f"This section reviews the thermal record of {len(group)} materials. "
-                             f"{body} Together they span a wide range of melting points, which "
-                             f"the archived reference samples let later work check."})
-    tests = [{"id": f"q-{m}", "material": m, "doc": f"{m.lower()}-note",
-              "value": str(facts[m]["melt"]),
-              "prompt": f"Find in the document corpus the melting point of {m} and answer "
-                        f"with it, citing the document it comes from."}
-             for m in names[3 * n_artifacts:]]
-    return {"docs": docs, "artifacts": arts, "tests": tests}
+SIZES = {"full": dict(n_artifacts=48, n_test=16, steps=80),
+         "quick": dict(n_artifacts=6, n_test=4, steps=3)}
+# the shape warmup.py found reading a name out of the prompt in ~200 steps (many small heads)
+SHAPE = warmup.SHAPE
+# SEQ_LEN holds a whole ForwardGen row (search, three opens, a three-line draft: ~1,300
+# characters), so no arm's rows lose their start to truncation
+LR, BATCH, SEQ_LEN, MAX_STEPS, MAX_NEW = 3e-3, 2, 1536, 5, 112
+# the stand-in samples like a model at this temperature (its slips give traces of unequal
+# quality); the selection keeps the top half per domain (quantile 0.5), next-N the half below
+TEMPERATURE, QUANTILE = 0.7, 0.5
 
 
 def reconstruct(arts: str, corpus: str, out: str, method: str, seed: int) -> dict:
@@ -78,6 +54,7 @@ def reconstruct(arts: str, corpus: str, out: str, method: str, seed: int) -> dic
     stages.cli(["reconstruct", f"--config={config_path('reconstruct.py')}:runlocal",
                 f"--workdir={out}", f"--config.input={arts}", f"--config.corpus={corpus}",
                 f"--config.method={method}", f"--config.seed={seed}",
+                f"--config.endpoint.temperature={TEMPERATURE}", "--config.max_evidence=1",
                 "--config.then_retrogen=False", "--config.then_sft=False"])
     with open(os.path.join(out, "report.json")) as f:
         rep = json.load(f)
@@ -86,12 +63,14 @@ def reconstruct(arts: str, corpus: str, out: str, method: str, seed: int) -> dic
 
 
 def select(trajectories: str, out: str, extra: list, seed: int) -> dict:
-    """`rossjax retrogen` (JSON tool calls only: the evaluation parses hermes calls)."""
+    """`rossjax retrogen` (JSON tool calls only: the evaluation parses hermes calls; no evidence
+    list after the task: a held-out task comes without Ê)."""
     from rossjax.resources import config_path
 
     stages.cli(["retrogen", f"--config={config_path('retrogen.py')}",
                 f"--config.input={trajectories}", f"--config.output={out}",
-                f"--config.seed={seed}", "--config.react_prob=0.0", *extra])
+                f"--config.seed={seed}", "--config.react_prob=0.0",
+                f"--config.quantile={QUANTILE}", "--config.evidence_in_prompt=False", *extra])
     path = os.path.join(out, "retrogen.jsonl")
     with open(path) as f:
         rows = sum(1 for line in f if line.strip())
@@ -180,7 +159,7 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
                 sel["path"], cur, tok_path, rows="verifier_positive", mask_mode="eligible")))
             wd = os.path.join(workdir, "runs", f"{arm}-s{s}")
             fit = st.run(f"train_{arm}_s{s}", lambda: train(cur, wd, init, s, size["steps"],
-                                                              rep["kept"]))
+                                                              rep["tokens"]))
             ev = st.run(f"eval_{arm}_s{s}", lambda: agent_eval(
                 os.path.join(wd, "hf"), tok, corpus, w["tests"]))
             runs[arm].append({"seed": s, "rows": sel["rows"], "tokens": rep["tokens"],
@@ -196,13 +175,14 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
             "rows": data, "runs": runs, "reconstruct_scores": scores, "summary": summary}
 
 
-def train(curated: str, workdir: str, init: str, seed: int, steps: int, rows: int) -> dict:
+def train(curated: str, workdir: str, init: str, seed: int, steps: int, tokens: int) -> dict:
     """`rossjax train --config=configs/retrogen_sft.py:runlocal` (the paper's recipe: packed
     token-budget steps, left truncation, the loss over the sequence) from `init`, SEQ_LEN-token
     rows, then `rossjax export`; returns the last logged metrics."""
     from rossjax.resources import config_path
 
-    epochs = steps * BATCH + 2  # enough packed rows for `steps` batches however short
+    # enough passes over the rows for `steps` token-budget batches of BATCH x SEQ_LEN tokens
+    epochs = 2 * -(-steps * BATCH * SEQ_LEN // max(tokens, 1)) + 2  # x2: packing leaves gaps
     stages.cli(["train", f"--config={config_path('retrogen_sft.py')}:runlocal",
                 f"--workdir={workdir}", f"--config.data.train={curated}",
                 f"--config.model.path={init}", f"--config.data.seq_len={SEQ_LEN}",
@@ -241,14 +221,20 @@ def claims(res: dict) -> list[dict]:
             return {"claim": claim, "holds": False,
                     "evidence": f"{', '.join(missing)} had no rows to train on"}
         va, vb = s[a][k]["mean"], s[b][k]["mean"]
-        return {"claim": claim, "holds": va > vb, "evidence": f"{k}: {a} {va:.3f}, {b} {vb:.3f}"}
+        # beyond the seeds' noise: the gap exceeds the larger of the two arms' stds
+        noise = max(s[a][k].get("std", 0.0), s[b][k].get("std", 0.0))
+        return {"claim": claim, "holds": va - vb > noise,
+                "evidence": f"{k}: {a} {va:.3f}, {b} {vb:.3f} (larger std {noise:.3f})"}
 
     return [cmp("retrogen", "forwardgen", "evidence",
-                "reconstructed trajectories beat ForwardGen on evidence-seeking"),
+                "reconstructed trajectories beat ForwardGen on evidence-seeking (evidence "
+                "found, by more than the seeds' std)"),
             cmp("retrogen", "artifact_only", "evidence",
-                "reconstructed trajectories beat Artifact-Only on evidence-seeking"),
+                "reconstructed trajectories beat Artifact-Only on evidence-seeking (evidence "
+                "found, by more than the seeds' std)"),
             cmp("retrogen", "next_n_replace", "right",
-                "thresholded selection beats next-N replace")]
+                "thresholded selection beats next-N replace (answers right, by more than the "
+                "seeds' std)")]
 
 
 def plot(res: dict, folder: str) -> list[str]:
@@ -266,22 +252,29 @@ def notes(res: dict) -> list[str]:
     z, wd = res["size"], res["world"]
     return [
         "Every reconstruction here is made by the rule-driven stand-in endpoint "
-        "(rossjax/reconstruct/standin.py), NOT a model: RetroGen's and ForwardGen's data differ "
-        "only as its rules do (RetroGen searches each retrieved title and opens it; ForwardGen "
-        "searches the task's words). The arms test the pipeline and the training signal of "
-        "each dataset, not a model's reconstructions.",
-        f"World: {wd['docs']} documents (one per material, three facts each), "
-        f"{wd['artifacts']} review artifacts citing three documents each, {wd['tests']} "
-        f"held-out questions on materials no artifact cites.",
+        "(rossjax/reconstruct/standin.py), NOT a model. Its rules read only what each stage's "
+        "prompt shows: RetroGen's agent is shown Ê (artifact-conditioned retrieval, here the one "
+        "best document, config.max_evidence=1) and searches for and opens it; ForwardGen's agent "
+        "is shown the task alone, searches the task's words and opens the hits (up to 3); at "
+        f"temperature {TEMPERATURE} a draft line misquotes its figure with probability "
+        f"{TEMPERATURE / 2:g} (a sampling slip the grounding judge catches). The arms test what "
+        "each method's data teaches, not a model's reconstructions.",
+        f"World: {wd['docs']} documents (a measurement note and a trade note per material), "
+        f"{wd['artifacts']} expert briefs citing one measurement note each, {wd['tests']} "
+        "held-out tasks: the stand-in's induced task of a brief on a material no training brief "
+        "names (both its documents in the corpus, its figure in no training row).",
+        f"Selection: the top {1 - QUANTILE:.0%} of each method's traces by Eq. 4 (quantile "
+        f"{QUANTILE} per domain; the paper's fixed thresholds are for its science / finance / "
+        "legal domains); next-N replace takes the same number of the next-ranked traces; "
+        "Artifact-Only is RetroGen's selected rows with tool calls, observations and notes "
+        "removed. Rows are serialized as JSON tool calls with no evidence list after the task "
+        "(a held-out task comes without Ê).",
         f"Model: a random tiny Qwen2-shaped model ({SHAPE['d_model']} wide, "
-        f"{SHAPE['n_layers']} layers, ASCII tokenizer), the same init per seed for every arm; "
-        f"{z['steps']} steps of configs/retrogen_sft.py:runlocal ({BATCH} packed rows of "
-        f"{SEQ_LEN} tokens, rows left-truncated to their last {SEQ_LEN}) at peak lr {LR}; rows "
-        f"serialized as JSON tool calls (react_prob 0), the whole sequence supervised.",
+        f"{SHAPE['n_layers']} layers, {SHAPE['n_heads']} heads, ASCII tokenizer), the same init "
+        f"per seed for every arm; {z['steps']} steps of configs/retrogen_sft.py:runlocal "
+        f"({BATCH} packed rows of {SEQ_LEN} tokens) at peak lr {LR}, the whole sequence "
+        "supervised (Eq. 7).",
         f"Evaluation: greedy, at most {MAX_STEPS} tool calls of {MAX_NEW} new tokens each; "
-        f"evidence found = the question's document was opened; answer right = the final "
-        f"answer holds the value.",
-        "next-N replace takes, per domain, the next-ranked traces below the threshold in place "
-        "of the kept ones; when every trace passes the threshold it has no rows and is not "
-        "trained (its claim is then NOT shown, with that reason).",
+        "evidence found = the task's measurement note was opened; answer right = the final "
+        "answer holds its figure.",
     ]
