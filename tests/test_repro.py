@@ -157,9 +157,11 @@ def test_repro_propel_quick_runs_every_arm_and_states_its_claims(tmp_path):
     res, _ = _run_quick("propel", tmp_path)
     s = res["summary"]
     assert s["base"]["validity"]["mean"] > 0.3  # the base generator writes usable tasks
-    for arm in ("base", "probe", "heuristic"):  # each arm trained (GRPO) and evaluated
-        for k in ("utility", "validity", "self_bleu3", "distinct3"):
+    for arm in ("base", "probe", "heuristic", "sil"):  # each arm trained (GRPO) and evaluated
+        for k in ("utility", "validity", "self_bleu3", "distinct3", "top_share"):
             assert 0.0 <= s[arm][k]["mean"] <= 1.0, (arm, k)
+    # solver in the loop called its solver during RL; the probe run never did
+    assert s["sil"]["solver_trials"]["mean"] > 0 and s["probe"]["solver_trials"]["mean"] == 0
     # Not asserted: any direction. The quick size (1 seed, 8 GRPO steps of 8 x 8) is inside the
     # noise: at 1b82be5 it gave utility base 0.156, probe 0.146, heuristic 0.177 (96 tasks an
     # arm), where the full run (README's Evidence) shows probe > heuristic > base. The claims
@@ -167,8 +169,8 @@ def test_repro_propel_quick_runs_every_arm_and_states_its_claims(tmp_path):
     # checks that they follow the numbers).
     from rossjax.repro import propel
 
-    claims = propel.claims(res)
-    assert len(claims) == 3 and all(isinstance(c["holds"], bool) for c in claims)
+    claims = propel.claims(res)  # 3 + SIL's utility and cost (the other arms: full runs)
+    assert len(claims) == 5 and all(isinstance(c["holds"], bool) for c in claims)
 
 
 def _arm(**means):
