@@ -155,7 +155,11 @@ def _make_batch_fn(spec: _PoolSpec):
     if spec.partitioner is None:
         return jax.jit(run)
     p, r2, r3, t2, out = _shardings(spec)
-    return jax.jit(run, in_shardings=(p, r2, r2, r3, t2, t2), out_shardings=out)
+    # Traced inside shard_activations: rows stay split and a Pallas attention kernel (splash,
+    # what `auto` picks on TPU) runs per shard in shard_map; the TPU compiler refuses one it
+    # would have to partition itself (found by `rossjax plan --config=configs/extract.py`).
+    return jax.jit(models.transformer.under_mesh(run, spec.partitioner),
+                   in_shardings=(p, r2, r2, r3, t2, t2), out_shardings=out)
 
 
 def iter_extract(cfg, params, token_lists, layers, pooling="mean", turn_spans=None, *,

@@ -195,11 +195,13 @@ class ProbeReward:
 
     `probes`: the selected probe, or several (scored with `wco`); `auxiliary`: an optional
     adversarial auxiliary probe. `render(record) -> (token_ids, turn_spans or None)` turns a
-    candidate into what the probe was trained on.
+    candidate into what the probe was trained on. `partitioner`: the mesh `ref_params` live on
+    (the policy's base in a sharded run); rows then split over its batch axes and attention
+    kernels run per shard (the TPU compiler refuses a Pallas kernel it would have to partition).
     """
 
     def __init__(self, model_cfg, ref_params, probes, render, *, auxiliary=None,
-                 batch_tokens: int = 8192):
+                 batch_tokens: int = 8192, partitioner=None):
         if not probes:
             raise ConfigError("ProbeReward: no probe given (config.reward.probe.path).")
         for p in [*probes, *([auxiliary] if auxiliary is not None else [])]:
@@ -211,13 +213,14 @@ class ProbeReward:
                                  "config.reward.probe.reference.path.")
         self.model_cfg, self.ref_params, self.render = model_cfg, ref_params, render
         self.probes, self.auxiliary, self.batch_tokens = list(probes), auxiliary, batch_tokens
+        self.partitioner = partitioner
 
     def _score(self, scorer: ProbeScorer, tokens, spans):
         from rossjax.probes.activations import extract
 
         x = extract(self.model_cfg, self.ref_params, tokens, (scorer.layer,), scorer.pooling,
                     spans if scorer.turns else None, turn_pooling=scorer.turn_pooling,
-                    batch_tokens=self.batch_tokens)
+                    batch_tokens=self.batch_tokens, partitioner=self.partitioner)
         return scorer.score(x[:, 0])
 
     def __call__(self, records, valid=None) -> dict:

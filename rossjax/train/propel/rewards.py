@@ -152,7 +152,10 @@ def probe_reward(run):
     for sc in scorers:  # the bootstrap probe has no manifest calibration of its own
         sc.calibrated = reward_lib.calibrated_for(sc.manifest.get("domain"), calibration)
     aux = load(p.auxiliary) if p.auxiliary else None
-    pr = reward_lib.ProbeReward(model_cfg, params, scorers, render, auxiliary=aux)
+    # the policy's base lives on the run's mesh: the reference pass runs there (rows split);
+    # a reference of its own is loaded onto one device
+    pr = reward_lib.ProbeReward(model_cfg, params, scorers, render, auxiliary=aux,
+                                partitioner=None if own_reference(cfg) else run.part)
     named = list(zip(paths, scorers)) + ([(p.auxiliary + " (auxiliary)", aux)] if aux else [])
     names = [f"{x} ({sc.probe.head}, layer {sc.layer}, {sc.pooling} pooling, "
              f"{'calibrated' if sc.calibrated else 'raw'} scores)" for x, sc in named]
