@@ -38,8 +38,11 @@ import shutil
 
 from rossjax.repro import stages, tasks, warmup
 
+# quick: the machinery, not the effects (its upstream, 200 steps from scratch, seldom passes at
+# T=1), in about a minute and a half more; eval_n: the held-out problems its arms are graded on
 SIZES = {"full": dict(extra=60, mopd_steps=60, teacher_steps=200, contexts=8, group=4),
-         "quick": dict(extra=30, mopd_steps=30, teacher_steps=150, contexts=8, group=4)}
+         "quick": dict(extra=8, mopd_steps=8, teacher_steps=40, contexts=8, group=4,
+                       eval_n=64)}
 LR = warmup.FINETUNE["lr"]  # every arm from a trained checkpoint: the fine-tuning peak lr
 ARMS = ("ross_upstream", "continued_rl", "mopd", "ross_mopd", "continued_mopd")
 NAMES = {"ross_upstream": "upstream + ROSS", "continued_rl": "Continued RL",
@@ -209,6 +212,7 @@ def run(workdir: str, st, tok_path: str, tok, train_p, test_p, seeds: int, sampl
     curated, info = {}, {"teachers": teacher_info,
                          "mopd_history": [], "seconds": {a: [] for a in ARMS}}
     ft = warmup.train_kw(finetune=True)
+    test_p = test_p[:src.get("eval_n", len(test_p))]
     for s in tqdm(range(seeds), desc="repro ross sources", unit="seed", disable=None):
         d = os.path.join(workdir, "sources", f"s{s}")
         up = os.path.join(workdir, "runs", f"positive_sft-s{s}", "hf")
@@ -326,7 +330,10 @@ def notes(res: dict) -> list[str]:
         f"{z['contexts']} prompts x {z['group']} samples, one update a step; Continued MOPD: "
         f"`rossjax distill` resumed, {z['contexts']} x {z['group']} a step; both constant lr "
         f"{LR}); GRPO and distill also sample their rollouts, which relearning reads from "
-        f"the history. Mean wall seconds of each arm's training stage: "
+        f"the history. "
+        + (f"Quick run: these arms are graded on the first {z['eval_n']} held-out problems. "
+           if "eval_n" in z else "")
+        + "Mean wall seconds of each arm's training stage: "
         + ", ".join(f"{NAMES[a]} {v} s" for a, v in sec.items()) + ".",
         f"MOPD: two clean teachers (`rossjax train` on the clean traces of their own problems, "
         f"{z['teacher_steps']} steps, once for all seeds): carry "
