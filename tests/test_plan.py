@@ -125,23 +125,17 @@ def test_the_sentence_names_the_program_and_the_fields():
     assert report.not_fit_sentence({"programs": [dict(prog, fits=True)], "target": {}}) is None
 
 
-def test_plan_engine_shapes_are_what_grpo_sampling_hands_the_engine(monkeypatch):
-    """The engine programs the plan compiles for GRPO (plan/engine.py) have the slots, cache
-    length and chunk `sample.generate` builds its Engine with, and the prefill rows, bucket,
-    decode steps and sampler mode the scheduler's first step runs for the upstream 128 x 8."""
+def _four_device_partitioner():
     import jax
 
-    from rossjax import sample, sharding
-    from rossjax.configs import grpo_verifier
-    from rossjax.engine.scheduler import Scheduler, pow2
-    from rossjax.engine.types import SamplingParams
-    from rossjax.plan import engine
+    from rossjax import sharding
 
-    cfg = grpo_verifier.get_config()
-    cfg.grpo.max_new_tokens, cfg.grpo.temperature = 700, 1.0
-    part = sharding.Partitioner(sharding.make_mesh(data=-1, fsdp=1, tensor=1,
+    return sharding.Partitioner(sharding.make_mesh(data=-1, fsdp=1, tensor=1,
                                                    devices=jax.devices()[:4]))
-    s = engine.shape_of(cfg, part, prompt_len=300)
+
+
+def _capture_engine(monkeypatch, module):
+    """({}, exception): `module.Engine(...)` records its keyword arguments there and raises."""
     got = {}
 
     class Built(Exception):
@@ -151,7 +145,26 @@ def test_plan_engine_shapes_are_what_grpo_sampling_hands_the_engine(monkeypatch)
         got.update(kw)
         raise Built
 
-    monkeypatch.setattr(sample, "Engine", fake_engine)
+    monkeypatch.setattr(module, "Engine", fake_engine)
+    return got, Built
+
+
+def test_plan_engine_shapes_are_what_grpo_sampling_hands_the_engine(monkeypatch):
+    """The engine programs the plan compiles for GRPO (plan/engine.py) have the slots, cache
+    length and chunk `sample.generate` builds its Engine with, and the prefill rows, bucket,
+    decode steps and sampler mode the scheduler's first step runs for the upstream 128 x 8."""
+
+    from rossjax import sample
+    from rossjax.configs import grpo_verifier
+    from rossjax.engine.scheduler import Scheduler, pow2
+    from rossjax.engine.types import SamplingParams
+    from rossjax.plan import engine
+
+    cfg = grpo_verifier.get_config()
+    cfg.grpo.max_new_tokens, cfg.grpo.temperature = 700, 1.0
+    part = _four_device_partitioner()
+    s = engine.shape_of(cfg, part, prompt_len=300)
+    got, Built = _capture_engine(monkeypatch, sample)
     g = cfg.grpo
     with pytest.raises(Built):
         sample.generate(config_lib.PRESETS["tiny_qwen2"], None, [[1] * 300] * g.contexts,
@@ -176,27 +189,14 @@ def test_plan_engine_shapes_are_what_agent_episodes_hand_the_engine(monkeypatch)
     and an extension program beside the prefill and decode."""
     import types
 
-    import jax
-
-    from rossjax import sharding
     from rossjax.configs import grpo_agentic
     from rossjax.plan import engine
     from rossjax.train.rl import agentic, agentic_grpo
 
     cfg = grpo_agentic.get_config()
-    part = sharding.Partitioner(sharding.make_mesh(data=-1, fsdp=1, tensor=1,
-                                                   devices=jax.devices()[:4]))
+    part = _four_device_partitioner()
     s = engine.shape_of(cfg, part, prompt_len=100)
-    got = {}
-
-    class Built(Exception):
-        pass
-
-    def fake_engine(model_cfg, params, **kw):
-        got.update(kw)
-        raise Built
-
-    monkeypatch.setattr(agentic, "Engine", fake_engine)
+    got, Built = _capture_engine(monkeypatch, agentic)
     monkeypatch.setattr(agentic, "TokenTurns", lambda *a: None)
     monkeypatch.setattr(agentic, "_handles", lambda envs, spec, n: [None] * n)
     g = cfg.grpo
