@@ -159,17 +159,17 @@ def top_share(families: dict) -> float:
     return max(families.values()) / n if n else 0.0
 
 
-def _ev(s: dict, arm: str, key: str, names: dict) -> str:
+def _ev(s: dict, arm: str, key: str, names: dict, digits: int = 3) -> str:
     from rossjax.repro.report import ms
 
-    return f"{names[arm]} {ms(s[arm][key])}"
+    return f"{names[arm]} {ms(s[arm][key], digits)}"
 
 
 def claims(res: dict, names: dict) -> list[dict]:
     """The comparison claims for the arms present in res["summary"] (none for a summary without
     them, e.g. README's table of an older run)."""
     s, out = res["summary"], []
-    seeds = f" ({s['probe']['utility']['n']} seed(s), mean ± std)"
+    seeds = f"; {s['probe']['utility']['n']} seed(s), mean ± std over seeds"
     if "sil" in s:
         u = lambda a: s[a]["utility"]["mean"]  # noqa: E731
         slack = (s["probe"]["utility"]["std"] + s["sil"]["utility"]["std"]) / 2
@@ -185,8 +185,8 @@ def claims(res: dict, names: dict) -> list[dict]:
                                  "no solver trials during RL and less wall-clock",
                         "holds": bool(n["probe"] == 0 < n["sil"] and t["probe"] < t["sil"]),
                         "evidence": "; ".join(
-                            f"{names[a]} {_ev(s, a, 'grpo_seconds', names)[len(names[a]) + 1:]} s, "
-                            f"{n[a]:.0f} solver trials" for a in ("probe", "sil"))
+                            f"{_ev(s, a, 'grpo_seconds', names, 0)} s, {n[a]:.0f} solver trials"
+                            for a in ("probe", "sil"))
                         + f"; the probe's labels cost {res.get('pool_trials', 0)} trials once"
                         + seeds})
     for arm, what in (("wco", "worst case over 3 probes (WCO)"),
