@@ -40,10 +40,11 @@ from the warm-up generator (rossjax/train/propel/warmup.py, `--math` for `:runlo
 tiny model cloned on a few valid tasks), passed as `--config.model.path`: measured on this loaded
 2-core CPU (2026-12-03), 13 of 16 candidates valid in each of the 2 steps, `solver_trials` 104
 and 104, reward -0.04 (valid tasks earn U_S = 0 from the always-right solver), 84 s (re-run
-2026-12-05 at load ~10: solver_trials 104 and 96, 189 s). `:runlocal,math` prompts with the fixed
-instruction (not the paper's two examples, ~10x longer rows): its `--math` warm-up took 22 min at
-load ~17 and the run from it 119 s (2026-12-05): 8 of 8 candidates valid in each of 2 steps,
-oracle_trials 32 and solver_trials 64 a step, reward 0. Without a warm-up the random tiny model
+2026-12-05 on 2 shared Intel Xeon cores at load ~10: solver_trials 104 and 96, 189 s).
+`:runlocal,math` prompts with the fixed instruction (not the paper's two examples, ~10x longer
+rows): its `--math` warm-up took 22 min at load ~17 and the run from it 119 s (same host,
+2026-12-05): 8 of 8 candidates valid in each of 2 steps, oracle_trials 32 and solver_trials 64
+a step, reward 0. Without a warm-up the random tiny model
 writes no valid task: every step pays -0.2 and `solver_trials` is 0 (mechanics of the invalid
 path only, 18 s on a loaded 2-core AMD EPYC, 2026-12-04).
 """
