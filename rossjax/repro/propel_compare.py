@@ -231,6 +231,8 @@ def notes(res: dict) -> list[str]:
     return [f"Comparison arms (rossjax/repro/propel_compare.py): {', '.join(arms)}"
             + (f"; {', '.join(left)} run in full runs only" if left else "")
             + ". GRPO s: the GRPO stage's wall-clock (compile and export included) on this "
-            "machine; solver trials (RL): those the run's metrics count (solver-in-the-loop's K=8 "
+            "machine, under whatever else ran on it; seed 0's probe run is a workdir's first GRPO "
+            "stage and compiles what later stages find in DIR/jax-cache, which counts against "
+            "the probe; solver trials (RL): those the run's metrics count (solver-in-the-loop's K=8 "
             f"per valid candidate); the probe's labels cost {res.get('pool_trials', 0)} solver "
             "trials once, before any RL run."]
