@@ -127,19 +127,10 @@ def summarize_scores(scored: list[dict], texts: list[str]) -> dict:
 
 def probe(folder: str, gen_hf: str) -> dict:
     """`rossjax extract` on the frozen base generator, then `rossjax probe-sweep`."""
-    from rossjax.resources import config_path as repo_config
-
-    store = os.path.join(folder, "activations")
-    stages.cli(["extract", f"--config={repo_config('extract.py')}", f"--config.model={gen_hf}",
-                f"--config.input={os.path.join(folder, 'labels', 'inputs.jsonl')}",
-                f"--config.output={store}", "--config.layers=(1, 2)", "--config.pooling=mean"])
-    sweep = os.path.join(folder, "sweep")
-    stages.cli(["probe-sweep", f"--config={repo_config('probe_sweep.py')}",
-                f"--config.stores=('{store}',)",
-                f"--config.labels={os.path.join(folder, 'labels', 'labels.jsonl')}",
-                f"--config.output={sweep}", "--config.heads=('linear',)", "--config.seeds=(0,)",
-                "--config.folds=3"])
-    return {"path": os.path.join(sweep, "selected_probe")}
+    store = cmp.extract(gen_hf, os.path.join(folder, "labels", "inputs.jsonl"),
+                        os.path.join(folder, "activations"))
+    return {"path": cmp.sweep(folder, store, os.path.join(folder, "labels", "labels.jsonl"),
+                              os.path.join(folder, "sweep"))}
 
 
 def probe_summary(path: str) -> dict:

@@ -83,8 +83,20 @@ def prepare(arm: str, st, ctx: dict, workdir: str, size: dict) -> None:
             workdir, size, ctx["rows"], seed=1, name="generator2"))
 
 
+def extract(model: str, inputs: str, store: str) -> str:
+    """`rossjax extract` of repro propel's probes (layers 1-2, mean pooling); returns the store."""
+    from rossjax.repro import stages
+    from rossjax.resources import config_path as repo_config
+
+    stages.cli(["extract", f"--config={repo_config('extract.py')}", f"--config.model={model}",
+                f"--config.input={inputs}", f"--config.output={store}", "--config.layers=(1, 2)",
+                "--config.pooling=mean"])
+    return store
+
+
 def sweep(workdir: str, store: str, labels: str, out: str, split_seed: int = 0) -> str:
-    """`rossjax probe-sweep` as propel.probe runs it, on another store / labels / split seed."""
+    """`rossjax probe-sweep` of repro propel's probes (linear heads, one seed): a store, its
+    labels, an output folder and the split seed; returns the selected probe's path."""
     from rossjax.repro import stages
     from rossjax.resources import config_path as repo_config
 
@@ -133,10 +145,8 @@ def aux_probe(workdir: str, ctx: dict) -> str:
                 f"--config.run_labels={os.path.join(run_dir, 'labels.jsonl')}",
                 f"--config.run_inputs={os.path.join(run_dir, 'inputs.jsonl')}",
                 f"--config.output={aux}"])
-    store = os.path.join(workdir, "aux", "activations")
-    stages.cli(["extract", f"--config={repo_config('extract.py')}", f"--config.model={ctx['gen_hf']}",
-                f"--config.input={os.path.join(aux, 'aux_inputs.jsonl')}",
-                f"--config.output={store}", "--config.layers=(1, 2)", "--config.pooling=mean"])
+    store = extract(ctx["gen_hf"], os.path.join(aux, "aux_inputs.jsonl"),
+                    os.path.join(workdir, "aux", "activations"))
     return sweep(workdir, store, os.path.join(aux, "aux_labels.jsonl"),
                  os.path.join(workdir, "aux", "sweep"))
 
