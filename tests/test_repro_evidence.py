@@ -11,6 +11,7 @@ import os
 import re
 import types
 
+import numpy as np
 import pytest
 
 from rossjax.repro import EXPERIMENTS, propel, report, ross, routes
@@ -64,11 +65,28 @@ def claims_from_readme(name: str) -> list[str]:
         s = {m: {"coverage": _ms(c["coverage@8"]), "families_produced": _ms(c["families produced"])}
              for m, c in cols.items() if m != "warm-up (start)"}
         return [report.claim_line(c) for c in routes.claims({"summary": s})]
-    key = {v: k for k, v in propel.NAMES.items()}
-    s = {key[a]: {"utility": _ms(c["utility"]), "validity": _ms(c["validity"]),
-                  "self_bleu3": _ms(c["Self-BLEU-3"]), "distinct3": _ms(c["Distinct-3"])}
-         for a, c in cols.items()}
-    return [report.claim_line(c) for c in propel.claims({"summary": s})]
+    return [report.claim_line(c) for c in propel.claims(_propel_res(cols, readme_block(name)))]
+
+
+# PROPEL's optional columns (older tables lack them): summary key per report column
+PROPEL_EXTRA = {"top-family share": "top_share", "GRPO s": "grpo_seconds",
+                "solver trials (RL)": "solver_trials"}
+
+
+def _propel_res(cols: dict, text: str) -> dict:
+    """propel.claims' input from a PROPEL table: every arm's row (the comparison arms' too),
+    its optional columns where present ("-": an arm without a GRPO run), and the probe's one-off
+    label cost from the prose of `text` ("labels cost N solver trials"), never a claim line."""
+    key = {v: k for k, v in propel.names({}).items()}
+    s = {}
+    for a, c in cols.items():
+        s[key[a]] = {"utility": _ms(c["utility"]), "validity": _ms(c["validity"]),
+                     "self_bleu3": _ms(c["Self-BLEU-3"]), "distinct3": _ms(c["Distinct-3"])}
+        s[key[a]].update({k: _ms(c[col].replace(",", "")) for col, k in PROPEL_EXTRA.items()
+                          if c.get(col, "-") != "-"})
+    prose = "\n".join(x for x in text.splitlines() if x not in claim_lines(text))
+    m = re.search(r"labels\s+cost\s+([\d,]+)\s+solver\s+trials", prose)
+    return {"summary": s, "pool_trials": int(m[1].replace(",", "")) if m else 0}
 
 
 def readme_block(name: str) -> str:
@@ -146,3 +164,36 @@ def test_report_md_round_trips_and_differences_are_named(tmp_path):
     assert report.table_differences((["arm", "score (higher)"], quoted[1]), rep) == [
         "column 'score (higher)' is not in the report"]
     assert report.table_differences((["arm"], [["a"], ["c"]]), rep)[0].startswith("rows ['a', 'c']")
+
+
+def test_propel_claims_are_recomputed_from_a_full_runs_report(tmp_path):
+    """claims_from_readme's PROPEL reading (every arm, the top-family share, GRPO s and solver
+    trials columns, the label cost in the notes) gives back every claim line a full run's
+    report.md writes, on a fake 3-seed run of all arms written by the repro's own report."""
+    from rossjax.repro import propel_compare as cmp
+
+    rng = np.random.default_rng(0)
+    arms = (*propel.ARMS, *cmp.FULL)
+    grpo = [a for a in arms if a not in ("base", *cmp.UNTRAINED)]
+    runs = {a: [{"seed": s, "utility": rng.uniform(0.05, 0.4), "validity": rng.uniform(0.5, 0.8),
+                 "self_bleu3": rng.uniform(0.85, 0.95), "distinct3": rng.uniform(0.2, 0.3),
+                 "families": {"other": int(rng.integers(1, 60)), "mul": int(rng.integers(1, 30))},
+                 **({"grpo_seconds": rng.uniform(100, 400),
+                     "solver_trials": 2000 + s if a == "sil" else 0} if a in grpo else {})}
+                for s in range(SEEDS)] for a in arms}
+    summary = {a: {**{k: propel._ms([r[k] for r in rs]) for k in ("utility", "validity",
+                                                                 "self_bleu3", "distinct3")},
+                   **cmp.summary(rs)} for a, rs in runs.items()}
+    pool = {"utility": 0.1, "validity": 0.7, "n": 500}
+    res = {"experiment": "propel", "quick": False, "seeds": SEEDS, "size": propel.SIZES["full"],
+           "solver": propel.SOLVER, "k": propel.K, "band": [propel.LO, propel.HI],
+           "corpus_mix": {"mul": 3000}, "pool": pool, "pool_trials": cmp.pool_trials(pool, propel.K),
+           "probe": {"layer": 1, "val_balanced_accuracy": 0.6, "val_balanced_accuracy_std": 0.01,
+                     "note": ""}, "runs": runs, "summary": summary}
+    report.write(str(tmp_path), res, propel, "rossjax repro propel")
+    text = (tmp_path / "report.md").read_text()
+    rep = report.read(text)
+    assert len(rep["rows"]) == len(arms) and len(rep["claims"]) == 8, rep
+    cols = {r[0]: dict(zip(rep["headers"], r)) for r in rep["rows"]}
+    got = [report.claim_line(c) for c in propel.claims(_propel_res(cols, text))]
+    assert got == rep["claims"]
