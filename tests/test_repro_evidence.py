@@ -14,13 +14,14 @@ import types
 import numpy as np
 import pytest
 
-from rossjax.repro import EXPERIMENTS, propel, report, ross, routes
+from rossjax.repro import EXPERIMENTS, propel, report, retrogen, ross, routes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 EVIDENCE = os.path.join(ROOT, "docs", "evidence")
 # the bold lead of each experiment's paragraph in README's Evidence section
-LEADS = {"ross": "**ROSS** —", "routes": "**Route-diverse selection** —", "propel": "**PROPEL** —"}
+LEADS = {"ross": "**ROSS** —", "routes": "**Route-diverse selection** —", "propel": "**PROPEL** —",
+         "retrogen": "**RetroGen** —"}
 SEEDS = 3  # README's tables are from 3-seed full runs
 
 
@@ -65,6 +66,10 @@ def claims_from_readme(name: str) -> list[str]:
         s = {m: {"coverage": _ms(c["coverage@8"]), "families_produced": _ms(c["families produced"])}
              for m, c in cols.items() if m != "warm-up (start)"}
         return [report.claim_line(c) for c in routes.claims({"summary": s})]
+    if name == "retrogen":  # rows without a trained model ("-") have no summary
+        s = {a: {"evidence": _ms(c["evidence found"]), "right": _ms(c["answer right"])}
+             for a, c in cols.items() if c["evidence found"] != "-"}
+        return [report.claim_line(c) for c in retrogen.claims({"summary": s})]
     return [report.claim_line(c) for c in propel.claims(_propel_res(cols, readme_block(name)))]
 
 
