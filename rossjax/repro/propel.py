@@ -32,6 +32,8 @@ import os
 import numpy as np
 
 from rossjax.repro import propel_compare as cmp, propel_tasks as pt, stages, warmup
+from rossjax.repro.propel_tasks import HI, LO, K, score_tasks
+from rossjax.repro.report import summary as _ms
 
 ARMS = ("base", "probe", "heuristic")
 NAMES = {"base": "base generator", "probe": "GRPO, probe reward", "heuristic": "GRPO, heuristic"}
@@ -46,7 +48,6 @@ SIZES = {
     "quick": dict(n_corpus=1500, gen_steps=300, n_pool=400, n_eval=96, grpo_steps=8,
                   contexts=8, group=8),
 }
-K, LO, HI = 8, 1 / 8, 3 / 8
 MAX_NEW = 160
 SOLVER = pt.SOLVER
 GRPO_LR = 5e-4
@@ -66,22 +67,6 @@ def _corpus(path: str, n: int) -> dict:
                                                  "evidence": "templated task"}})
     stages.write_jsonl(path, rows)
     return dict(fams)
-
-
-def score_tasks(texts: list[str], seed: int, ids=None) -> list[dict]:
-    """Per generated text: valid (the protocol's gate), solves in K trials, family."""
-    from rossjax.verify import induction_task as it
-
-    solver, rng, out = pt.Solver(**SOLVER), np.random.default_rng(seed), []
-    for i, text in enumerate(texts):
-        task = it.parse_generated_task(text)
-        ok = bool(it.check_task(task).passed)
-        st = it.solver_task(task, it.Protocol(), (ids or {}).get(i, f"gen-{i}")) if ok else None
-        trials = solver.trials(st, K, rng) if st is not None else []
-        fam = pt.family_of_message(task["message"]) if task else None
-        out.append({"valid": st is not None, "trials": trials, "solves": int(sum(trials)),
-                    "family": fam or "other", "task": task})
-    return out
 
 
 def generate(hf_dir: str, tok, n: int, seed: int) -> list[str]:
@@ -164,12 +149,6 @@ def grpo(workdir: str, gen_hf: str, tasks_file: str, size: dict, seed: int, rewa
     return stages.export_finished("grpo", workdir, size["grpo_steps"])
 
 
-def _ms(v) -> dict:
-    v = np.asarray(v, np.float64)
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
-            "n": int(len(v))}
-
-
 def train_generator(workdir: str, size: dict, rows: int, seed: int = 0,
                     name: str = "generator") -> str:
     """The templated-task generator of one init seed (WORKDIR/<name>/hf); seed 1: the cold
@@ -206,7 +185,8 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
     stages.write_jsonl(tasks_file, [{"id": f"gen-{i}", "domain": "induction_gen", "prompt": pt.PROMPT,
                                      "protocol": {"n_inputs": 10, "n_visible": 5, "split": "first"}}
                                     for i in range(64)])
-    ctx = {"gen_hf": gen_hf, "probe": pr["path"], "tok": tok, "rows": rep["kept"]}
+    ctx = {"gen_hf": gen_hf, "probe": pr["path"], "tok": tok, "rows": rep["kept"],
+           "train_generator": train_generator}
     plans = {"probe": {"config": "propel_azr.py:runlocal", "policy": gen_hf,
                        "reward": [f"--config.reward.probe.path={pr['path']}"]},
              "heuristic": {"config": "propel_azr.py:runlocal", "policy": gen_hf, "reward": [

@@ -69,8 +69,6 @@ def plan(arm: str, ctx: dict) -> dict:
 def prepare(arm: str, st, ctx: dict, workdir: str, size: dict) -> None:
     """The shared pieces an arm needs, each a cached stage: the ensemble's probes, the auxiliary
     probe (after seed 0's probe run) or the second generator."""
-    from rossjax.repro import propel
-
     if arm == "wco" and "wco" not in ctx:
         ctx["wco"] = [st.run(f"wco_probe_{k}", lambda k=k: sweep(
             workdir, os.path.join(workdir, "activations"), os.path.join(workdir, "labels",
@@ -79,7 +77,7 @@ def prepare(arm: str, st, ctx: dict, workdir: str, size: dict) -> None:
     if arm == "adversarial" and "aux" not in ctx:
         ctx["aux"] = st.run("aux_probe", lambda: aux_probe(workdir, ctx))
     if arm in ("transfer_base", "transfer") and "gen2" not in ctx:
-        ctx["gen2"] = st.run("train_generator2", lambda: propel.train_generator(
+        ctx["gen2"] = st.run("train_generator2", lambda: ctx["train_generator"](
             workdir, size, ctx["rows"], seed=1, name="generator2"))
 
 
@@ -111,12 +109,13 @@ def label_history(history: str, folder: str, tok, seed: int = 7) -> dict:
     """A GRPO run's history.jsonl labelled as `rossjax label-corpus` labels a run (the solver's
     K trials, valid, family, and the probe score and step aux-set reads) -> run labels.jsonl and
     inputs.jsonl under `folder`."""
-    from rossjax.repro import propel, stages
+    from rossjax.repro import stages
+    from rossjax.repro.propel_tasks import score_tasks
     from rossjax.train.propel.label_corpus import probe_input
 
     rows = [json.loads(x) for x in open(history, encoding="utf-8") if x.strip()]
     texts = [r["messages"][-1].get("content") or "" for r in rows]
-    scored = propel.score_tasks(texts, seed=seed, ids={i: f"run-{i}" for i in range(len(rows))})
+    scored = score_tasks(texts, seed=seed, ids={i: f"run-{i}" for i in range(len(rows))})
     labels, inputs = [], []
     for i, (r, text, s) in enumerate(zip(rows, texts, scored)):
         score = (r.get("rewards") or {}).get("probe_score")
@@ -220,7 +219,7 @@ def claims(res: dict, names: dict) -> list[dict]:
 
 def summary(runs: list[dict]) -> dict:
     """Per-arm extras: the collapse metric and, for GRPO arms, the cost (means over seeds)."""
-    from rossjax.repro.propel import _ms
+    from rossjax.repro.report import summary as _ms
 
     out = {"top_share": _ms([top_share(r["families"]) for r in runs])}
     if runs and "grpo_seconds" in runs[0]:

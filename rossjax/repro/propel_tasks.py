@@ -30,6 +30,8 @@ FAMILIES = {
 }
 KNOWN = ("add", "mul", "aff", "sq")  # the solver's library (it never writes cond)
 SOLVER = dict(competence=15, care=0.1)  # the experiment's solver (rossjax.repro.propel)
+# The learnable band: solved LO..HI of K trials (1..3 of 8).
+K, LO, HI = 8, 1 / 8, 3 / 8
 PROMPT = "Write an induction task."
 
 
@@ -134,3 +136,19 @@ def heuristic_reward(prompt: str, completion: str, task: dict) -> float:
     consts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
               and isinstance(n.value, int)]
     return min(1.0, 0.25 * ops + 0.02 * sum(abs(v) for v in consts))
+
+
+def score_tasks(texts: list[str], seed: int, ids=None) -> list[dict]:
+    """Per generated text: valid (the protocol's gate), solves in K trials, family."""
+    from rossjax.verify import induction_task as it
+
+    solver, rng, out = Solver(**SOLVER), np.random.default_rng(seed), []
+    for i, text in enumerate(texts):
+        task = it.parse_generated_task(text)
+        ok = bool(it.check_task(task).passed)
+        st = it.solver_task(task, it.Protocol(), (ids or {}).get(i, f"gen-{i}")) if ok else None
+        trials = solver.trials(st, K, rng) if st is not None else []
+        fam = family_of_message(task["message"]) if task else None
+        out.append({"valid": st is not None, "trials": trials, "solves": int(sum(trials)),
+                    "family": fam or "other", "task": task})
+    return out

@@ -10,6 +10,15 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
+
+
+def summary(values) -> dict:
+    """{mean, std (ddof 1; 0 for one value), n} of a list of per-seed numbers."""
+    v = np.asarray(values, np.float64)
+    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+            "n": int(len(v))}
+
 
 def ms(x: dict, digits: int = 3) -> str:
     """'mean ± std' of a {mean, std, n} summary."""

@@ -29,6 +29,7 @@ import os
 import numpy as np
 
 from rossjax.repro import stages, warmup
+from rossjax.repro.report import summary as _ms
 from rossjax.repro.retrogen_world import world
 
 ARMS = ("retrogen", "forwardgen", "artifact_only", "next_n_replace")
@@ -123,12 +124,6 @@ def agent_eval(hf: str, tok, corpus: str, tests: list) -> dict:
             "steps": float(np.mean([s["steps"] for s in st])),
             "valid_calls": float(np.mean([s["valid"] for s in st])),
             "examples": [s["answer"][:200] for s in st[:2]]}
-
-
-def _ms(v) -> dict:
-    v = np.asarray(v, np.float64)
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
-            "n": int(len(v))}
 
 
 def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:

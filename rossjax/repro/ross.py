@@ -25,6 +25,7 @@ import os
 import numpy as np
 
 from rossjax.repro import ross_sources, stages, tasks, warmup
+from rossjax.repro.report import summary as _ms
 
 RECIPES = ("ross", "ross_no_mask", "positive_sft")
 CURATE_FLAGS = {"ross": dict(rows="accepted", mask_mode="annotated"),
@@ -117,12 +118,6 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
             "shape": warmup.SHAPE, "train": warmup.TRAIN, "policy": POLICY, "sources": src,
             "sources_info": info, "pool": pool, "curated": curated, "runs": runs,
             "summary": summarize(runs, curated)}
-
-
-def _ms(v) -> dict:
-    v = np.asarray(v, np.float64)
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
-            "n": int(len(v))}
 
 
 def summarize(runs: dict, curated: dict) -> dict:

@@ -26,6 +26,7 @@ import os
 import numpy as np
 
 from rossjax.repro import families, stages, tasks, warmup
+from rossjax.repro.report import summary as _ms
 
 METHODS = ("diverse", "random", "similar", "topology", "lexical", "embedding")
 SHARES = families.SHARES
@@ -148,12 +149,6 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
     return {"experiment": "routes", "quick": quick, "seeds": seeds, "size": size,
             "shares": SHARES, "pool_mix": pool_mix, "warmup": {**warm, "eval": base},
             "runs": runs, "summary": summarize(runs), "selection_only": summarize_selections(selections)}
-
-
-def _ms(v) -> dict:
-    v = np.asarray(v, np.float64)
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
-            "n": int(len(v))}
 
 
 def summarize(runs: dict) -> dict:
