@@ -4,10 +4,10 @@ end to end through the real command (slow), asserting the direction of each effe
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+from repro_quick import run_quick
 
 from rossjax.curate import compile_rollout, fingerprint, load_tokenizer
 from rossjax.repro import families, tasks
@@ -91,21 +91,6 @@ def test_repro_usage_errors():
     assert main(["repro", "ross"]) == 2  # no --workdir
 
 
-def _run_quick(name, workdir):
-    # One CPU device and XLA's full optimization, as users run it (hundreds of training steps:
-    # tests/conftest.py's -O0 would cost more than it saves here).
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("XLA_FLAGS", "JAX_DISABLE_MOST_OPTIMIZATIONS")}
-    out = subprocess.run([sys.executable, "-m", "rossjax.cli", "repro", name, "--workdir",
-                          str(workdir), "--quick"], env=env, capture_output=True, text=True,
-                         timeout=3600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    with open(workdir / name / "results.json") as f:
-        res = json.load(f)
-    assert (workdir / name / "report.md").exists()
-    return res, out.stdout
-
-
 # The quick ROSS run (its direction, and the Continued and MOPD arms) is
 # tests/test_repro_ross_sources.py's: one run of it in the suite.
 
@@ -114,7 +99,7 @@ def _run_quick(name, workdir):
 def test_repro_routes_quick_direction(tmp_path):
     # Not asserted here: diverse > random. At the quick size (1,500 / 300 rows, 150 steps) the
     # difference is inside the seed noise, as README's Evidence says; the full run shows it.
-    res, _ = _run_quick("routes", tmp_path)
+    res, _ = run_quick("routes", tmp_path)
     s = res["summary"]
     assert s["similar"]["selected_families"]["mean"] < s["random"]["selected_families"]["mean"]
     assert s["similar"]["coverage"]["mean"] < s["random"]["coverage"]["mean"]
@@ -138,7 +123,7 @@ def test_probe_trains_on_fewer_rows_than_half_a_batch():
 
 @pytest.mark.slow
 def test_repro_propel_quick_runs_every_arm_and_states_its_claims(tmp_path):
-    res, _ = _run_quick("propel", tmp_path)
+    res, _ = run_quick("propel", tmp_path)
     s = res["summary"]
     assert s["base"]["validity"]["mean"] > 0.3  # the base generator writes usable tasks
     for arm in ("base", "probe", "heuristic", "sil"):  # each arm trained (GRPO) and evaluated
@@ -237,7 +222,6 @@ def test_a_rerun_with_the_same_seed_gives_the_same_numbers(tmp_path):
 
 
 def test_report_names_the_code_and_threads_a_run_came_from(tmp_path):
-    import subprocess
 
     from rossjax.repro import _first_provenance
     from rossjax.repro.report import provenance_line

@@ -3,12 +3,10 @@ the quick run end to end (slow): ROSS's direction, and the Continued and MOPD ar
 evaluated and their claims stated."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from repro_quick import run_quick
 
 from rossjax.repro import ross, ross_sources, tasks
 
@@ -70,21 +68,9 @@ def test_sources_claims_follow_the_numbers_and_need_both_arms():
     assert len(ross.claims({"summary": s})) == 4
 
 
-def _run_quick(workdir):
-    # One CPU device and XLA's full optimization, as users run it (tests/test_repro.py's way).
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("XLA_FLAGS", "JAX_DISABLE_MOST_OPTIMIZATIONS")}
-    out = subprocess.run([sys.executable, "-m", "rossjax.cli", "repro", "ross", "--workdir",
-                          str(workdir), "--quick"], env=env, capture_output=True, text=True,
-                         timeout=3600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    with open(workdir / "ross" / "results.json") as f:
-        return json.load(f), out.stdout
-
-
 @pytest.mark.slow
 def test_repro_ross_quick_direction_and_sources(tmp_path):
-    res, stdout = _run_quick(tmp_path)
+    res, stdout = run_quick("ross", tmp_path)
     s = res["summary"]
     assert "ROSS w/o mask" in stdout
     # The curated dirs differ exactly as the recipes say.
@@ -123,5 +109,5 @@ def test_repro_ross_quick_direction_and_sources(tmp_path):
     report = (tmp_path / "ross" / "report.md").read_text()
     assert "Continued MOPD" in report and "ross_sources.png" in report
     # A rerun reuses every finished stage.
-    res2, _ = _run_quick(tmp_path)
+    res2, _ = run_quick("ross", tmp_path)
     assert res2["summary"] == s

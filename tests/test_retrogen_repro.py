@@ -4,13 +4,11 @@ as 1 on every metric and one that answers at once as 0; the claims say shown / N
 the numbers, and an arm without rows is NOT shown with that reason; the quick run (slow) goes
 through every stage, trains all four arms and writes the report."""
 
-import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+from repro_quick import run_quick
 
 from rossjax.repro import retrogen as rr, stages
 
@@ -96,16 +94,7 @@ def test_claims_follow_the_numbers_and_name_an_untrained_arm():
 
 @pytest.mark.slow
 def test_repro_retrogen_quick_runs_every_stage_and_states_its_claims(tmp_path):
-    # one CPU device, as users run it (2 packed rows a step do not divide the tests' simulated
-    # 8-device mesh)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("XLA_FLAGS", "JAX_DISABLE_MOST_OPTIMIZATIONS")}
-    run = subprocess.run([sys.executable, "-m", "rossjax.cli", "repro", "retrogen", "--workdir",
-                          str(tmp_path), "--quick"], env=env, capture_output=True, text=True,
-                         timeout=1800)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = run.stdout
-    res = json.load(open(tmp_path / "retrogen" / "results.json"))
+    res, out = run_quick("retrogen", tmp_path, timeout=1800)
     # Eq. 4 >= 0.6 keeps the traces without a slip; next-N replace as many (or fewer) below
     assert set(res["rows"]) == set(rr.ARMS) and res["rows"]["retrogen"][0] >= 3
     assert res["rows"]["artifact_only"] == res["rows"]["retrogen"]
