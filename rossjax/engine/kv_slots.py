@@ -333,15 +333,20 @@ class Programs:
                top_n: int = 0):
         """stream: None, or (listener id, first call step) for a streaming decode (unsharded).
         top_n: 0, or the static k of the top log-probs (a program of its own)."""
-        key = (steps, mode, stream is not None, top_n)
+        return self.decode_program(steps, mode, stream is not None, top_n)(
+            params, state, *self._host((np.bool_(exit_on_free),)), *_stream_args(stream))
+
+    def decode_program(self, steps: int, mode: str, streaming: bool = False, top_n: int = 0):
+        """The jitted decode program of these static settings, built once (also what
+        `rossjax plan` compiles)."""
+        key = (steps, mode, streaming, top_n)
         if key not in self._decode:
             fn = functools.partial(decode, self.layout, steps=steps, mode=mode,
-                                   stream=stream is not None, top_n=top_n)
+                                   stream=streaming, top_n=top_n)
             out = None if self._repl is None else self._out(
                 self._decode_out + ((self._repl, self._repl) if top_n else ()))
             self._decode[key] = jax.jit(fn, donate_argnums=1, out_shardings=out)
-        return self._decode[key](params, state, *self._host((np.bool_(exit_on_free),)),
-                                 *_stream_args(stream))
+        return self._decode[key]
 
     def decode_compact(self, params, state, idx, exit_on_free: bool, steps: int, mode: str,
                        stream=None, top_n: int = 0):

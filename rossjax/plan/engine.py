@@ -114,18 +114,11 @@ def grpo_engine_programs(cfg, model_cfg, part, *, prompt_len: int, program_cls) 
              host((e,), "int32"), host((e,), "int32")),
             fwd(s.max_len) * e * s.extend_len,
             f"{e} rows x {s.extend_len} tokens appended, {what}", knobs))
-    # Programs.decode jits (and caches) its program on first call; the call itself cannot run
-    # on compile-only devices, which hold no data. The cached program is the engine's own.
-    key = (s.chunk, s.mode, False, 0)
-    try:
-        progs.decode(params, state, False, s.chunk, s.mode)
-    except Exception:   # noqa: BLE001 - abstract arguments never run; the program is built
-        pass
     tensor = int(part.mesh.shape.get("tensor", 1))
     n = part.mesh.devices.size
     step_bytes = _bytes(params) / tensor + _bytes(state["cache"]) / n
     out.append(program_cls(
-        "engine decode", progs._decode[key], (params, state, host((), "bool")),
+        "engine decode", progs.decode_program(s.chunk, s.mode), (params, state, host((), "bool")),
         fwd(s.max_len) * s.slots * s.chunk,
         f"{s.chunk} steps ({s.mode}) over {what}", knobs, min_bytes=step_bytes * s.chunk))
     return out
