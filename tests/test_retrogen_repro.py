@@ -4,6 +4,7 @@ as 1 on every metric and one that answers at once as 0; the claims say shown / N
 the numbers, and an arm without rows is NOT shown with that reason; the quick run (slow) goes
 through every stage, trains all four arms and writes the report."""
 
+import json
 import os
 import re
 
@@ -90,6 +91,43 @@ def test_claims_follow_the_numbers_and_name_an_untrained_arm():
     noisy = {**s, "forwardgen": {"evidence": {"mean": 0.2, "std": 0.4, "n": 3}}}
     assert not rr.claims({"summary": noisy})[0]["holds"]
     assert c[2]["evidence"] == "next_n_replace had no rows to train on"
+
+
+def test_the_base_episodes_are_the_arms_format_on_another_task(tmp_path):
+    """retrogen_base: the stand-in instruct model's episodes parse and run as the arms' calls
+    do, on materials the experiment never names, and never touch a melting point."""
+    from rossjax.agents.corpus import CorpusEnv
+    from rossjax.agents.parse import parse_tool_calls
+    from rossjax.reconstruct.trace import Tools
+    from rossjax.repro import retrogen_base as rb
+
+    w = rr.world(6, 4)
+    named = {m for a in w["artifacts"] for m in re.findall(r"[A-Z][a-z]+ite", a["text"])}
+    avoid = named | {t["material"] for t in w["tests"]}
+    c = rb.corpus(30, 5, avoid)
+    assert len(c["specs"]) == 35 and sum(s["test"] for s in c["specs"]) == 5
+    assert not {s["material"] for s in c["specs"]} & avoid
+    path = stages.write_jsonl(str(tmp_path / "base.jsonl"), c["docs"])
+    tools = Tools(CorpusEnv(path=path, k=3))
+    rows = rb.rows([rb.episode(s, tools) for s in c["specs"] if not s["test"]])
+    assert len(rows) == 30
+    for r in rows:
+        text = json.dumps(r)
+        assert "melt" not in text and "kelvin" not in text and "-note" not in text
+        calls = [parse_tool_calls(m["content"], "hermes")[0] for m in r["messages"]
+                 if m["role"] == "assistant"]
+        assert [len(x) for x in calls] == [1, 1, 0]  # search, open, the answer
+        target = calls[1][0].arguments["id"]
+        obs = [m["content"] for m in r["messages"] if m["role"] == "user"][1:]
+        assert target in obs[0] and not obs[1].startswith("<tool_response>\nerror")
+        assert r["messages"][-1]["content"].endswith(f"[{target}]")
+    # a held-out base test's answer is in its document and not in its question
+    tests = rb.held_out(c)
+    assert len(tests) == 5
+    for t in tests:
+        doc = next(d for d in c["docs"] if d["id"] == t["doc"])
+        assert t["value"] in doc["text"] and t["value"] not in t["prompt"]
+        assert t["value"].isdigit() or t["value"] in rb.SITES
 
 
 @pytest.mark.slow

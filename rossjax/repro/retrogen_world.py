@@ -20,10 +20,11 @@ SITES = ("Oslo", "Lyon", "Porto", "Graz", "Turku", "Brno")
 KIND, DOMAIN = "brief", "materials"  # a domain without a paper threshold: the run calibrates
 
 
-def names(n: int, rng) -> list[str]:
+def names(n: int, rng, parts=(2,)) -> list[str]:
+    """n distinct names of a number of syllables drawn from `parts` (two syllables: 256 names)."""
     out: list[str] = []
     while len(out) < n:
-        w = "".join(rng.choice(SYLLABLES, 2)).capitalize() + "ite"
+        w = "".join(rng.choice(SYLLABLES, int(rng.choice(parts)))).capitalize() + "ite"
         if w not in out:
             out.append(w)
     return out
