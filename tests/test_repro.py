@@ -98,8 +98,9 @@ def test_repro_usage_errors():
 
 @pytest.mark.slow
 def test_repro_routes_quick_direction(tmp_path):
-    # Not asserted here: diverse > random. At the quick size (1,500 / 300 rows, 150 steps) the
-    # difference is inside the seed noise, as README's Evidence says; the full run shows it.
+    # Not asserted here: diverse > random. At the quick size (1,500 / 300 rows, 100 steps; 150
+    # before issue 46) the difference is inside the seed noise, as README's Evidence says; the
+    # full run shows it.
     res, _ = run_quick("routes", tmp_path)
     s = res["summary"]
     assert s["similar"]["selected_families"]["mean"] < s["random"]["selected_families"]["mean"]
