@@ -23,7 +23,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 # than it saves: LLVM at -O0 without its expensive passes (jax_disable_most_optimizations; HLO
 # fusion and layouts are unchanged). Measured on test_grpo, test_mixed_precision and
 # test_models_attention, cold cache: 218 -> 142 CPU seconds, the same 31 passes. The repro runs,
-# which train for hundreds of steps, take it out (tests/test_repro.py).
+# which train for hundreds of steps, take it out (tests/repro_quick.py).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 pytest_plugins = ["suite_plugin"]  # slowest modules first; XLA compile counts in the summary

@@ -1,7 +1,7 @@
 """rossjax repro propel's comparison arms (rossjax/repro/propel_compare.py): the SIL solver as a
 `fn` solver judged in the sandbox, each arm's GRPO flags accepted by the GRPO config check, a run
 history labelled for `rossjax aux-set`, and claims that follow the numbers. The SIL arm runs end
-to end in `rossjax repro propel --quick` (tests/test_repro.py); wco, adversarial and transfer run
+to end in `rossjax repro propel --quick` (tests/test_repro_propel_quick.py); wco, adversarial and transfer run
 in full runs only, so their wiring is checked here without training."""
 
 import json
