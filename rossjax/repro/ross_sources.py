@@ -38,8 +38,8 @@ import shutil
 
 from rossjax.repro import stages, tasks, warmup
 
-# quick: the machinery, not the effects (its upstream, 200 steps from scratch, seldom passes at
-# T=1), in about a minute and a half more; eval_n: the held-out problems its arms are graded on
+# quick: the machinery, not the effects, in about a minute and a half more; eval_n: the
+# held-out problems its arms are graded on
 SIZES = {"full": dict(extra=60, mopd_steps=60, teacher_steps=200, contexts=8, group=4),
          "quick": dict(extra=8, mopd_steps=8, teacher_steps=40, contexts=8, group=4,
                        eval_n=64)}
@@ -227,13 +227,19 @@ def run(workdir: str, st, tok_path: str, tok, train_p, test_p, seeds: int, sampl
         hist = st.run(f"mopd_review_s{s}", lambda: reviewed_history(
             os.path.join(d, "mopd", "history.jsonl"), os.path.join(d, "mopd_reviewed.jsonl")))
         info["mopd_history"].append(hist)
-        curated[f"ross_mopd_s{s}"] = cur = st.run(f"curate_ross_mopd_s{s}", lambda: (
-            stages.curated_summary(stages.curate(
-                os.path.join(d, "mopd_reviewed.jsonl"), os.path.join(d, "curated_mopd"),
-                tok_path, rows="accepted", mask_mode="annotated"))))
-        m["ross_mopd"] = st.run(f"train_ross_mopd_s{s}", lambda: stages.train(
-            os.path.join(d, "curated_mopd"), os.path.join(d, "ross_mopd"), "ross", seed=s,
-            steps=src["extra"], init=hf["mopd"], rows=cur["kept"], **ft))
+        trained = list(ARMS)
+        if hist["accept"] + hist["revise"]:  # the rows `curate --rows=accepted` can keep
+            curated[f"ross_mopd_s{s}"] = cur = st.run(f"curate_ross_mopd_s{s}", lambda: (
+                stages.curated_summary(stages.curate(
+                    os.path.join(d, "mopd_reviewed.jsonl"), os.path.join(d, "curated_mopd"),
+                    tok_path, rows="accepted", mask_mode="annotated"))))
+            m["ross_mopd"] = st.run(f"train_ross_mopd_s{s}", lambda: stages.train(
+                os.path.join(d, "curated_mopd"), os.path.join(d, "ross_mopd"), "ross", seed=s,
+                steps=src["extra"], init=hf["mopd"], rows=cur["kept"], **ft))
+        else:  # nothing to relearn: reported (summary, table, claims), not invented
+            st.log(f"repro ross: MOPD history of seed {s} has no accepted verifier-positive "
+                   f"rows ({hist}); {NAMES['ross_mopd']} not trained")
+            trained.remove("ross_mopd")
 
         def cont(d=d, s=s):
             # the paper's Continued MOPD: resume the upstream run (a copy: M's workdir stays as
@@ -245,11 +251,9 @@ def run(workdir: str, st, tok_path: str, tok, train_p, test_p, seeds: int, sampl
             return distill(wd, cfg, up, tasks_file, src, s, src["mopd_steps"] + src["extra"])
 
         m["continued_mopd"] = st.run(f"continued_mopd_s{s}", cont)
-        for a, w in (("ross_upstream", "ross_upstream"), ("continued_rl", "continued_rl"),
-                     ("mopd", "mopd"), ("ross_mopd", "ross_mopd"),
-                     ("continued_mopd", "continued_mopd")):
-            ev = st.run(f"eval_{a}_s{s}", lambda w=w: evaluate(
-                os.path.join(d, w, "hf"), tok, test_p, samples, seed=s))
+        for a in trained:
+            ev = st.run(f"eval_{a}_s{s}", lambda a=a: evaluate(
+                os.path.join(d, a, "hf"), tok, test_p, samples, seed=s))
             runs[a].append({"seed": s, "loss": m[a].get("loss"), "kl": m[a].get("kl"),
                             "reward_mean": m[a].get("reward_mean"), **ev})
         for a in ARMS:
@@ -264,8 +268,17 @@ _STAGE = {"ross_upstream": "train_ross_upstream", "continued_rl": "continued_rl"
 def stage_seconds(st, arm: str, s: int) -> float | None:
     """The wall seconds of an arm's training stage as Stages stored them."""
     path = st.path(f"{_STAGE[arm]}_s{s}")
+    if not os.path.exists(path):  # an arm not trained (no rows)
+        return None
     with open(path) as f:
         return json.load(f).get("seconds")
+
+
+def _texts(what: str) -> tuple[str, str]:
+    return (f"{what}: ROSS relearning imitates the planted error less than continuing the "
+            f"upstream run for the same extra updates x rollouts, sampling at T=1",
+            f"{what}: ROSS relearning is at least as accurate as continuing, greedy "
+            f"(accuracy and pairs right each not below by more than their mean std)")
 
 
 def _pair_claims(s: dict, ross: str, cont: str, upstream: str, what: str, not_worse) -> list:
@@ -275,14 +288,11 @@ def _pair_claims(s: dict, ross: str, cont: str, upstream: str, what: str, not_wo
            if upstream[0] in s else "")
     acc = {k: [s[a][k]["mean"] for a in (ross, cont)]
            for k in ("greedy_accuracy", "greedy_pairs_correct")}
+    imit_claim, acc_claim = _texts(what)
     return [
-        {"claim": f"{what}: ROSS relearning imitates the planted error less than continuing the "
-                  f"upstream run for the same extra updates x rollouts, sampling at T=1",
-         "holds": imit[0] < imit[1],
+        {"claim": imit_claim, "holds": imit[0] < imit[1],
          "evidence": f"{name(ross).format(imit[0])}, {name(cont).format(imit[1])}{ups}"},
-        {"claim": f"{what}: ROSS relearning is at least as accurate as continuing, greedy "
-                  f"(accuracy and pairs right each not below by more than their mean std)",
-         "holds": all(not_worse(s[ross][k], s[cont][k]) for k in acc),
+        {"claim": acc_claim, "holds": all(not_worse(s[ross][k], s[cont][k]) for k in acc),
          "evidence": "; ".join(f"{k.split('_', 1)[1].replace('_correct', '')} "
                                f"{name(ross).format(v[0])}, {name(cont).format(v[1])}"
                                for k, v in acc.items())},
@@ -298,6 +308,10 @@ def claims(s: dict, not_worse) -> list[dict]:
     if "ross_mopd" in s and "continued_mopd" in s:
         out += _pair_claims(s, "ross_mopd", "continued_mopd", ("mopd", NAMES["mopd"]),
                             "MOPD source", not_worse)
+    elif "continued_mopd" in s:  # a run whose MOPD histories had no rows to relearn
+        out += [{"claim": c, "holds": False, "evidence": f"{NAMES['ross_mopd']} not trained: "
+                 f"no accepted verifier-positive row in the MOPD history"}
+                for c in _texts("MOPD source")]
     return out
 
 
