@@ -116,8 +116,8 @@ def agent_eval(hf: str, tok, corpus: str, tests: list) -> dict:
                 st[i]["valid"] += 1
                 if call.name == "open":
                     st[i]["opened"].add(str(call.arguments.get("id")))
-            convs[i] += [{"role": "assistant", "content": text.split("</tool_call>")[0]
-                          + "</tool_call>"},
+            # the turn as written (call and note), as an agent loop keeps it and as the rows hold it
+            convs[i] += [{"role": "assistant", "content": text.strip()},
                          {"role": "user", "content": f"<tool_response>\n{obs}\n</tool_response>"}]
             nxt.append(i)
         active = nxt
