@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from rossjax.agents.env import Environment, Observation, ToolCall
-from rossjax.verify import sandbox
+from rossjax.verify import pysource, sandbox
 from rossjax.verify.verdict import Verdict
 
 _ANSWER = re.compile(r"answer\s*:\s*(.+)", re.IGNORECASE)
@@ -138,7 +138,7 @@ def evaluate(expr: str) -> float:
         if isinstance(n, ast.UnaryOp) and type(n.op) in _OPS:
             return _OPS[type(n.op)](walk(n.operand))
         raise ValueError(f"unsupported syntax {type(n).__name__}")
-    return walk(ast.parse(expr, mode="eval"))
+    return walk(pysource.parse(expr, mode="eval"))
 
 
 @dataclass

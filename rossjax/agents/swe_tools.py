@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from rossjax.agents.bash import BashEnv, clip
 from rossjax.agents.env import Observation, ToolCall
 from rossjax.errors import InputError
+from rossjax.verify import pysource
 from rossjax.verify.repo import RepoError, read_tree
 
 _BLOCK = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
@@ -64,7 +65,7 @@ def _is_test(rel: str) -> bool:
 
 def _entities(rel: str, text: str) -> list[Entity]:
     try:
-        tree = ast.parse(text)
+        tree = pysource.parse(text)
     except (SyntaxError, ValueError):
         return []
     out = []
@@ -94,7 +95,7 @@ def _names(node) -> set[str]:
 def _tests(rel: str, text: str) -> dict[str, set[str]]:
     """{test id: the names its body uses} of a test file (test_* functions and methods)."""
     try:
-        tree = ast.parse(text)
+        tree = pysource.parse(text)
     except (SyntaxError, ValueError):
         return {}
     out = {}

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 import builtins
 
+from rossjax.verify import pysource
+
 HARNESS = frozenset({"__name__", "_rj_report", "_rj_decode"})  # what the checker binds itself
 
 
@@ -20,7 +22,7 @@ def parses(text) -> ast.Module | None:
     if not isinstance(text, str):
         return None
     try:
-        return ast.parse(text)
+        return pysource.parse(text)
     except (SyntaxError, ValueError):
         return None
 

@@ -26,9 +26,8 @@ paths compared on whole components: `os` bans `os` and `os.path`; `os.path` bans
 from __future__ import annotations
 
 import ast
-import warnings
 
-from rossjax.verify import sandbox
+from rossjax.verify import pysource, sandbox
 from rossjax.verify.answers import extract_code, last_assistant_content
 from rossjax.verify.sandbox_wire import WireRefused, wire_enc
 from rossjax.verify.verdict import Verdict
@@ -93,7 +92,7 @@ def _run_f(program: str, inputs: list[str], timeout_s: float, shown: bool = Fals
         return None, res.reason
     if len(reports) != len(inputs):
         return None, f"the run reported {len(reports)} of {len(inputs)} outputs"
-    rows = [ast.literal_eval(r) for r in reports]
+    rows = [pysource.literal_eval(r) for r in reports]
     return [tuple(r) if shown else tuple(r[:2]) for r in rows], None
 
 
@@ -145,11 +144,8 @@ def banned_uses(tree: ast.AST, banned_modules=BANNED_MODULES, banned_calls=BANNE
 
 
 def _parse(source: str, literal: bool = False):
-    """ast.parse (or literal_eval) without the SyntaxWarnings model-written code raises
-    ("invalid decimal literal" for `1if`): a verdict reports what matters, the log stays quiet."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SyntaxWarning)
-        return ast.literal_eval(source) if literal else ast.parse(source)
+    """pysource's parse or literal_eval (one lock, SyntaxWarnings silenced)."""
+    return pysource.literal_eval(source) if literal else pysource.parse(source)
 
 
 def task_valid(task: dict, banned_modules=BANNED_MODULES) -> Verdict:
