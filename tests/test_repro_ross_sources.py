@@ -66,6 +66,13 @@ def test_sources_claims_follow_the_numbers_and_need_both_arms():
     assert ross.claims({"summary": s})[3]["holds"] is False
     del s["continued_mopd"]
     assert len(ross.claims({"summary": s})) == 4
+    # a run whose MOPD history had no row to relearn: both MOPD claims NOT shown, saying why
+    s["continued_mopd"] = _arm(0.05, 0.95)
+    del s["ross_mopd"]
+    c = ross.claims({"summary": s})
+    assert len(c) == 6 and [x["holds"] for x in c[4:]] == [False, False]
+    assert all("not trained" in x["evidence"] for x in c[4:])
+    assert c[4]["claim"].startswith("MOPD source: ROSS relearning imitates")
 
 
 @pytest.mark.slow
