@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
 import numpy as np
 
@@ -139,9 +138,7 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
     tok_path, tok = stages.ascii_tokenizer(os.path.join(workdir, "tokenizer"))
     # one base for every arm and seed (as routes' warm-up): the seeds vary the reconstructions'
     # sampling and the SFT order; the arms differ only by their data
-    named = {m for a in w["artifacts"] for m in re.findall(r"[A-Z][a-z]+ite", a["text"])}
-    base = retrogen_base.build(workdir, quick, tok_path, named | {t["material"] for t in w["tests"]},
-                               log=log)
+    base = retrogen_base.build(workdir, quick, tok_path, set(w["materials"]), log=log)
     base_own = st.run("eval_base_own", lambda: agent_eval(base["hf"], tok, base["corpus"],
                                                           base["tests"]))
     base_eval = st.run("eval_base", lambda: agent_eval(base["hf"], tok, corpus, w["tests"]))

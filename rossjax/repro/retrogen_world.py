@@ -61,4 +61,5 @@ def world(n_artifacts: int, n_test: int, seed: int = 0) -> dict:
             tests.append({"id": f"q-{name}", "material": name, "doc": f"{name.lower()}-note",
                           "value": str(melt), "prompt": induced_task(art["text"], KIND)})
     order = rng.permutation(len(docs))  # no document's position says which material it is
-    return {"docs": [docs[i] for i in order], "artifacts": arts, "tests": tests}
+    return {"docs": [docs[i] for i in order], "artifacts": arts, "tests": tests,
+            "materials": mats}
