@@ -5,7 +5,8 @@ out, SIGKILL + resume, GRPO -> curate -> train through the CLI, 2 processes = 1 
 A random tiny model never writes a tool call, so the episodes here use `two_calls`, a
 module:function tool-call parser that reads every reply as a call of `echo` for the first two
 turns (then as an answer): the engine, the observation rendering and the records are the real
-ones. `EchoEnv`'s verdict is the parity of the final reply's bytes, so about half pass.
+ones. `EchoEnv`'s verdict is the parity of the final reply's bytes, so about half pass. Both live
+in tests/agentic_echo.py, which imports no jax: every episode's env worker process imports it.
 """
 
 import json
@@ -14,59 +15,23 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 
 import jax
 import numpy as np
 import pytest
+from agentic_echo import EchoEnv
 
 from rossjax import models
-from rossjax.agents import Environment, Observation, ToolCall
+from rossjax.agents import ToolCall
 from rossjax.agents.env import LocalEnv
 from rossjax.curate import compile_rollout
 from rossjax.tokenizers import load_tokenizer
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
 from rossjax.train.rl import agentic, agentic_grpo, grpo_step
 from rossjax.train.rl.history import read_history
-from rossjax.verify.verdict import Verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _schema(name):
-    return {"type": "function", "function": {"name": name, "description": name, "parameters": {
-        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
-
-
-@dataclass
-class EchoEnv(Environment):
-    name: str = "echo"
-    tools: list = field(default_factory=lambda: [_schema("echo")])
-    delay_s: float = 0.0
-
-    def reset(self, task):
-        self.n = 0
-        return [{"role": "user", "content": task["prompt"]}]
-
-    def step(self, calls):
-        time.sleep(self.delay_s)
-        self.n += 1
-        return [Observation(f"echo {self.n}: {c.arguments.get('text', '')[:6]!r}", c.id, c.name)
-                for c in calls], False, None
-
-    def finish(self, text):
-        ok = sum(text.encode()) % 2 == 0
-        return Verdict(ok, f"byte sum {'even' if ok else 'odd'}")
-
-
-def two_calls(text, n0):
-    """Every reply of the first two turns is a call of echo; later ones are answers."""
-    return ([ToolCall("echo", {"text": text}, f"call_{n0}")], []) if n0 < 2 else ([], [])
-
-
-def always_malformed(text, n0):
-    return [], ["tool call 1: not JSON (Expecting value at character 0)"]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +46,7 @@ TASKS = [{"id": "t0", "prompt": "Say hi."}, {"id": "t1", "prompt": "Count to 3."
 
 
 def _spec(**kw):
-    base = dict(env="test_agentic_grpo:EchoEnv", style="test_agentic_grpo:two_calls",
+    base = dict(env="agentic_echo:EchoEnv", style="agentic_echo:two_calls",
                 max_turns=3, max_tokens=512, max_new_tokens=8, tools_in_prompt=False)
     return agentic.AgentSpec(**{**base, **kw})
 
@@ -166,7 +131,7 @@ def test_canonical_tool_calls_are_stored_structured_others_raw(tiny):
 
 def test_malformed_calls_are_observations_not_crashes(tiny):
     cfg, params, tok = tiny
-    spec = _spec(style="test_agentic_grpo:always_malformed", max_turns=3)
+    spec = _spec(style="agentic_echo:always_malformed", max_turns=3)
     trajs = agentic.rollouts(cfg, params, tok, TASKS, spec, group=2, temperature=1.0, seed=0)
     for t in trajs:
         assert t.stop == "max_turns" and t.turns == 3
@@ -227,7 +192,7 @@ ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX
            PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
 GRPO = ["grpo", f"--config={ROOT}/configs/grpo_agentic.py:runlocal",
         "--config.data.tasks=" + os.path.join(ROOT, "data", "agents", "calculator.jsonl"),
-        "--config.agent.env=test_agentic_grpo:EchoEnv", "--config.agent.style=test_agentic_grpo:two_calls",
+        "--config.agent.env=agentic_echo:EchoEnv", "--config.agent.style=agentic_echo:two_calls",
         "--config.agent.tools_in_prompt=False", "--config.agent.max_tokens=256",
         "--config.grpo.max_new_tokens=8", "--config.grpo.steps=4", "--config.checkpoint.save_every=1"]
 
