@@ -126,8 +126,23 @@ def _warm_up(tmp_path, steps: int, seed: int) -> str:
     return out
 
 
+@pytest.fixture
+def optimized_xla():
+    """XLA's full backend optimization while the test compiles: it trains 600 warm-up steps and
+    8 GRPO steps, where tests/conftest.py's -O0 (cheap compiles for programs that run a few
+    times) costs more than it saves, as in the repro runs (tests/repro_quick.py). The flag is
+    read at each compile and is part of the compilation cache key."""
+    import jax
+
+    key = "jax_disable_most_optimizations"
+    before = jax.config.values[key]
+    jax.config.update(key, False)
+    yield
+    jax.config.update(key, before)
+
+
 @pytest.mark.slow
-def test_agentic_grpo_raises_the_warmed_up_reward(tmp_path):
+def test_agentic_grpo_raises_the_warmed_up_reward(tmp_path, optimized_xla):
     """`:runlocal,vault` from the warm-up: over 8 steps of 32 episodes the share of episodes
     that open the vault and the env's reward both rise (docs/agents.md: opens ~0.5 -> ~0.85,
     reward ~0.6 -> ~0.8, 2 seeds; a 2-step mean of 64 episodes has a standard error of ~0.06,
