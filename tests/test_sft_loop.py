@@ -103,7 +103,11 @@ def test_runlocal_trains_evaluates_and_exports(tmp_path):
 
 def _spawn(data, workdir, *extra):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, "-m", "rossjax.cli", *_argv(data, workdir, "--config.train.num_steps=20",
+    # seq_len 128, not runlocal's 1,280: write_curated's rows are 20-60 tokens, so a step's 8
+    # rollouts (~260-360 tokens) pack into 3-4 rows instead of one mostly-padding row; a 20-step
+    # run costs ~7 CPU s instead of ~26
+    cmd = [sys.executable, "-m", "rossjax.cli", *_argv(data, workdir, "--config.data.seq_len=128",
+                                                      "--config.train.num_steps=20",
                                                       "--config.checkpoint.save_every=5",
                                                       "--config.train.epochs=3", *extra)]
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
