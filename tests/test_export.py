@@ -171,6 +171,9 @@ def test_sft_lora_run_exports_adapters_peft_loads(tmp_path):
                      "--config.lora.enabled=True", "--config.lora.rank=4",
                      "--config.lora.targets=q,v,up", "--config.train.epochs=10",
                      "--config.train.num_steps=3",
+                     # runlocal's 1,280 would put a step's 8 rows of 20-60 tokens in one
+                     # mostly-padding packed row; 128 packs them into 3-4 rows
+                     "--config.data.seq_len=128",
                      "--config.optim.peak_lr=0.05", f"--workdir={work}"]) == 0
     manifest = json.load(open(work / "lora.json"))
     assert manifest["base_source"] == "hf" and manifest["rank"] == 4
