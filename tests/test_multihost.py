@@ -125,7 +125,10 @@ def _spawn_train(data, workdir, nproc, pid, port, devices):
     cmd = [sys.executable, "-m", "rossjax.cli", "train", f"--config={CONFIG}:runlocal",
            f"--config.data.train={data}", f"--workdir={workdir}", "--config.data.shuffle=False",
            "--config.train.num_steps=3", "--config.train.epochs=1", "--config.train.eval_every=0",
-           "--config.checkpoint.save_every=3", "--config.optim.eps=1e-3", *dist]
+           "--config.checkpoint.save_every=3", "--config.optim.eps=1e-3",
+           # seq_len 128, not runlocal's 1,280: the rows are 20-60 tokens, so a host's share of a
+           # step packs into 1-2 rows instead of one mostly-padding row
+           "--config.data.seq_len=128", *dist]
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
