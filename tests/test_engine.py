@@ -185,10 +185,12 @@ def test_scheduler_refuses_what_cannot_fit_in_one_sentence():
 
 def test_scheduler_compacts_a_mostly_idle_pool():
     """16 slots, 3 running: the decode gathers 8 rows (running first, then idle); unsharded
-    only, and never when most slots run."""
-    for compact, n, want in ((True, 3, [0, 1, 2, 3, 4, 5, 6, 7]), (False, 3, None),
-                             (True, 9, None)):
-        sched = _sched(slots=16, compact=compact)
+    only, and never when most slots run; with min_rows=1 (a server) 1 running row is 1 row
+    and 3 are 4."""
+    for compact, n, want, floor in ((True, 3, [0, 1, 2, 3, 4, 5, 6, 7], 8), (False, 3, None, 8),
+                                    (True, 9, None, 8), (True, 1, [0], 1),
+                                    (True, 3, [0, 1, 2, 3], 1)):
+        sched = _sched(slots=16, compact=compact, min_rows=floor)
         for p in range(1, n + 1):
             sched.submit([p], SamplingParams(max_new_tokens=4))
         assert sched.schedule().decode.rows == want
@@ -257,6 +259,33 @@ def test_candidates_share_one_prefill_and_seeds_ignore_neighbours(tiny):
     got = [alone.result(i).tokens for i in ids]
     assert got == [crowd.result(i).tokens for i in ids2]
     assert len(set(got)) > 1          # candidates diverge
+
+
+def test_warmup_compiles_what_a_load_meets_and_changes_nothing(tiny):
+    """A server-like engine (min_rows=1) warmed up: a burst of prompts of three lengths, then
+    stragglers, greedy and sampled, streamed and not, compiles no further program, and every
+    answer equals a cold engine's."""
+    cfg, params, prompts = tiny
+    load = [(p, SamplingParams(max_new_tokens=3 + i, temperature=0.0 if i % 2 else 1.0, seed=i))
+            for i, p in enumerate(prompts * 2)]
+
+    def run(eng):
+        eng.stream_to(lambda by_seq: False, 0.0)
+        ids = [eng.submit(p, sp, stream=i % 3 == 0) for i, (p, sp) in enumerate(load[:7])]
+        eng.step()
+        ids += [eng.submit(p, sp) for p, sp in load[7:]]
+        _drain(eng)
+        return [eng.result(i[0]).tokens for i in ids]
+
+    warm = Engine(cfg, params, slots=8, max_len=48, chunk=4, min_rows=1)
+    assert warm.warmup() > 10
+    progs = warm.executor.programs
+    jitted = lambda: [f._cache_size() for f in (progs._insert, *progs._decode.values())]
+    before = (len(progs._decode), jitted())
+    got = run(warm)
+    assert (len(progs._decode), jitted()) == before
+    cold = Engine(cfg, params, slots=8, max_len=48, chunk=4, min_rows=1)
+    assert got == run(cold) and all(got)
 
 
 def test_extend_continues_without_reprefill_like_a_fresh_prompt(tiny):

@@ -169,5 +169,42 @@ class Executor:
                                {s: streamed.get(s, 0) for s in d.slots}, tops)
 
 
+def warm(ex: Executor, *, chunk: int, prefill_rows: list, decode_rows: list, modes,
+         streams) -> int:
+    """Run every listed program once on no-op inputs (prefill rows that name no slot, decodes
+    with no active row: the state is unchanged), so each compiles now, not under a request.
+    prefill_rows: (rows, length) pairs; decode_rows: row counts (the slot count: the whole
+    pool, fewer: compacted). Returns how many programs ran."""
+    lay, n = ex.layout, 0
+    if bool(np.asarray(sharding.to_host(ex.state["active"])).any()):
+        raise RuntimeError("engine: warm-up runs before the first request, not beside one.")
+    for rows, length in prefill_rows:
+        z = lambda *shape, dt=np.int32: np.zeros(shape, dt)
+        settings = {"temp": z(rows, dt=np.float32), "top_k": z(rows),
+                    "top_p": np.ones(rows, np.float32), "stop": np.full((rows, lay.n_stop), -1,
+                                                                         np.int32),
+                    "key": z(rows, 2, dt=np.uint32), "budget": z(rows)}
+        ex.state = ex.programs.insert(ex.params, ex.state, z(rows, length), z(rows, length),
+                                      z(rows, length, dt=bool),
+                                      np.full(rows, lay.slots, np.int32), z(rows), settings)
+        n += 1
+    for k in decode_rows:
+        for mode in modes:
+            for streaming in streams:
+                stream = (ex.listener.id, chunk) if streaming and ex.listener else None
+                if streaming and stream is None:
+                    continue
+                if k == lay.slots:
+                    ex.state = ex.programs.decode(ex.params, ex.state, False, chunk, mode,
+                                                  stream)[0]
+                else:
+                    ex.state = ex.programs.decode_compact(
+                        ex.params, ex.state, np.arange(k, dtype=np.int32), False, chunk, mode,
+                        stream)[0]
+                n += 1
+    jax.block_until_ready(ex.state)
+    return n
+
+
 def _fold(keys: np.ndarray, data: np.ndarray):
     return jax.vmap(jax.random.fold_in)(keys, data)

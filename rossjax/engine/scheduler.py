@@ -42,7 +42,8 @@ from rossjax.errors import ConfigError, InputError
 # of different lengths compiles a handful of programs, not one per length.
 BUCKETS = (16, 32, 64, 128, 256, 512)
 
-# Below this many running sequences a decode is not compacted further.
+# Below this many running sequences a decode is not compacted further (the default of
+# `min_rows`: batch generation's tail compiles no programs of 1, 2 or 4 rows).
 MIN_COMPACT = 8
 
 
@@ -170,10 +171,12 @@ class Scheduler:
     """Requests and sequences over `slots` KV-cache rows of `max_len` columns; no device."""
 
     def __init__(self, *, slots: int, max_len: int, n_stop: int, vocab_size: int, chunk: int,
-                 compact: bool = True, prefix_cache: bool = False):
+                 compact: bool = True, prefix_cache: bool = False,
+                 min_rows: int = MIN_COMPACT):
         self.max_len, self.n_stop, self.vocab_size = int(max_len), int(n_stop), int(vocab_size)
         self.chunk = int(chunk)
         self.compact = compact          # decode may gather only the running rows (unsharded)
+        self.min_rows = max(1, int(min_rows))     # the fewest rows a compacted decode runs
         self.pool = SlotPool(slots)
         self._seqs: dict[int, _Sequence] = {}
         self._waiting: deque[_Request] = deque()
@@ -360,10 +363,10 @@ class Scheduler:
         mode = mode_for(*zip(*[(s.sampling.temperature, s.sampling.top_k, s.sampling.top_p)
                                for s in running.values()]))
         k, rows = pow2(len(running)), None
-        if self.compact and self.slots >= 2 * MIN_COMPACT and k <= self.slots // 2:
+        if self.compact and self.slots >= 2 * self.min_rows and k <= self.slots // 2:
             # Most slots idle: decode only the running ones, padded with idle slots to a power
             # of two (so a few programs serve every occupancy).
-            k = max(k, MIN_COMPACT)
+            k = max(k, self.min_rows)
             idle = [i for i in range(self.slots) if i not in running]
             rows = sorted(running) + idle[:k - len(running)]
         return DecodeBatch(list(running), [s.id for s in running.values()], self.chunk, mode,
