@@ -263,10 +263,11 @@ def test_candidates_share_one_prefill_and_seeds_ignore_neighbours(tiny):
 
 def test_warmup_compiles_what_a_load_meets_and_changes_nothing(tiny):
     """A server-like engine (min_rows=1) warmed up: a burst of prompts of three lengths, then
-    stragglers, greedy and sampled, streamed and not, compiles no further program, and every
-    answer equals a cold engine's."""
+    stragglers, greedy and sampled, streamed and not, some asking for top log-probs, compiles
+    no further program, and every answer equals a cold engine's."""
     cfg, params, prompts = tiny
-    load = [(p, SamplingParams(max_new_tokens=3 + i, temperature=0.0 if i % 2 else 1.0, seed=i))
+    load = [(p, SamplingParams(max_new_tokens=3 + i, temperature=0.0 if i % 2 else 1.0, seed=i,
+                               top_logprobs=2 if i % 4 == 1 else 0))
             for i, p in enumerate(prompts * 2)]
 
     def run(eng):

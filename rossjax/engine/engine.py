@@ -33,7 +33,13 @@ from rossjax.engine.scheduler import (
     bucket_length,
     prefill_groups,
 )
-from rossjax.engine.types import SamplingParams, SequenceResult, Status, Update
+from rossjax.engine.types import (
+    MAX_TOP_LOGPROBS,
+    SamplingParams,
+    SequenceResult,
+    Status,
+    Update,
+)
 from rossjax.errors import ConfigError
 
 
@@ -104,13 +110,14 @@ class Engine:
         p = self.scheduler.prefix
         return {} if p is None else {"hit_tokens": p.hit_tokens, "computed_tokens": p.miss_tokens}
 
-    def warmup(self, modes=("greedy", "plain"), stream: bool = True) -> int:
+    def warmup(self, modes=("greedy", "plain"), stream: bool = True,
+               top_logprobs: bool = True) -> int:
         """Compile now the programs a load can meet (each compiles on first use otherwise, 1-3 s
         on CPU, stalling every running sequence): prefills of 1, 2, 4, ... prompts of every
         length bucket that fits, and decodes of every row count, in `modes` (rossjax.engine.sampler:
-        greedy; plain: temperature without top-k/top-p), streamed too. Not covered: n > 1 candidates, prefix-cache
-        hits and extensions, top-k/top-p and top_logprobs decodes. Before the first request;
-        returns how many programs ran."""
+        greedy; plain: temperature without top-k/top-p), streamed or not, with and without
+        top log-probs. Not covered: n > 1 candidates, prefix-cache hits and extensions,
+        top-k/top-p. Before the first request; returns how many programs ran."""
         sch, lengths = self.scheduler, []
         length = BUCKETS[0]
         while length < self.max_len:
@@ -124,7 +131,8 @@ class Engine:
         if sch.compact and self.slots >= 2 * sch.min_rows:
             decode += [k for k in _pow2_upto(self.slots // 2) if k >= sch.min_rows]
         return warm(self.executor, chunk=sch.chunk, prefill_rows=prefill, decode_rows=decode,
-                    modes=modes, streams=(False, True) if stream else (False,))
+                    modes=modes, streams=(False, True) if stream else (False,),
+                    tops=(0, MAX_TOP_LOGPROBS) if top_logprobs else (0,))
 
     # -- requests --------------------------------------------------------------------------
     def submit(self, prompt: Seq[int], sampling: SamplingParams, n: int = 1,

@@ -10,6 +10,7 @@ fold_in(that, t): the same request gives the same samples whatever else shares t
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import jax
@@ -170,11 +171,12 @@ class Executor:
 
 
 def warm(ex: Executor, *, chunk: int, prefill_rows: list, decode_rows: list, modes,
-         streams) -> int:
+         streams, tops=(0,)) -> int:
     """Run every listed program once on no-op inputs (prefill rows that name no slot, decodes
     with no active row: the state is unchanged), so each compiles now, not under a request.
     prefill_rows: (rows, length) pairs; decode_rows: row counts (the slot count: the whole
-    pool, fewer: compacted). Returns how many programs ran."""
+    pool, fewer: compacted); tops: 0 and/or MAX_TOP_LOGPROBS (the decode of a batch in which a
+    request asked for top log-probs). Returns how many programs ran."""
     lay, n = ex.layout, 0
     if bool(np.asarray(sharding.to_host(ex.state["active"])).any()):
         raise RuntimeError("engine: warm-up runs before the first request, not beside one.")
@@ -188,20 +190,16 @@ def warm(ex: Executor, *, chunk: int, prefill_rows: list, decode_rows: list, mod
                                       z(rows, length, dt=bool),
                                       np.full(rows, lay.slots, np.int32), z(rows), settings)
         n += 1
-    for k in decode_rows:
-        for mode in modes:
-            for streaming in streams:
-                stream = (ex.listener.id, chunk) if streaming and ex.listener else None
-                if streaming and stream is None:
-                    continue
-                if k == lay.slots:
-                    ex.state = ex.programs.decode(ex.params, ex.state, False, chunk, mode,
-                                                  stream)[0]
-                else:
-                    ex.state = ex.programs.decode_compact(
-                        ex.params, ex.state, np.arange(k, dtype=np.int32), False, chunk, mode,
-                        stream)[0]
-                n += 1
+    for k, mode, streaming, top in itertools.product(decode_rows, modes, streams, tops):
+        stream = (ex.listener.id, chunk) if streaming and ex.listener else None
+        if streaming and stream is None:
+            continue
+        if k == lay.slots:
+            ex.state = ex.programs.decode(ex.params, ex.state, False, chunk, mode, stream, top)[0]
+        else:
+            ex.state = ex.programs.decode_compact(ex.params, ex.state, np.arange(k, dtype=np.int32),
+                                                  False, chunk, mode, stream, top)[0]
+        n += 1
     jax.block_until_ready(ex.state)
     return n
 
