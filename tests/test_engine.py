@@ -278,14 +278,14 @@ def test_warmup_compiles_what_a_load_meets_and_changes_nothing(tiny):
         _drain(eng)
         return [eng.result(i[0]).tokens for i in ids]
 
-    warm = Engine(cfg, params, slots=8, max_len=48, chunk=4, min_rows=1)
+    warm = Engine(cfg, params, slots=4, max_len=48, chunk=4, min_rows=1)
     assert warm.warmup() > 10
     progs = warm.executor.programs
     jitted = lambda: [f._cache_size() for f in (progs._insert, *progs._decode.values())]
     before = (len(progs._decode), jitted())
     got = run(warm)
     assert (len(progs._decode), jitted()) == before
-    cold = Engine(cfg, params, slots=8, max_len=48, chunk=4, min_rows=1)
+    cold = Engine(cfg, params, slots=4, max_len=48, chunk=4, min_rows=1)
     assert got == run(cold) and all(got)
 
 

@@ -51,8 +51,8 @@ def _flags(fv):
     d.DEFINE_boolean("prefix_cache", True, "Reuse the cached KV of a shared prompt prefix "
                      "(--noprefix_cache: prefill every prompt whole).", flag_values=fv)
     d.DEFINE_boolean("warmup", False, "Compile the programs a load meets before serving "
-                     "(prefills of every size, decodes of every row count; about a minute on 2 "
-                     "CPU cores for 32 slots x 512), so no request waits for a compile.",
+                     "(prefills of every size, decodes of every row count; 144 s on 2 CPU cores "
+                     "for 32 slots x 512), so no request waits for a compile.",
                      flag_values=fv)
     d.DEFINE_string("api_key", None, "Bearer key requests must send (default $ROSSJAX_API_KEY).",
                     flag_values=fv)
