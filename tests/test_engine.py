@@ -106,13 +106,13 @@ def test_scheduler_admits_waiting_requests_as_slots_free_fifo_all_or_none():
     assert sched.result(b).tokens == (200, 201, 202, 203, 204)
 
 
-def test_prefills_run_in_power_of_two_groups_within_the_token_cap(monkeypatch):
+def test_prefills_run_in_power_of_two_groups_within_the_token_cap():
     """11 prompts of one bucket prefill as 8 + 2 + 1 rows (no padded rows), a request's n
     candidates stay with their prompt, and a group holds at most PREFILL_TOKENS tokens; each
     slot still takes its own prompt's first tokens (the fake device reads rows per group)."""
     from rossjax.engine import scheduler as sch
 
-    sched, dev = _sched(slots=16), FakeDevice()
+    sched, dev = _sched(slots=16, prefill_tokens=sch.PREFILL_TOKENS), FakeDevice()
     ids = [sched.submit([i + 1] * 10, SamplingParams(max_new_tokens=1), n=2 if i == 9 else 1)
            for i in range(11)]
     plan, ups = _step(sched, dev)
@@ -120,9 +120,9 @@ def test_prefills_run_in_power_of_two_groups_within_the_token_cap(monkeypatch):
     assert plan.prefills[1].rows == [0, 1, 1] and len(plan.prefills[1].slots) == 3
     assert {u.seq_id: u.tokens[0] for u in ups} == {
         sid: (i + 1) * 100 for i, seq in enumerate(ids) for sid in seq}
-    monkeypatch.setattr(sch, "PREFILL_TOKENS", 64)      # 4 rows of the 16-token bucket
-    assert [len(g) for g in sch.prefill_groups(list(range(11)), 16)] == [4, 4, 2, 1]
-    assert [len(g) for g in sch.prefill_groups(list(range(3)), 512)] == [1, 1, 1]
+    assert [len(g) for g in sch.prefill_groups(list(range(11)), 16, 64)] == [4, 4, 2, 1]
+    assert [len(g) for g in sch.prefill_groups(list(range(3)), 512, 64)] == [1, 1, 1]
+    assert [len(g) for g in sch.prefill_groups(list(range(40)), 512)] == [32, 8]   # no cap
 
 
 def test_scheduler_finish_reasons_stop_length_eos_cancelled():

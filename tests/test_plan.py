@@ -182,6 +182,12 @@ def test_plan_engine_shapes_are_what_grpo_sampling_hands_the_engine(monkeypatch)
     assert (pow2(len(pre.prompts)), pre.length, pow2(len(pre.slots))) == \
         (s.prompts, s.plen, s.candidates) == (32, 512, 256)
     assert (plan.decode.steps, plan.decode.mode) == (s.chunk, s.mode) == (16, "plain")
+    # 6 contexts: the engine prefills 4 + 2 (power-of-two groups); the plan compiles the 4
+    sched = Scheduler(slots=48, max_len=s.max_len, n_stop=1, vocab_size=64, chunk=16,
+                      compact=False)
+    for i in range(6):
+        sched.submit([1] * 300, SamplingParams(8, 1.0, seed=i), n=8)
+    assert [len(p.prompts) for p in sched.schedule().prefills] == [engine._group(6), 2] == [4, 2]
 
 
 def test_plan_engine_shapes_are_what_agent_episodes_hand_the_engine(monkeypatch):

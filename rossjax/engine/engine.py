@@ -29,6 +29,7 @@ from rossjax.engine.executor import Executor, warm
 from rossjax.engine.scheduler import (
     BUCKETS,
     MIN_COMPACT,
+    PREFILL_TOKENS,
     Scheduler,
     bucket_length,
     prefill_groups,
@@ -71,7 +72,8 @@ class Engine:
         # Compaction gathers rows of an unsharded cache only (a sharded one keeps its layout).
         self.scheduler = Scheduler(slots=slots, max_len=max_len, n_stop=n_stop,
                                    vocab_size=cfg.vocab_size, chunk=chunk, compact=part is None,
-                                   prefix_cache=prefix_cache, min_rows=min_rows)
+                                   prefix_cache=prefix_cache, min_rows=min_rows,
+                                   prefill_tokens=PREFILL_TOKENS if self.layout.per_layer else 0)
         self._seq_of_slot: dict[int, int] = {}
 
     # -- capacity ------------------------------------------------------------------------
@@ -125,7 +127,7 @@ class Engine:
             length = bucket_length(length + 1)
         prefill = []
         for length in lengths:       # the largest group a burst of prompts makes, and below
-            top = len(prefill_groups(list(range(self.slots)), length)[0])
+            top = len(prefill_groups(list(range(self.slots)), length, sch.prefill_tokens)[0])
             prefill += [(r, length) for r in _pow2_upto(top)]
         decode = [self.slots]
         if sch.compact and self.slots >= 2 * sch.min_rows:

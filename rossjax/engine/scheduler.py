@@ -58,19 +58,20 @@ def pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-# A prefill program runs at most this many prompt tokens (rows x bucketed length; one longer
-# prompt runs alone): larger batches ran no faster per token on CPU (measured 2.2k tokens/s at
-# 32 x 256 against 2.7k at 4 x 256, AMD EPYC) and compile longer.
+# On CPU (the engine's unsharded layout there) a prefill program runs at most this many prompt
+# tokens (rows x bucketed length; one longer prompt runs alone): larger batches ran no faster
+# per token (2.2k tokens/s at 32 x 256 against 2.7k at 4 x 256, AMD EPYC) and compile longer.
+# An accelerator or a mesh takes a bucket's prompts in one group (0: no cap).
 PREFILL_TOKENS = 2048
 
 
-def prefill_groups(items: list, length: int) -> list[list]:
+def prefill_groups(items: list, length: int, max_tokens: int = 0) -> list[list]:
     """Split one length bucket's prompts into groups of power-of-two size, largest first, each
-    at most PREFILL_TOKENS tokens: the executor pads a batch's rows to a power of two, so 11
-    prompts run as 8 + 2 + 1 rows (the programs of those sizes), not as 16 with 5 rows of
+    at most max_tokens tokens (0: any): the executor pads a batch's rows to a power of two, so
+    11 prompts run as 8 + 2 + 1 rows (the programs of those sizes), not as 16 with 5 rows of
     padding."""
-    cap = max(1, PREFILL_TOKENS // length)
-    cap = 1 << (cap.bit_length() - 1)
+    cap = max(1, max_tokens // length) if max_tokens else len(items)
+    cap = 1 << (max(1, cap).bit_length() - 1)
     out, i = [], 0
     while i < len(items):
         k = min(cap, 1 << ((len(items) - i).bit_length() - 1))
@@ -172,11 +173,12 @@ class Scheduler:
 
     def __init__(self, *, slots: int, max_len: int, n_stop: int, vocab_size: int, chunk: int,
                  compact: bool = True, prefix_cache: bool = False,
-                 min_rows: int = MIN_COMPACT):
+                 min_rows: int = MIN_COMPACT, prefill_tokens: int = 0):
         self.max_len, self.n_stop, self.vocab_size = int(max_len), int(n_stop), int(vocab_size)
         self.chunk = int(chunk)
         self.compact = compact          # decode may gather only the running rows (unsharded)
         self.min_rows = max(1, int(min_rows))     # the fewest rows a compacted decode runs
+        self.prefill_tokens = int(prefill_tokens)  # a prefill group's token cap (0: none)
         self.pool = SlotPool(slots)
         self._seqs: dict[int, _Sequence] = {}
         self._waiting: deque[_Request] = deque()
@@ -328,7 +330,8 @@ class Scheduler:
                     s.cache_used, s.budget = length, s.sampling.max_new_tokens
                     if self.prefix is not None:
                         self.prefix.set(s.slot, r.prompt, range(length - len(r.prompt), length))
-            out += [_prefill_batch(length, group) for group in prefill_groups(reqs, length)]
+            out += [_prefill_batch(length, group)
+                    for group in prefill_groups(reqs, length, self.prefill_tokens)]
         batches = {key: fork_batch(self.prefix, key[1], group) for key, group in forks.items()}
         return (out, [b for (late, _), b in batches.items() if not late],
                 [b for (late, _), b in batches.items() if late])

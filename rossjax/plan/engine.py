@@ -5,9 +5,10 @@
 GRPO samples on `rossjax.engine` (kv_slots.Programs: jitted insert / extend / decode over a
 donated slot state), sized by `sample.generate` (single-turn: `_generate_shape`) or by
 `agentic.rollouts` (multi-turn episodes: `_agentic_shape`); the plan compiles the Programs
-object the run's Engine builds, at the first admission's prefill (the largest: as many prompts
-as the slots hold), one decode chunk and, for episodes, an extension of the largest fixed
-bucket. `tests/test_plan.py` checks the shapes against what the engine is handed.
+object the run's Engine builds, at the first admission's largest prefill group (the prompts
+the slots hold, down to a power of two), one decode chunk and, for episodes, an extension of
+the largest fixed bucket. `tests/test_plan.py` checks the shapes against what the engine is
+handed.
 
 cost_analysis() counts a loop body once (the decode chunk's steps, the layer scan), so a
 decode's HBM traffic comes from the model instead (`min_bytes`): every step reads the weights
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from rossjax.engine import kv_slots, sampler
-from rossjax.engine.scheduler import BUCKETS, bucket_length, pow2
+from rossjax.engine.scheduler import BUCKETS, bucket_length, pow2, prefill_groups
 from rossjax.models import shardings as model_shardings
 from rossjax.train import metrics as metrics_lib
 
@@ -48,9 +49,15 @@ def _generate_shape(cfg, mult: int, prompt_len: int) -> Shape:
     g = cfg.grpo
     n, k, t = int(g.contexts), int(g.group_size), int(g.max_new_tokens)
     slots = sample._round_up(min(n * k, max(sample._MAX_SLOTS, k)), mult)
-    first = min(n, slots // k)     # FIFO admission while a request's k slots are free
-    return Shape(slots, bucket_length(prompt_len) + t, 1, min(t, 16), pow2(first),
+    first = _group(min(n, slots // k))    # FIFO admission while a request's k slots are free
+    return Shape(slots, bucket_length(prompt_len) + t, 1, min(t, 16), first,
                  bucket_length(prompt_len), pow2(first * k), 0, _mode(g))
+
+
+def _group(prompts: int) -> int:
+    """The largest prefill group of that many prompts admitted at once (scheduler.
+    prefill_groups: power-of-two groups, one program each; no token cap on a mesh)."""
+    return len(prefill_groups(list(range(prompts)), 1)[0])
 
 
 def _agentic_shape(cfg, mult: int, prompt_len: int) -> Shape:
@@ -60,8 +67,10 @@ def _agentic_shape(cfg, mult: int, prompt_len: int) -> Shape:
     g, spec = cfg.grpo, agentic_grpo.spec_of(cfg)
     n = int(g.contexts) * int(g.group_size)
     slots = -(-n // mult) * mult
-    return Shape(slots, spec.cache_len(), 1, min(spec.max_new_tokens, 16), pow2(int(g.contexts)),
-                 bucket_length(prompt_len), pow2(n), BUCKETS[-1], _mode(g))
+    first = _group(int(g.contexts))
+    return Shape(slots, spec.cache_len(), 1, min(spec.max_new_tokens, 16), first,
+                 bucket_length(prompt_len), pow2(first * int(g.group_size)), BUCKETS[-1],
+                 _mode(g))
 
 
 def _mode(g) -> str:
