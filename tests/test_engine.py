@@ -287,6 +287,10 @@ def test_warmup_compiles_what_a_load_meets_and_changes_nothing(tiny):
     assert (len(progs._decode), jitted()) == before
     cold = Engine(cfg, params, slots=4, max_len=48, chunk=4, min_rows=1)
     assert got == run(cold) and all(got)
+    cold.submit(prompts[0], SamplingParams(max_new_tokens=20))
+    cold.step()
+    with pytest.raises(RuntimeError, match="before the first request"):
+        cold.warmup()
 
 
 def test_extend_continues_without_reprefill_like_a_fresh_prompt(tiny):
