@@ -27,7 +27,7 @@ from rossjax.engine.scheduler import (
     SchedulerOutput,
     pow2,
 )
-from rossjax.engine.types import MAX_TOP_LOGPROBS
+from rossjax.engine.types import MAX_TOP_LOGPROBS, SamplingParams
 
 
 class Executor:
@@ -181,14 +181,10 @@ def warm(ex: Executor, *, chunk: int, prefill_rows: list, decode_rows: list, mod
     if bool(np.asarray(sharding.to_host(ex.state["active"])).any()):
         raise RuntimeError("engine: warm-up runs before the first request, not beside one.")
     for rows, length in prefill_rows:
-        z = lambda *shape, dt=np.int32: np.zeros(shape, dt)
-        settings = {"temp": z(rows, dt=np.float32), "top_k": z(rows),
-                    "top_p": np.ones(rows, np.float32), "stop": np.full((rows, lay.n_stop), -1,
-                                                                         np.int32),
-                    "key": z(rows, 2, dt=np.uint32), "budget": z(rows)}
-        ex.state = ex.programs.insert(ex.params, ex.state, z(rows, length), z(rows, length),
-                                      z(rows, length, dt=bool),
-                                      np.full(rows, lay.slots, np.int32), z(rows), settings)
+        ids = np.zeros((rows, length), np.int32)
+        settings = ex._sampling_columns([SamplingParams()] * rows, [0] * rows)
+        ex.state = ex.programs.insert(ex.params, ex.state, ids, ids, ids.astype(bool),
+                                      np.full(rows, lay.slots, np.int32), ids[:, 0], settings)
         n += 1
     for k, mode, streaming, top in itertools.product(decode_rows, modes, streams, tops):
         stream = (ex.listener.id, chunk) if streaming and ex.listener else None
