@@ -10,6 +10,9 @@
   - CPU: each test's CPU seconds (its process and the children it waited for, getrusage) go to
     build/test-cpu.json per module, and the summary lists the modules that cost the most CPU:
     unlike wall time, this holds when other work shares the machine.
+  - compiles per module: the XLA compile seconds (and count; persistent-cache hits count as
+    cheap compilations) each module's tests spent in the test processes go to
+    build/test-compile.json, and the summary lists the costliest.
   - refresh: each run updates build/test-durations.json (the same form as tests/durations.json);
     copy it over after tests were added or moved.
 """
@@ -29,7 +32,8 @@ _BUILD = os.path.join(os.path.dirname(_HERE), "build")
 _STATS_ENV = "ROSSJAX_SUITE_STATS"
 _DURATIONS: dict | None = None  # module -> seconds, on the controller only
 _CPU: dict = {}  # module -> CPU seconds, on the controller only
-_CPU_START: dict = {}  # nodeid -> CPU seconds used before its setup, in the running process
+_COMPILE: dict = {}  # module -> [XLA compilations, seconds] in the test processes, on the controller
+_CPU_START: dict = {}  # nodeid -> (CPU s, compilations, compile s) before its setup, in its process
 _T0 = 0.0
 
 
@@ -97,8 +101,8 @@ def _cpu_now() -> float:
 
 
 def pytest_runtest_setup(item):
-    _CPU_START[item.nodeid] = _cpu_now()
     _COMPILES.attach()
+    _CPU_START[item.nodeid] = (_cpu_now(), _COMPILES.n, _COMPILES.secs)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -106,7 +110,9 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     start = _CPU_START.pop(item.nodeid, None) if call.when == "teardown" else None
     if start is not None:  # rides to the controller with the teardown report (xdist sends it)
-        outcome.get_result().user_properties.append(("cpu_s", _cpu_now() - start))
+        props = outcome.get_result().user_properties
+        props.append(("cpu_s", _cpu_now() - start[0]))
+        props.append(("compiles", (_COMPILES.n - start[1], _COMPILES.secs - start[2])))
 
 
 def pytest_runtest_teardown(item):
@@ -121,6 +127,9 @@ def pytest_runtest_logreport(report):
         for key, value in getattr(report, "user_properties", ()):
             if key == "cpu_s":
                 _CPU[mod] = _CPU.get(mod, 0.0) + value
+            elif key == "compiles":
+                c = _COMPILE.setdefault(mod, [0, 0.0])
+                c[0], c[1] = c[0] + value[0], c[1] + value[1]
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -152,6 +161,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             f"suite CPU: {sum(_CPU.values()):.0f} s in the test processes and their CLI "
             f"subprocesses; most: " + ", ".join(f"{m.split('/')[-1]} {v:.0f}" for m, v in top[:12]))
         _merge(os.path.join(_BUILD, "test-cpu.json"), _CPU)
+    if _COMPILE:  # which modules to look at first when the suite's compile time grows
+        top = sorted(_COMPILE.items(), key=lambda kv: -kv[1][1])
+        terminalreporter.write_line(
+            "suite XLA compile s (compilations) by module: " + ", ".join(
+                f"{m.split('/')[-1]} {s:.0f} ({n})" for m, (n, s) in top[:12]))
+        _merge(os.path.join(_BUILD, "test-compile.json"), {m: s for m, (n, s) in top})
     # Merged into what earlier runs wrote: make test's second pytest run (the beam module) must
     # not replace the first's table.
     _merge(os.path.join(_BUILD, "test-durations.json"), _DURATIONS)
