@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import pytest
 from agentic_echo import EchoEnv
+from xla_flags import xla_flags
 
 from rossjax import models
 from rossjax.agents import ToolCall
@@ -188,7 +189,7 @@ def test_config_checks_name_the_field():
 
 # ---------------------------------------------------------------- the CLI, end to end
 
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+ENV = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
            PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
 GRPO = ["grpo", f"--config={ROOT}/configs/grpo_agentic.py:runlocal",
         "--config.data.tasks=" + os.path.join(ROOT, "data", "agents", "calculator.jsonl"),
@@ -308,7 +309,7 @@ def test_agentic_grpo_two_processes_equal_one(tmp_path):
     port = _free_port()
 
     def spawn(pid, nproc, work, devices):
-        env = dict(ENV, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+        env = dict(ENV, XLA_FLAGS=xla_flags(devices))
         return subprocess.Popen([sys.executable, "-c", WORKER, str(port), str(pid), str(nproc), work,
                                  *argv], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)

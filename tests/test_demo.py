@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+from xla_flags import xla_flags
 
 from rossjax import demo
 
@@ -24,7 +25,7 @@ _PNG = b"\x89PNG\r\n\x1a\n"
 
 def _run_demo(wd):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               XLA_FLAGS="--xla_force_host_platform_device_count=1")
+               XLA_FLAGS=xla_flags(1))
     proc = subprocess.run([sys.executable, "-m", "rossjax.cli", "demo", f"--workdir={wd}",
                            "--steps=3", "--agent_sft_steps=5", "--agent_grpo_steps=1"], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from hf_tiny import make_tiny_hf
+from xla_flags import xla_flags
 
 from rossjax.models import lora
 from rossjax.models.hf import read_hf_config
@@ -139,7 +140,7 @@ def test_cli_export_journey(run, tmp_path):
     _, workdir = run
     out = tmp_path / "cli"
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = xla_flags()
     r = subprocess.run([sys.executable, "-m", "rossjax.cli", "export", f"--checkpoint={workdir}",
                         "--dtype=float16", f"--workdir={out}"], env=env, capture_output=True,
                        text=True, timeout=300, cwd=tmp_path)

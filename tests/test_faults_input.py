@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from xla_flags import xla_flags
 
 from rossjax.cli import parse_config
 from rossjax.curate import pipeline
@@ -271,7 +272,7 @@ def test_parquet_export_reads_back(tmp_path):
 
 def _cli(*argv, cwd):
     env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = xla_flags()
     return subprocess.run([sys.executable, "-m", "rossjax.cli", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 

@@ -14,6 +14,7 @@ import time
 
 import pytest
 from test_sft_loop import write_curated
+from xla_flags import xla_flags
 
 from rossjax import cli
 from rossjax.errors import InputError
@@ -23,7 +24,7 @@ from rossjax.train.checkpoint import PreemptionGuard
 from rossjax.train.rl.history import HistoryWriter, read_history
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+ENV = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
 
 
 # ---------------------------------------------------------------- helpers

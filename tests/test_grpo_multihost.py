@@ -11,6 +11,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from xla_flags import xla_flags
 
 WORKER = textwrap.dedent("""
     import json, sys
@@ -60,7 +61,7 @@ def _free_port():
 
 
 def _spawn(pid, nproc, port, workdir, devices, variant):
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices),
                JAX_PLATFORMS="cpu")
     return subprocess.Popen([sys.executable, "-c", WORKER, str(port), str(pid), str(nproc), workdir,
                              variant],

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 from test_sft_loop import CONFIG, ROOT, write_curated
+from xla_flags import xla_flags
 
 ROWS, SEQ, STEPS = 8, 32, 2
 
@@ -79,7 +80,7 @@ def _rows(path):
 
 
 def _spawn(pid, nproc, port, data, out, devices):
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices),
                JAX_PLATFORMS="cpu")
     return subprocess.Popen([sys.executable, "-c", WORKER, str(port), str(pid), str(nproc), data, out],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -111,7 +112,7 @@ def test_two_hosts_equal_one_host(tmp_path):
 
 def _spawn_train(data, workdir, nproc, pid, port, devices):
     """`rossjax train` (configs/ross_sft.py:runlocal) as one process of `nproc`."""
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices),
                JAX_PLATFORMS="cpu")
     dist = ([] if nproc == 1 else
             ["--config.distributed.enabled=True", f"--config.distributed.coordinator=127.0.0.1:{port}",

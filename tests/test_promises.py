@@ -11,12 +11,13 @@ import sys
 
 import pytest
 from test_sft_loop import write_curated
+from xla_flags import xla_flags
 
 from rossjax import demo
 from rossjax.tokenizers.ascii import write_ascii_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+ENV = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
            HF_HUB_OFFLINE="1")
 
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from xla_flags import xla_flags
 
 from rossjax import cli, models
 from rossjax.models import loading
@@ -104,7 +105,7 @@ def test_runlocal_trains_evaluates_and_exports(tmp_path):
 
 
 def _spawn(data, workdir, *extra):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(2), JAX_PLATFORMS="cpu")
     # seq_len 128, not runlocal's 1,280: write_curated's rows are 20-60 tokens, so a step's 8
     # rollouts (~260-360 tokens) pack into 3-4 rows instead of one mostly-padding row; a 20-step
     # run costs ~7 CPU s instead of ~26
