@@ -136,7 +136,8 @@ class Reviewer:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # poll for shutdown every 10 ms, not serve_forever's 0.5 s: a test ends that much sooner
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True)
 
     def stages(self, rid=None) -> list[str]:
         return [s for r, s, _, _ in self.requests if rid is None or r == rid]

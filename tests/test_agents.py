@@ -46,7 +46,7 @@ class Scripted:
                 pass
 
         self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        threading.Thread(target=self.srv.serve_forever, args=(0.01,), daemon=True).start()
         self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/v1"
 
     def close(self):
@@ -79,6 +79,10 @@ def test_python_env_runs_in_the_sandbox():
     assert obs[0].content.strip() == "55" and not done
     obs, _, _ = env.step([ToolCall("python", {"code": "import socket; socket.socket().connect(('127.0.0.1', 1))"})])
     assert "[" in obs[0].content  # refused by the sandbox: its reason is in the observation
+    # the loop burns its whole timeout: a 1 s one shows the same (the env above keeps 5 s so
+    # that a loaded machine's interpreter start-up is never mistaken for a timeout)
+    env = make_env("python", step_timeout_s=1)
+    env.reset({"prompt": "loop", "answer": 0})
     obs, _, _ = env.step([ToolCall("python", {"code": "while True: pass"})])
     assert "timeout" in obs[0].content.lower()
 

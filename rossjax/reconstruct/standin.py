@@ -253,7 +253,8 @@ class StandinServer:
                             "usage": {"prompt_tokens": 0, "completion_tokens": 0}})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever's next poll: 10 ms, not its default 0.5 s
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True)
         self.model_id = MODEL_ID
 
     @property
