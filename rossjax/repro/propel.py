@@ -160,8 +160,8 @@ def train_generator(workdir: str, size: dict, rows: int, seed: int = 0,
     gen = os.path.join(workdir, name)
     stages.train(os.path.join(workdir, "curated"), gen, "positive_sft", seed=seed,
                  steps=size["gen_steps"], init=init, rows=rows,
-                 **dict(warmup.train_kw(finetune=False), seq_len=size.get("gen_seq", 256),
-                        batch=size.get("gen_batch", warmup.TRAIN["batch"])))
+                 **warmup.train_kw(False, seq_len=size.get("gen_seq", 256),
+                                   batch=size.get("gen_batch")))
     return os.path.join(gen, "hf")
 
 

@@ -143,7 +143,7 @@ def run(workdir: str, seeds: int, quick: bool, log=print) -> dict:
         wd = os.path.join(workdir, "runs", f"{m}-s{s}")
         st.run(f"train_{m}_s{s}", lambda: stages.train(
             cur, wd, "positive_sft", seed=s, steps=size["steps"], init=warm["hf"],
-            rows=rep["kept"], **dict(warmup.train_kw(), lr=LR)))
+            rows=rep["kept"], **warmup.train_kw(lr=LR)))
         ev = st.run(f"eval_{m}_s{s}", lambda: evaluate(os.path.join(wd, "hf"), tok, test_p,
                                                        size["samples"], seed=s))
         runs[m].append({"seed": s, "selected": sel["families"], "select_report": sel["report"], **ev})

@@ -24,10 +24,10 @@ SHAPE = dict(vocab_size=256, d_model=128, n_layers=2, n_heads=8, n_kv_heads=8, h
 # reached slowly: Adam's first updates move every weight by ~lr whatever its gradient (1e-3 with
 # a 5-step warm-up took the warm-up model from loss 0.3 to 3.2 on the relearning data).
 TRAIN = dict(batch=32, seq_len=128, micro=4, lr=3e-3)
+FINETUNE = dict(lr=3e-4, warmup_frac=0.2)
 # The quick warm-up (repro routes --quick, in make test) takes 16 rollouts a step (issue 46):
 # training 41 -> 21 s, and similar's collapse still shows (coverage 1.00 against random's 1.55;
 # 1.56 at 32).
-FINETUNE = dict(lr=3e-4, warmup_frac=0.2)
 SIZES = {"full": dict(n_warm=1000, steps=400), "quick": dict(n_warm=1000, steps=300, batch=16)}
 N_PAIRS = 2
 # Problems: the warm-up set, then a reserve each experiment splits into its train/test sets.
@@ -41,8 +41,10 @@ def problems(seed: int = 0):
     return allp[:n], allp[n:]
 
 
-def train_kw(finetune: bool = True) -> dict:
-    return dict(TRAIN, vocab_size=SHAPE["vocab_size"], model={}, **(FINETUNE if finetune else {}))
+def train_kw(finetune: bool = True, **over) -> dict:
+    """stages.train's settings: TRAIN (+ FINETUNE), with `over` (None values: keep TRAIN's)."""
+    kw = dict(TRAIN, vocab_size=SHAPE["vocab_size"], model={}, **(FINETUNE if finetune else {}))
+    return {**kw, **{k: v for k, v in over.items() if v is not None}}
 
 
 def build(root: str, quick: bool, tok_path: str, log=print) -> dict:
@@ -62,7 +64,6 @@ def build(root: str, quick: bool, tok_path: str, log=print) -> dict:
     run = os.path.join(wd, "run")
     st.run("train", lambda: stages.train(cur, run, "positive_sft", seed=0, steps=size["steps"],
                                          init=init, rows=rep["kept"],
-                                         **dict(train_kw(finetune=False),
-                                                batch=size.get("batch", TRAIN["batch"]))))
+                                         **train_kw(False, batch=size.get("batch"))))
     return {"hf": os.path.join(run, "hf"), "curated": rep, "steps": size["steps"],
             "rows": size["n_warm"]}
