@@ -98,3 +98,15 @@ def test_auto_picks_dense_for_short_rows():
     assert att.use_blockwise("blockwise", 8, 8, 512) and not att.use_blockwise("dense", 9e9, 9e9, 1)
     with pytest.raises(ValueError, match="attention_impl"):
         ModelConfig(attention_impl="flash")
+
+
+def test_block_zero_is_the_platforms_block():
+    # ModelConfig's default block (0) is 128 on CPU: block-wise from 257 keys on; an explicit
+    # block is kept, and the config refuses a negative one.
+    assert ModelConfig().attention_block == 0 and att.block_size(0) == 128
+    assert att.block_size(512) == 512
+    assert att.backend("auto", 512, 512, 0, jnp.float32) == "blockwise"
+    assert att.backend("auto", 256, 256, 0, jnp.float32) == "dense"
+    assert att.backend("auto", 1024, 1024, 512, jnp.float32) == "dense"
+    with pytest.raises(ValueError, match="attention_block"):
+        ModelConfig(attention_block=-1)

@@ -235,6 +235,26 @@ def blockwise(q, k, v, m: MaskSpec, *, block: int = 512):
     return _flash(q, k, v, m, block, block)
 
 
+# The pure-JAX kernels' block where ModelConfig.attention_block is 0, by the target's platform.
+# CPU: a 512 x 512 tile's float32 scores for 8 heads (8 MiB) stream through L3 on every
+# elementwise pass of the online softmax; at 128 (512 KiB) they stay in L2. Fwd + bwd of one
+# causal row, 8 heads / 2 kv heads of 64, AMD EPYC AVX-512, 2 threads: at 1,024 keys 67.6 ms
+# (128-blocks) vs 97.6 (512-blocks) vs 220 (dense, what 512 chose there); at 2,048 270 vs 329;
+# at 512 19.5 vs 27.6 (dense). Forward alone ties at 512 and 1,024 keys, 7% slower at 2,048.
+BLOCK_BY_PLATFORM = {"cpu": 128}
+BLOCK_DEFAULT = 512
+
+
+def block_size(block: int) -> int:
+    """`block`, or for 0 the platform's (BLOCK_BY_PLATFORM, else BLOCK_DEFAULT) of the devices
+    the program is traced for."""
+    if block:
+        return int(block)
+    from rossjax.models import kernels
+
+    return BLOCK_BY_PLATFORM.get(kernels.target_platform(), BLOCK_DEFAULT)
+
+
 def use_blockwise(impl: str, s: int, t: int, block: int) -> bool:
     """Among the pure-JAX kernels: 'auto' (and a fused backend's fallback) picks dense while the
     keys fit in two blocks (dense is as fast or faster on CPU at short lengths) or for a few
@@ -261,10 +281,10 @@ def backend(impl: str, s: int, t: int, block: int, dtype, *, self_attention: boo
         fused = kernels.platform_default(dtype)
         if fused:
             return fused
-    return "blockwise" if use_blockwise(impl, s, t, block) else "dense"
+    return "blockwise" if use_blockwise(impl, s, t, block_size(block)) else "dense"
 
 
-def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 512, windows=(0,),
+def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 0, windows=(0,),
            self_attention: bool = True):
     """q [b, s, H, hd], k/v [b, t, K, hd] -> [b, s, H, hd].
 
@@ -275,7 +295,7 @@ def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 512, window
     qg = q.reshape(b, s, nkv, h // nkv, hd)
     kind = backend(impl, s, k.shape[1], block, q.dtype, self_attention=self_attention)
     if kind == "blockwise":
-        out = blockwise(qg, k, v, m, block=block)
+        out = blockwise(qg, k, v, m, block=block_size(block))
     elif kind == "dense":
         out = dense(qg, k, v, m)
     else:
@@ -286,7 +306,7 @@ def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 512, window
     return out.reshape(b, s, h, hd)
 
 
-def attend_cache(q, kc, vc, m: MaskSpec, *, impl: str = "auto", block: int = 512):
+def attend_cache(q, kc, vc, m: MaskSpec, *, impl: str = "auto", block: int = 0):
     """Queries q [b, s, H, hd] against a KV cache laid out head-major, kc/vc [b, K, T, hd]
     -> [b, s, H, hd].
 

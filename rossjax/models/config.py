@@ -72,7 +72,9 @@ class ModelConfig:
     # models/kernels) | auto (splash on TPU, cudnn on NVIDIA in bf16/fp16; otherwise dense up to
     # 2 blocks of keys or for <= 16 queries, i.e. decode; block-wise beyond)
     attention_impl: str = "auto"
-    attention_block: int = 512
+    # The pure-JAX kernels' block: 0 = by the target's platform (attention.block_size: 128 on
+    # CPU, where a tile's scores stay in cache, 512 elsewhere).
+    attention_block: int = 0
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -87,9 +89,9 @@ class ModelConfig:
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ConfigError(f"ModelConfig: field 'attention_impl' is {self.attention_impl!r}; use one "
                              f"of {', '.join(ATTENTION_IMPLS)}.")
-        if self.attention_block < 1:
-            raise ConfigError(f"ModelConfig: field 'attention_block' must be >= 1, got "
-                             f"{self.attention_block}.")
+        if self.attention_block < 0:
+            raise ConfigError(f"ModelConfig: field 'attention_block' must be >= 1 (or 0: by the "
+                             f"platform), got {self.attention_block}.")
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype, source="ModelConfig"))
         object.__setattr__(self, "param_dtype",
                            canonical_dtype(self.param_dtype, source="ModelConfig", field="param_dtype"))
