@@ -293,9 +293,10 @@ def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 0, windows=
     b, s, h, hd = q.shape
     nkv = k.shape[2]
     qg = q.reshape(b, s, nkv, h // nkv, hd)
+    block = block_size(block)
     kind = backend(impl, s, k.shape[1], block, q.dtype, self_attention=self_attention)
     if kind == "blockwise":
-        out = blockwise(qg, k, v, m, block=block_size(block))
+        out = blockwise(qg, k, v, m, block=block)
     elif kind == "dense":
         out = dense(qg, k, v, m)
     else:
