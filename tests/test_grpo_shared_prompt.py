@@ -104,3 +104,35 @@ def test_a_shuffled_minibatch_is_regrouped(sampled):
     tok = shuffled["tokens"].copy()
     tok[0, 0] = (tok[0, 0] + 1) % 64                    # a prompt of its own: groups of 3 and 1
     assert grpo_step.StepFns._order(fns, {**shuffled, "tokens": tok}) == (False, None)
+
+
+def test_micro_batches_each_get_whole_groups(sampled):
+    """With micro-batches the update keeps the shared prompt: StepFns._update_order spreads the
+    grouped rows so that split_micro's strided split hands each micro-batch whole groups, and
+    falls back to row-wise when the group size does not divide a micro-batch's rows."""
+    import types
+
+    from rossjax.train import accumulate
+
+    _, _, batch = sampled                                    # 3 prompts x G rows
+    b = len(batch["tokens"])
+    perm = np.random.default_rng(1).permutation(b)
+    shuffled = {k: v[perm] for k, v in batch.items()}
+    fns = types.SimpleNamespace(group=G, max_new=T, n_micro=3)
+    fns._order = types.MethodType(grpo_step.StepFns._order, fns)
+    shared, order = grpo_step.StepFns._update_order(fns, shuffled)
+    assert shared and sorted(order.tolist()) == list(range(b))
+    for k in ("tokens", "mask"):
+        micro = np.asarray(accumulate.split_micro(jnp.asarray(shuffled[k][order]), 3))
+        assert micro.shape[:2] == (3, G)
+    micro = {k: np.asarray(accumulate.split_micro(jnp.asarray(v[order]), 3))
+             for k, v in shuffled.items()}
+    for m in range(3):
+        one = {k: v[m] for k, v in micro.items()}
+        assert grpo_step.shared_prompt_ok(one, G, T), m
+        assert len({one["tokens"][r, :5].tobytes() for r in range(G)}) == 1   # one prompt each
+    fns.n_micro = 2                                           # 6 rows a micro-batch: no
+    assert grpo_step.StepFns._update_order(fns, shuffled) == (False, None)
+    fns.n_micro = 1                                           # _order's answer, unchanged
+    s1, o1 = grpo_step.StepFns._update_order(fns, shuffled)
+    assert s1 and np.array_equal(o1, grpo_step.StepFns._order(fns, shuffled)[1])

@@ -139,7 +139,7 @@ def run(args) -> int:
         from rossjax.bench import compare
 
         put = fns.put_rows(rows)
-        shared, order = fns._order(put)
+        shared, order = fns._update_order(put)
         t0 = time.perf_counter()
         m0 = ours()   # compiles
         compile_s = time.perf_counter() - t0
