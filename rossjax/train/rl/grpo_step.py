@@ -311,9 +311,8 @@ class StepFns:
     def _update_order(self, batch):
         """`_order` for the update, whose micro-batches split_micro takes strided (micro-batch m:
         rows m, m + n, ...): the grouped rows are spread so that each micro-batch gets B/n
-        consecutive ones, whole groups when the group size divides B/n (else row-wise). On CPU
-        large-M dots ran at half the rate of the same dots in micro-batches (issue 43), so a
-        micro-batched update keeps the shared prompt instead of falling back to row-wise."""
+        consecutive ones, whole groups when the group size divides B/n (else row-wise). The update
+        is a sum over rows, so their order does not change it."""
         shared, order = self._order(batch)
         n = self.n_micro
         if not shared or n == 1:
