@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
@@ -23,6 +24,13 @@ def split_micro(x, n: int, sharding=None):
     b = x.shape[0]
     y = x.reshape(b // n, n, *x.shape[1:]).swapaxes(0, 1)
     return y if sharding is None else jax.lax.with_sharding_constraint(y, sharding)
+
+
+
+def block_order(order, n: int) -> np.ndarray:
+    """`order` (row indices, length B) rearranged so that split_micro hands micro-batch j its
+    j-th block of B/n consecutive entries: fed row i*n + j is order[j*B/n + i]."""
+    return np.asarray(order).reshape(n, -1).T.reshape(-1)
 
 
 def split_batch(batch, n: int, partitioner=None):

@@ -125,8 +125,7 @@ def group_order(teacher_idx, n_micro: int) -> np.ndarray:
     """The row order that fills whole micro-batches with one teacher's rows where it can: fed
     row i*n + j (micro-batch j, split_micro's strided split) is the (j*m + i)-th row sorted by
     teacher. At most (teachers - 1) micro-batches then hold two teachers."""
-    srt = np.argsort(np.asarray(teacher_idx), kind="stable")
-    return srt.reshape(n_micro, -1).T.reshape(-1)
+    return accumulate.block_order(np.argsort(np.asarray(teacher_idx), kind="stable"), n_micro)
 
 
 def make_update(loss_fn, optimizer, schedule, *, agg: str, n_micro: int, partitioner,

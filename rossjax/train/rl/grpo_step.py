@@ -320,8 +320,8 @@ class StepFns:
         b = batch["tokens"].shape[0]
         if b % (n * self.group):
             return False, None
-        spread = np.arange(b).reshape(n, b // n).T.reshape(-1)
-        return True, (spread if order is None else order[spread]).astype(np.int32)
+        return True, accumulate.block_order(np.arange(b) if order is None else order,
+                                            n).astype(np.int32)
 
     def logp(self, params, batch):
         """(log p(target), entropy) [B, S] of put_rows' batch, rows in its order."""
