@@ -110,3 +110,35 @@ def test_block_zero_is_the_platforms_block():
     assert att.backend("auto", 1024, 1024, 512, jnp.float32) == "dense"
     with pytest.raises(ValueError, match="attention_block"):
         ModelConfig(attention_block=-1)
+
+
+def test_row_chunks_keep_the_outputs_and_gradients(monkeypatch):
+    # On CPU 'auto' runs the kernels over chunks of rows (dense for short rows, block-wise for
+    # long ones); budgets shrunk here so that 6 rows split into chunks of 2 and 3, with packed
+    # documents, padding and a window, against the whole-batch kernels.
+    rng = np.random.RandomState(3)
+    b, s, t, h, kvh, hd = 6, 40, 40, 4, 2, 8
+    q = jnp.asarray(rng.normal(size=(b, s, h, hd)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(b, t, kvh, hd)), jnp.float32) for _ in range(2))
+    seg = np.stack([_packed_ids(1, s, rng)[0][0] for _ in range(b)])
+    seg[1, 30:] = 0                                         # a padded row
+    m = att.MaskSpec(jnp.asarray(seg), jnp.asarray(seg), jnp.arange(s), jnp.arange(t),
+                     jnp.asarray(np.tile(np.arange(s), (b, 1))),
+                     jnp.asarray(np.tile(np.arange(t), (b, 1))), jnp.int32(9))
+    w = jnp.asarray(rng.normal(size=(b, s, h, hd)), jnp.float32)
+    loss = lambda impl, block: lambda q, k, v: jnp.sum(att.attend(q, k, v, m, impl=impl,
+                                                                  block=block) * w)
+    row = 4 * h * s * t
+    for plan, kind, rows, block in (({"dense_row": row, "chunk": 2 * row, "tile": 1}, "dense", 2, 16),
+                                    ({"dense_row": 0, "chunk": 0, "tile": 4 * h * 16 * 16 * 3},
+                                     "blockwise", 3, 16)):
+        monkeypatch.setitem(att.ROW_CHUNKS_BY_PLATFORM, "cpu", plan)
+        assert att.row_chunks(b, s, t, h, block) == (kind, rows)
+        want = jax.value_and_grad(loss(kind, block), argnums=(0, 1, 2))(q, k, v)
+        got = jax.value_and_grad(loss("auto", block), argnums=(0, 1, 2))(q, k, v)
+        for a, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(a), atol=2e-5, rtol=1e-5)
+    monkeypatch.setitem(att.ROW_CHUNKS_BY_PLATFORM, "cpu", {"dense_row": 1, "chunk": 1, "tile": 1})
+    assert att.row_chunks(7, s, t, h, 16) == ("blockwise", 1)          # a prime batch: row by row
+    monkeypatch.delitem(att.ROW_CHUNKS_BY_PLATFORM, "cpu")
+    assert att.row_chunks(b, s, t, h, 16) is None                      # other platforms: whole
