@@ -289,8 +289,8 @@ def backend(impl: str, s: int, t: int, block: int, dtype, *, self_attention: boo
 # that the float32 scores of one step stay small whatever the batch (the block size alone
 # bounds them per row: 128 rows x 8 heads of 128 x 128 tiles are 67 MB, streamed through memory
 # by every pass of the online softmax). Dense while one row's scores [H, s, t] take at most
-# DENSE_ROW_BYTES, over as many rows as CHUNK_BYTES holds; block-wise otherwise, over as many
-# rows as TILE_BYTES of tiles holds. Fwd + bwd of one layer (8 heads / 2 kv heads of 64, AMD
+# "dense_row" bytes, over as many rows as "chunk" bytes hold; block-wise otherwise, over as many
+# rows as "tile" bytes of tiles hold. Fwd + bwd of one layer (8 heads / 2 kv heads of 64, AMD
 # EPYC AVX-512, 2 threads), all rows at once (block-wise, as before) against the chunks: 128 rows
 # x 257 queries x 352 keys (GRPO's shared-prompt block) 3.7-4.0 s against 0.75-0.93 (dense, 2
 # rows); 128 x 352 x 352 (row-wise) 3.2 against 1.5 (dense, 2 rows); 64 x 96 x 352 (a prefill)
@@ -347,11 +347,9 @@ def attend(q, k, v, m: MaskSpec, *, impl: str = "auto", block: int = 0, windows=
     rows = b
     if impl == "auto" and kind in ("dense", "blockwise"):
         kind, rows = row_chunks(b, s, k.shape[1], h, block) or (kind, b)
-    if kind == "blockwise":
-        kernel = functools.partial(blockwise, block=block)
+    if kind in ("dense", "blockwise"):
+        kernel = dense if kind == "dense" else functools.partial(blockwise, block=block)
         out = kernel(qg, k, v, m) if rows == b else _by_rows(kernel, rows, qg, k, v, m)
-    elif kind == "dense":
-        out = dense(qg, k, v, m) if rows == b else _by_rows(dense, rows, qg, k, v, m)
     else:
         from rossjax.models import kernels
 

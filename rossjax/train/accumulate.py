@@ -26,7 +26,6 @@ def split_micro(x, n: int, sharding=None):
     return y if sharding is None else jax.lax.with_sharding_constraint(y, sharding)
 
 
-
 def block_order(order, n: int) -> np.ndarray:
     """`order` (row indices, length B) rearranged so that split_micro hands micro-batch j its
     j-th block of B/n consecutive entries: fed row i*n + j is order[j*B/n + i]."""
