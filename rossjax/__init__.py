@@ -6,3 +6,8 @@ Import submodules explicitly; this top-level module stays light so curation work
 """
 
 __version__ = "0.1.0"
+
+# before anything imports jax: $ROSSJAX_HOST_HEAP=keep (rossjax/hostheap.py)
+from rossjax import hostheap as _hostheap
+
+_hostheap.apply_from_env()

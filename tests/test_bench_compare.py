@@ -24,12 +24,19 @@ def test_agreement_and_verdict(capsys):
     assert compare.verdict("bench x", [None]) == 0
 
 
-def test_cpu_info_reads_model_and_flags(tmp_path):
+def test_cpu_info_reads_model_and_flags(tmp_path, monkeypatch):
+    from rossjax import hostheap
+
+    monkeypatch.setattr(hostheap, "_applied", None)
     p = tmp_path / "cpuinfo"
     p.write_text("model name\t: Some EPYC\nflags\t\t: fpu sse avx2 fma avx512f\n"
                  "model name\t: Some EPYC\nflags\t\t: fpu\n")
     assert compare.cpu_info(str(p)) == ("Some EPYC", ["avx2", "fma", "avx512f"])
-    assert compare.settings_line(a={"x": 1}, b={"y": "on"}) == "settings: a x 1 | b y on"
+    assert compare.settings_line(a={"x": 1}, b={"y": "on"}) == (
+        "settings: a x 1 | b y on | host heap default (both sides)")
+    monkeypatch.setattr(hostheap, "_applied", "keep")
+    assert compare.settings_line(peer_shares_heap=False, a={}, b={}).endswith(
+        "| host heap keep (rossjax; the peer default)")
 
 
 def test_work_counters_count_a_known_program():

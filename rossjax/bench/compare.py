@@ -50,10 +50,17 @@ def machine_line() -> str:
             f"{os.getloadavg()[0]:.1f}")
 
 
-def settings_line(**sides: dict) -> str:
-    """One line: each side's settings, e.g. settings_line(rossjax={...}, torch={...})."""
+def settings_line(*, peer_shares_heap: bool = True, **sides: dict) -> str:
+    """One line: each side's settings, e.g. settings_line(rossjax={...}, torch={...}), and the
+    host heap policy ($ROSSJAX_HOST_HEAP, rossjax/hostheap.py): the peer runs under it too when
+    it runs in a process that imports rossjax (peer_shares_heap), else under glibc's default."""
+    from rossjax import hostheap
+
+    heap = hostheap.policy()
+    who = "both sides" if peer_shares_heap or heap == "default" else "rossjax; the peer default"
     return "settings: " + " | ".join(
-        f"{name} " + ", ".join(f"{k} {v}" for k, v in s.items()) for name, s in sides.items())
+        f"{name} " + ", ".join(f"{k} {v}" for k, v in s.items()) for name, s in sides.items()
+    ) + f" | host heap {heap} ({who})"
 
 
 def xla_threads() -> str:

@@ -235,6 +235,7 @@ def main(argv=None) -> int:
           f"{lens(m['completion_len_mean'] for m in metrics)} | TRL {lens(peer['lengths'])} "
           f"(both stop at eos)")
     print("  " + compare.settings_line(
+        peer_shares_heap=False,
         rossjax={"remat": "none", "micro-batches": args.micro_batches, "dtype": "float32",
                  "XLA threads": compare.xla_threads(), "loss": args.loss},
         TRL={"gradient checkpointing": "off", "gradient accumulation": 1, "dtype": "float32",

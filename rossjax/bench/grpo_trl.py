@@ -76,14 +76,20 @@ def _prompts(args, folder: str) -> list[dict]:
             for t in src.next(args.contexts * (args.steps + 1))]
 
 
-def _trl_steps(args, folder: str, workdir: str) -> list[float]:
+def _need_trl() -> None:
+    # checked before rossjax's steps run, so a missing peer costs no minutes of rossjax's side
     try:
-        from datasets import Dataset
-        from trl import GRPOConfig, GRPOTrainer
+        import datasets  # noqa: F401
+        import trl  # noqa: F401
     except ImportError as e:
         raise UsageError(f"rossjax bench grpo --peer trl needs TRL ({e}); pip install "
                          f"'rossjax[bench]'.") from None
+
+
+def _trl_steps(args, folder: str, workdir: str) -> list[float]:
+    from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
 
     times: list[float] = []
 
@@ -120,6 +126,7 @@ def run(args) -> int:
     if args.steps < 2:
         raise UsageError("rossjax bench grpo --peer trl: --steps must be at least 2 (the first "
                          "step warms up and is not counted).")
+    _need_trl()
     with tempfile.TemporaryDirectory() as d:
         folder = _model_folder(args, os.path.join(d, "model"))
         metrics = _rossjax_steps(args, folder, os.path.join(d, "rossjax"))
