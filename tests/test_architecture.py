@@ -184,6 +184,7 @@ def test_no_library_module_imports_the_cli():
 # and the CLI on top. A new top-level package or module needs a row here (and in the doc).
 LAYERS = {
     "rossjax": 0, "rossjax.errors": 0, "rossjax.monitor": 0, "rossjax.resources": 0,
+    "rossjax.hostheap": 0,
     "rossjax.defaults": 0, "rossjax.runlock": 0, "rossjax.checksums": 0, "rossjax.plugins": 0,
     "rossjax.tokenizers": 1, "rossjax.templates": 1, "rossjax.verify": 1, "rossjax.openai_api": 1,
     "rossjax.routes": 2, "rossjax.curate": 2,

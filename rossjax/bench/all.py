@@ -3,7 +3,8 @@
 Runs each benchmark in a fresh child process (`python -m rossjax.cli bench NAME ...`, without
 XLA's simulated devices), one after the other, reads the figures it prints and writes the
 README's performance table: date (UTC), machine (CPU, cores, load average before and after),
-library versions, and one row per comparison with rossjax's figure, the peer's and the ratio
+library versions, the host heap policy ($ROSSJAX_HOST_HEAP, rossjax/hostheap.py; the
+children inherit it), and one row per comparison with rossjax's figure, the peer's and the ratio
 (ratio > 1: rossjax is ahead). A benchmark that fails or prints no figure gets a row saying so
 and the command exits 1: the table never holds a figure that was not measured in this run.
 
@@ -23,6 +24,8 @@ import re
 import subprocess
 import sys
 import time
+
+from rossjax import hostheap
 
 # (row, benchmark, quick flags, full flags, [(label, regex)], how the row is written)
 _QUICK = {
@@ -186,7 +189,9 @@ def main(argv=None) -> int:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"Measured {now} on {_cpu_name()}, {os.cpu_count()} cores (load average "
           f"{load0:.1f} before, {os.getloadavg()[0]:.1f} after); {_versions()}; "
-          f"`rossjax bench all{' --quick' if args.quick else ''}` in {total / 60:.1f} min.\n")
+          f"`rossjax bench all{' --quick' if args.quick else ''}` in {total / 60:.1f} min; host "
+          f"heap {hostheap.policy()} ($ROSSJAX_HOST_HEAP, each row's settings line says whether "
+          f"its peer shares it).\n")
     print("| what | rossjax | peer (same run, same work) | ratio | note |")
     print("| --- | --- | --- | --- | --- |")
     for what, ours, peer, ratio, note, _ in rows:
