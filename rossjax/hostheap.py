@@ -9,8 +9,9 @@ when anything else (sampling, the peer's step, a sleep) runs in between (docs/cp
 
 `keep` sets glibc's malloc to one arena, no mmap'd blocks and no trimming, so freed pages stay
 mapped and the next step reuses them without a fault. The price is that the process never
-shrinks and one heap can fragment: the resident size is the run's high-water mark or more. It
-is opt-in, set in the environment before the process starts (rossjax applies it on import,
+shrinks and one heap can fragment: the resident size is the run's high-water mark or more (a
+TRL step run in the same process after a 16 GB rossjax update took it past 21 GB), so run one
+trainer per process under it. It is opt-in, set in the environment before the process starts (rossjax applies it on import,
 before jax creates its threads); `rossjax bench` prints which policy each side ran under.
 No jax: layer 0."""
 
