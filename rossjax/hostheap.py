@@ -11,9 +11,9 @@ when anything else (sampling, the peer's step, a sleep) runs in between (docs/cp
 mapped and the next step reuses them without a fault. The price is that the process never
 shrinks and one heap can fragment: the resident size is the run's high-water mark or more (a
 TRL step run in the same process after a 16 GB rossjax update took it past 21 GB), so run one
-trainer per process under it. It is opt-in, set in the environment before the process starts (rossjax applies it on import,
-before jax creates its threads); `rossjax bench` prints which policy each side ran under.
-No jax: layer 0."""
+trainer per process under it. It is opt-in, set in the environment before the process starts
+(rossjax applies it on import, before jax creates its threads); `rossjax bench` prints which
+policy each side ran under. No jax: layer 0."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def apply_from_env() -> str:
     """Apply $ROSSJAX_HOST_HEAP once per process ("keep" or unset/"default"); returns the policy.
     A value it does not know is an error: a typo must not silently measure the other policy."""
     global _applied
-    want = os.environ.get(ENV, "default").strip().lower() or "default"
     if _applied is not None:
         return _applied
+    want = os.environ.get(ENV, "default").strip().lower() or "default"
     if want not in ("keep", "default"):
         raise ValueError(f"${ENV}={os.environ[ENV]!r}: expected 'keep' or 'default'")
     if want == "keep":

@@ -153,7 +153,9 @@ def report(ours: dict, peer: dict, peer_name: str, args, ours_settings: dict,
     from rossjax.bench import compare
 
     print(f"bench serve --peer {args.peer}: {peer_name} as the peer{why}")
-    print("  " + compare.settings_line(peer_shares_heap=False, rossjax=ours_settings, **{peer_name: peer_settings}))
+    # the peer server runs in its own environment, which never imports rossjax
+    print("  " + compare.settings_line(peer_shares_heap=False, rossjax=ours_settings,
+                                       **{peer_name: peer_settings}))
     print(f"  load average (1 min) during the runs: rossjax {ours['load']:.1f}-"
           f"{ours['load_after']:.1f}, {peer_name} {peer['load']:.1f}-{peer['load_after']:.1f}"
           f" (other jobs share these cores; targets hold only from a quiet run)")
