@@ -131,6 +131,9 @@ def grpo_config() -> mlc.ConfigDict:
     # advantages (train/rl/advantages.py) and agg (train/rl/grpo_losses.py) above.
     c.grpo.policy_loss = "ppo_clip"
     c.grpo.kl = "k3"
+    # One device, rows in groups: pack each group's completions into rows of max_new_tokens + 1
+    # after its prompt (train/rl/packed_prompt.py) where that drops a quarter of the slots or more.
+    c.grpo.pack_completions = True
     # DAPO: drop groups whose rewards all agree and refill the batch with newly sampled prompts,
     # at most max_refill_rounds extra rounds a step (still short: uniform groups, masked out).
     c.grpo.dynamic_sampling = False

@@ -97,13 +97,13 @@ def test_a_shuffled_minibatch_is_regrouped(sampled):
     fns = types.SimpleNamespace(group=G, max_new=T)
     perm = np.random.default_rng(0).permutation(len(batch["tokens"]))
     shuffled = {k: v[perm] for k, v in batch.items()}
-    shared, order = grpo_step.StepFns._order(fns, shuffled)
+    shared, order, _ = grpo_step.StepFns._order(fns, shuffled)
     assert shared and order is not None
     assert grpo_step.shared_prompt_ok({k: v[order] for k, v in shuffled.items()}, G, T)
-    assert grpo_step.StepFns._order(fns, batch) == (True, None)       # already grouped
+    assert grpo_step.StepFns._order(fns, batch)[:2] == (True, None)       # already grouped
     tok = shuffled["tokens"].copy()
     tok[0, 0] = (tok[0, 0] + 1) % 64                    # a prompt of its own: groups of 3 and 1
-    assert grpo_step.StepFns._order(fns, {**shuffled, "tokens": tok}) == (False, None)
+    assert grpo_step.StepFns._order(fns, {**shuffled, "tokens": tok})[:2] == (False, None)
 
 
 def test_micro_batches_each_get_whole_groups(sampled):
@@ -120,7 +120,7 @@ def test_micro_batches_each_get_whole_groups(sampled):
     shuffled = {k: v[perm] for k, v in batch.items()}
     fns = types.SimpleNamespace(group=G, max_new=T, n_micro=3)
     fns._order = types.MethodType(grpo_step.StepFns._order, fns)
-    shared, order = grpo_step.StepFns._update_order(fns, shuffled)
+    shared, order, _ = grpo_step.StepFns._update_order(fns, shuffled)
     assert shared and sorted(order.tolist()) == list(range(b))
     micro = {k: np.asarray(accumulate.split_micro(jnp.asarray(v[order]), 3))
              for k, v in shuffled.items()}
@@ -130,7 +130,7 @@ def test_micro_batches_each_get_whole_groups(sampled):
         assert grpo_step.shared_prompt_ok(one, G, T), m
         assert len({one["tokens"][r, :5].tobytes() for r in range(G)}) == 1   # one prompt each
     fns.n_micro = 2                                           # 6 rows a micro-batch: no
-    assert grpo_step.StepFns._update_order(fns, shuffled) == (False, None)
+    assert grpo_step.StepFns._update_order(fns, shuffled)[:2] == (False, None)
     fns.n_micro = 1                                           # _order's answer, unchanged
-    s1, o1 = grpo_step.StepFns._update_order(fns, shuffled)
+    s1, o1, _ = grpo_step.StepFns._update_order(fns, shuffled)
     assert s1 and np.array_equal(o1, grpo_step.StepFns._order(fns, shuffled)[1])

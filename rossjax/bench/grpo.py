@@ -82,6 +82,7 @@ def _run(args, workers: int, use_async: bool):
     c.grpo.steps, c.grpo.contexts, c.grpo.group_size = args.steps + 2, args.contexts, args.group
     c.grpo.max_new_tokens, c.grpo.beta, c.grpo.loss_chunk = args.new_tokens, 0.04, 32
     c.grpo.micro_batches, c.grpo.async_sampling = args.micro_batches, use_async
+    c.grpo.pack_completions = bool(args.pack)
     c.reward.functions, c.reward.workers = ("verifier",), workers
     c.checkpoint.save_every, c.checkpoint.async_save = 10_000, False
     c.sample_every = 0
@@ -103,6 +104,9 @@ def main(argv=None) -> int:
                     help="1: sample the next batch while this step's rewards are scored")
     ap.add_argument("--micro_batches", type=int, default=4, help="gradient accumulation per update")
     ap.add_argument("--reward", choices=("code", "math"), default="code")
+    ap.add_argument("--pack", type=int, default=1, choices=(0, 1),
+                    help="grpo.pack_completions: each group's completions packed after its prompt "
+                         "(rossjax/train/rl/packed_prompt.py)")
     ap.add_argument("--peer", choices=("trl", "tunix"), default=None,
                     help="trl: TRL's GRPOTrainer on the same model, prompts, sizes and reward; "
                          "tunix: tunix's GRPOLearner (rossjax/bench/grpo_tunix.py)")

@@ -57,6 +57,7 @@ def _rossjax_steps(args, folder: str, workdir: str) -> list[float]:
     c.grpo.steps, c.grpo.contexts, c.grpo.group_size = args.steps + 1, args.contexts, args.group
     c.grpo.max_new_tokens, c.grpo.beta, c.grpo.temperature = args.new_tokens, 0.0, 1.0
     c.grpo.micro_batches, c.grpo.num_iterations, c.grpo.async_sampling = 1, 1, False
+    c.grpo.pack_completions = bool(args.pack)
     c.optim.peak_lr = c.optim.end_lr = args.lr
     c.reward.functions, c.reward.workers = ("contains",), 0
     c.checkpoint.save_every, c.checkpoint.async_save = 10_000, False
@@ -147,6 +148,7 @@ def run(args) -> int:
     # sameness is the configuration, printed here (and set in _rossjax_steps / _trl_steps).
     print("  " + compare.settings_line(
         rossjax={"remat": "none", "micro-batches": 1, "dtype": "float32",
+                 "completion packing": "on" if args.pack else "off",
                  "XLA threads": compare.xla_threads()},
         TRL={"gradient checkpointing": "off", "gradient accumulation": 1, "dtype": "float32",
              "threads": _torch_threads()}))

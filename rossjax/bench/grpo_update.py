@@ -50,6 +50,7 @@ def _config(args, folder: str):
     c.grpo.steps, c.grpo.contexts, c.grpo.group_size = 2, args.contexts, args.group
     c.grpo.max_new_tokens, c.grpo.beta, c.grpo.temperature = args.new_tokens, 0.0, 1.0
     c.grpo.micro_batches, c.grpo.num_iterations = 1, 1
+    c.grpo.pack_completions = bool(args.pack)
     c.optim.peak_lr = c.optim.end_lr = args.lr
     c.reward.functions, c.reward.workers = ("contains",), 0
     c.mesh.num_devices = 1
@@ -139,12 +140,12 @@ def run(args) -> int:
         from rossjax.bench import compare
 
         put = fns.put_rows(rows)
-        shared, order = fns._update_order(put)
+        shared, fed = fns.update_inputs(put)
         t0 = time.perf_counter()
         m0 = ours()   # compiles
         compile_s = time.perf_counter() - t0
         # the program `ours` runs, compiled once more for XLA's count (never run)
-        work = compare.xla_work(fns._update[shared].lower(state, r.base, put).compile())
+        work = compare.xla_work(fns._update[shared].lower(state, r.base, fed).compile())
         p0, peer_work = compare.torch_work(peer.step)   # also the warm-up, untimed
         ta, tb, ca, cb = [], [], [], []
         for _ in range(args.repeats):
@@ -165,7 +166,8 @@ def run(args) -> int:
           f"{p0[0]:.6f} grad-norm {p0[1]:.6f} entropy {p0[2]:.4f}")
     print("  " + compare.settings_line(
         rossjax={"remat": c.model.remat_policy, "micro-batches": c.grpo.micro_batches,
-                 "dtype": c.model.dtype, "shared-prompt pass": "on" if shared else "off",
+                 "dtype": c.model.dtype, "shared-prompt pass":
+                 {"packed": "on, completions packed", True: "on"}.get(shared, "off"),
                  "XLA threads": compare.xla_threads()},
         torch={"gradient checkpointing": "off", "micro-batches": 1, "dtype": "float32",
                "threads": peer.torch.get_num_threads()}))

@@ -5,7 +5,8 @@ Masks are described by ids (`MaskSpec`), never passed as a [b, s, t] array: key 
 visible to query i when
 
     kv_idx[j] <= q_idx[i]                                   (causal, by slot)
-    and q_seg[b, i] == kv_seg[b, j]                         (same packed document / validity)
+    and (q_seg[b, i] == kv_seg[b, j]                        (same packed document / validity)
+         or kv_seg[b, j] == SHARED_SEGMENT and q_seg[b, i] > 0)   (a prefix every document sees)
     and (window == 0 or q_pos[b, i] - kv_pos[b, j] < window)   (sliding window, by position)
 
 The block-wise path is flash attention (online softmax) with a custom VJP: the forward keeps only
@@ -25,6 +26,10 @@ import jax.numpy as jnp
 # Large finite negative instead of -inf: fully masked rows stay finite (uniform, as in the dense
 # softmax) instead of NaN, and exp(masked - max) underflows to exactly 0 once a row sees a key.
 MASK_VALUE = -1e30
+# A key's segment id for a prefix that every valid query sees, whatever its document: GRPO's
+# packed completions of one group all continue the group's prompt (train/rl/packed_prompt.py).
+# Keys only; the largest id, so a tile's max segment tells whether it holds such a key.
+SHARED_SEGMENT = 2**31 - 2
 
 
 class MaskSpec(NamedTuple):
@@ -39,7 +44,9 @@ class MaskSpec(NamedTuple):
 
 def _visible(q_seg, kv_seg, q_idx, kv_idx, q_pos, kv_pos, window):
     """[b, s, t] bool from (possibly block-sliced) ids."""
-    ok = (kv_idx[None, None, :] <= q_idx[None, :, None]) & (q_seg[:, :, None] == kv_seg[:, None, :])
+    qs, ks = q_seg[:, :, None], kv_seg[:, None, :]
+    ok = (kv_idx[None, None, :] <= q_idx[None, :, None]) & (
+        (qs == ks) | ((ks == SHARED_SEGMENT) & (qs > 0)))
     in_window = (q_pos[:, :, None] - kv_pos[:, None, :]) < window
     return ok & ((window == 0) | in_window)
 
@@ -112,6 +119,7 @@ def _tiles(m: MaskSpec, s_pad, t_pad, bq, bk) -> _Tiles:
     qs_lo, qs_hi = q_seg.min(2), q_seg.max(2)            # [nq, b]
     ks_lo, ks_hi = kv_seg.min(2), kv_seg.max(2)          # [nk, b]
     seg = (ks_lo[None] <= qs_hi[:, None]) & (qs_lo[:, None] <= ks_hi[None])      # [nq, nk, b]
+    seg = seg | ((ks_hi[None] == SHARED_SEGMENT) & (qs_hi[:, None] > 0))
     win = (q_pos.min(2)[:, None] - kv_pos.max(2)[None]) < m.window
     seg = seg & ((m.window == 0) | win)
     return _Tiles(q_seg, kv_seg, q_idx, kv_idx, q_pos, kv_pos, m.window, causal & seg.any(-1))

@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rossjax import sharding
 from rossjax.errors import ConfigError
-from rossjax.models.attention import MaskSpec
+from rossjax.models.attention import SHARED_SEGMENT, MaskSpec
 from rossjax.models.config import ModelConfig
 from rossjax.models.kernels.activations import CURRENT as _ACTIVATIONS, Activations
 from rossjax.models.layers import Block, Embed, LMHead, RMSNorm, fuse_kernels, rope_cos_sin
@@ -321,8 +321,8 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None, per_layer
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "logits_to_keep", "hidden"))
-def _forward_cached(params, tokens, positions, cache, cache_index, token_mask, *, cfg,
-                    logits_to_keep, hidden=False):
+def _forward_cached(params, tokens, positions, cache, cache_index, token_mask, segment_ids=None,
+                    *, cfg, logits_to_keep, hidden=False):
     tokens = jnp.asarray(tokens, jnp.int32)
     positions = jnp.asarray(positions, jnp.int32)
     b, t = tokens.shape
@@ -336,8 +336,17 @@ def _forward_cached(params, tokens, positions, cache, cache_index, token_mask, *
     # slots carry segment 1 (as valid queries do); this call's padding slots 0, so padding only
     # sees padding; older empty slots -1. Slots after this call's are excluded by causality.
     in_call = (kv_idx >= ci) & (kv_idx < ci + t)
-    kv_seg = jnp.where(new_mask, 1, jnp.where(in_call[None], 0, -1)).astype(jnp.int32)
-    cache_mask = MaskSpec(tm.astype(jnp.int32), kv_seg, ci + jnp.arange(t, dtype=jnp.int32), kv_idx,
+    if segment_ids is None:
+        q_seg = tm.astype(jnp.int32)
+        kv_seg = jnp.where(new_mask, 1, jnp.where(in_call[None], 0, -1)).astype(jnp.int32)
+    else:
+        # Packed documents continuing one prefix: each sees its own earlier tokens and every
+        # valid slot written before this call (attention.SHARED_SEGMENT), never another's.
+        q_seg = jnp.where(tm, jnp.asarray(segment_ids, jnp.int32), 0)
+        call_seg = put(jnp.zeros((b, n_slots), jnp.int32), q_seg, (0, ci))
+        kv_seg = jnp.where(in_call[None], call_seg,
+                           jnp.where(cache["mask"], SHARED_SEGMENT, -1)).astype(jnp.int32)
+    cache_mask = MaskSpec(q_seg, kv_seg, ci + jnp.arange(t, dtype=jnp.int32), kv_idx,
                           positions, new_pos, jnp.int32(0))
     x = Embed(cfg).apply({"params": params["embed"]}, tokens)
     cos, sin = rope_cos_sin(cfg, positions)
@@ -364,8 +373,10 @@ def forward_cached(cfg: ModelConfig, params, tokens, positions, cache, cache_ind
 
 
 def hidden_states_cached(cfg: ModelConfig, params, tokens, positions, cache, cache_index,
-                         token_mask=None):
+                         token_mask=None, segment_ids=None):
     """forward_cached's final-normed hidden states [b, t, d] (cfg.dtype) instead of logits, for
-    a chunked loss over tokens that continue a cached prefix (GRPO's shared prompts)."""
-    return _forward_cached(params, tokens, positions, cache, cache_index, token_mask, cfg=cfg,
-                           logits_to_keep=0, hidden=True)
+    a chunked loss over tokens that continue a cached prefix (GRPO's shared prompts). With
+    `segment_ids` [b, t] (1, 2, ... per packed document; 0 padding) the tokens are several
+    documents, each continuing the whole prefix and seeing only its own earlier tokens."""
+    return _forward_cached(params, tokens, positions, cache, cache_index, token_mask, segment_ids,
+                           cfg=cfg, logits_to_keep=0, hidden=True)

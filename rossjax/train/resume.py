@@ -17,7 +17,7 @@ resume.json's `accepted` list; a refused run writes nothing. resume.json is read
 Some fields change without being asked:
   * where and how the run runs, not what it computes (OPERATIONAL: checkpoint and log
     intervals, the mesh, the distributed set-up, worker counts, remat and attention kernels,
-    loss chunking, debug switches), noted on stderr;
+    loss chunking, GRPO's completion packing, debug switches), noted on stderr;
   * the run's length (LENGTH: train.num_steps, train.epochs, grpo.steps), which is how a
     finished run is extended ("Raise --config.train.num_steps ..."); the note says the learning
     rate schedule now spans the new length, so its later steps differ from a run started long.
@@ -42,7 +42,8 @@ FILE = "resume.json"
 OPERATIONAL = ("workdir", FIELD, "checkpoint", "log", "log_every", "sample_every",
                "train.log_every", "train.eval_every", "train.debug_kill_at_step", "grpo.stop_after",
                "distributed", "reward.workers", "data.worker_count", "mesh", "sharding_rules",
-               "model.remat_policy", "model.attention_impl", "train.loss_chunk", "grpo.loss_chunk")
+               "model.remat_policy", "model.attention_impl", "train.loss_chunk", "grpo.loss_chunk",
+               "grpo.pack_completions")
 LENGTH = ("train.num_steps", "train.epochs", "grpo.steps")
 
 

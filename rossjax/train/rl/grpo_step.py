@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 from rossjax import models, sharding
 from rossjax.models import lora
 from rossjax.train import accumulate, losses
-from rossjax.train.rl import grpo_losses
+from rossjax.train.rl import grpo_losses, packed_prompt
 
 BATCH_KEYS = ("tokens", "positions", "segment_ids", "targets", "mask")
 _METRICS = ("pg_loss", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean")  # grpo_loss's
@@ -140,22 +140,12 @@ def shared_prompt_logprobs(model_cfg, params, batch, chunk: int, with_entropy: b
     n, c, pp = b // group, max_new + 1, s - max_new - 1      # pp >= p0 when s >= prompt + max_new
     tok, pos, seg, tgt, mask = (jnp.asarray(batch[k]) for k in BATCH_KEYS)
     col = jnp.arange(s, dtype=jnp.int32)
+    take = lambda x, idx: jnp.take_along_axis(x, jnp.clip(idx, 0, s - 1), axis=1)
+    cache, per_layer = packed_prompt.prompt_cache(model_cfg, params, tok, pos, mask, group, pp, s)
     has = jnp.any(mask > 0, axis=1)
     first = jnp.argmax(mask > 0, axis=1).astype(jnp.int32)
-    p0g = jnp.max(jnp.where(has, first, 0).reshape(n, group), axis=1)
-    p0 = jnp.repeat(p0g, group)
+    p0 = jnp.repeat(jnp.max(jnp.where(has, first, 0).reshape(n, group), axis=1), group)
     end = jnp.sum(seg > 0, axis=1, dtype=jnp.int32)
-    take = lambda x, idx: jnp.take_along_axis(x, jnp.clip(idx, 0, s - 1), axis=1)
-    src = jnp.arange(pp, dtype=jnp.int32)[None] - (pp - p0g[:, None])   # left-padded prefix
-    pvalid = src >= 0
-    lead_tok, lead_pos = tok[::group], pos[::group]
-    # A per-layer cache runs the layers as one unrolled program (as forward's scan unrolls
-    # small stacks: ~8% faster on CPU); deep stacks keep the scan over a stacked cache.
-    per_layer = model_cfg.n_layers <= 16
-    cache = models.init_cache(model_cfg, n, pp + c, per_layer=per_layer)
-    _, cache = models.forward_cached(model_cfg, params, jnp.where(pvalid, take(lead_tok, src), 0),
-                                     jnp.where(pvalid, take(lead_pos, src), 0), cache, 0,
-                                     pvalid, logits_to_keep=1)
     rep = lambda x, ax: jnp.repeat(x, group, axis=ax)
     kv = (lambda x: tuple(rep(a, 0) for a in x)) if per_layer else (lambda x: rep(x, 1))
     cache = {"k": kv(cache["k"]), "v": kv(cache["v"]), "mask": rep(cache["mask"], 0),
@@ -181,9 +171,13 @@ def logp_entropy(model_cfg, params, batch, chunk: int, temperature: float = 1.0)
 
 
 def make_logprobs(model_cfg, *, chunk: int, temperature: float, group: int, max_new: int):
-    """`logprobs(params, batch, with_entropy, shared)`: token_logprobs at `temperature`, or with
-    `shared` the shared-prompt path (shared_prompt_logprobs over groups of `group` rows)."""
+    """`logprobs(params, batch, with_entropy, shared)`: token_logprobs at `temperature`; with
+    `shared` True the shared-prompt path (shared_prompt_logprobs over groups of `group` rows),
+    "packed" its packed form (packed_prompt.logprobs, the batch carrying packed_prompt.plan's)."""
     def logprobs(params, b, with_entropy, shared):
+        if shared == "packed":
+            return packed_prompt.logprobs(model_cfg, params, b, chunk, with_entropy, temperature,
+                                          group, max_new)
         if shared:
             return shared_prompt_logprobs(model_cfg, params, b, chunk, with_entropy, temperature,
                                           group, max_new)
@@ -263,6 +257,8 @@ class StepFns:
         bsh = {k: rows for k in (*BATCH_KEYS, "old_logp", "ref_logp", "is_weights",
                                  "sampler_logp")}
         bsh["adv"] = part.sharding(P("batch"))
+        pks = {k: part.sharding(P("batch")) if k == "pk_group" else rows
+               for k in packed_prompt.PACK_KEYS}
         self.merge = jax.jit(lambda t, b: policy_params(t, b, lora_alpha),
                              in_shardings=(state_shardings["params"], base_shardings),
                              out_shardings=param_shardings)
@@ -272,73 +268,99 @@ class StepFns:
         # the row-wise layout.
         self.group = int(c.group_size) if part.mesh.devices.size == 1 else 1
         self.n_micro = int(c.micro_batches)
+        self.pack = bool(c.get("pack_completions", True))
+        self._pack_rows = {"logp": 0, "update": 0}    # the most packed rows so far (rows_bucket)
         # Trainer, old-policy and reference log-probs all at the sampling temperature: the
         # sampler's log-probs are of softmax(logits / T), so the ratios compare like with like.
         logprobs = make_logprobs(model_cfg, chunk=chunk, group=self.group, max_new=max_new,
                                  temperature=sampling_temperature(c.get("temperature", 1.0)))
+        modes = (False, True, "packed")
+        extra = lambda sh: pks if sh == "packed" else {}
         self._logp = {sh: jax.jit(models.transformer.under_mesh(
             lambda p, b, sh=sh: logprobs(p, b, True, sh), part),
-            in_shardings=(param_shardings, {k: rows for k in BATCH_KEYS}),
-            out_shardings=(rows, rows)) for sh in (False, True)}
+            in_shardings=(param_shardings, {**{k: rows for k in BATCH_KEYS}, **extra(sh)}),
+            out_shardings=(rows, rows)) for sh in modes}
         self.on_policy = on_policy(c)
         step = make_update(make_loss_fn(logprobs, c, lora_alpha=lora_alpha, max_new=max_new),
                            optimizer, schedule, c, partitioner=part, max_new=max_new)
         self._update = {sh: jax.jit(models.transformer.under_mesh(
             lambda st, base, b, sh=sh: step(st, base, b, sh), part),
-            in_shardings=(state_shardings, base_shardings, bsh),
+            in_shardings=(state_shardings, base_shardings, {**bsh, **extra(sh)}),
             out_shardings=(state_shardings, part.replicated()), donate_argnums=0)
-            for sh in (False, True)}
+            for sh in modes}
 
     def _order(self, batch):
-        """(take the shared-prompt path, row order or None): one device, its int arrays read
-        back to the host. A minibatch whose rows were shuffled (grpo.shuffle_minibatches) is
+        """(take the shared-prompt path, row order or None, the int arrays on the host): one
+        device. A minibatch whose rows were shuffled (grpo.shuffle_minibatches) is
         regrouped, rows of one prompt side by side (a stable sort): the one-micro-batch update
         is a sum over rows, so their order does not change it."""
         if self.group < 2:
-            return False, None
-        host = {k: np.asarray(jax.device_get(batch[k]))
-                for k in ("tokens", "positions", "segment_ids", "mask")}
+            return False, None, None
+        host = {k: np.asarray(jax.device_get(batch[k])) for k in BATCH_KEYS}
         if shared_prompt_ok(host, self.group, self.max_new):
-            return True, None
+            return True, None, host
         tok, pos, m = host["tokens"], host["positions"], host["mask"] > 0
         first = np.argmax(m, axis=1)
         key = lambda r: (bool(m[r].any()), tok[r, :first[r]].tobytes() + pos[r, :first[r]].tobytes())
         order = np.asarray(sorted(range(len(tok)), key=key), np.int32)
-        if shared_prompt_ok({k: v[order] for k, v in host.items()}, self.group, self.max_new):
-            return True, order
-        return False, None
+        host = {k: v[order] for k, v in host.items()}
+        if shared_prompt_ok(host, self.group, self.max_new):
+            return True, order, host
+        return False, None, None
 
     def _update_order(self, batch):
         """`_order` for the update, whose micro-batches split_micro takes strided (micro-batch m:
         rows m, m + n, ...): the grouped rows are spread so that each micro-batch gets B/n
         consecutive ones, whole groups when the group size divides B/n (else row-wise). The update
         is a sum over rows, so their order does not change it."""
-        shared, order = self._order(batch)
+        shared, order, host = self._order(batch)
         n = self.n_micro
         if not shared or n == 1:
-            return shared, order
+            return shared, order, host
         b = batch["tokens"].shape[0]
         if b % (n * self.group):
-            return False, None
-        return True, accumulate.block_order(np.arange(b) if order is None else order,
-                                            n).astype(np.int32)
+            return False, None, None
+        spread = accumulate.block_order(np.arange(b), n)
+        order = spread if order is None else order[spread]
+        return True, order.astype(np.int32), {k: v[spread] for k, v in host.items()}
+
+    def _packed(self, batch, host, which: str, n_micro: int):
+        """(mode, batch): with grpo.pack_completions, a shared-prompt batch that packing shrinks
+        enough gains packed_prompt.plan's arrays and runs "packed"."""
+        pk = (packed_prompt.plan(host, self.group, self.max_new, n_micro, self._pack_rows[which])
+              if self.pack else None)
+        if pk is None:
+            return True, batch
+        self._pack_rows[which] = len(pk["pk_group"]) // n_micro
+        return "packed", {**batch, **self.put_rows(pk)}
 
     def logp(self, params, batch):
         """(log p(target), entropy) [B, S] of put_rows' batch, rows in its order."""
-        shared, order = self._order(batch)
+        shared, order, host = self._order(batch)
         b = {k: batch[k] for k in BATCH_KEYS}
+        if order is not None:
+            b = {k: jax.device_put(v[order], v.sharding) for k, v in b.items()}
+        if shared:
+            shared, b = self._packed(b, host, "logp", 1)
+        out = self._logp[shared](params, b)
         if order is None:
-            return self._logp[shared](params, b)
-        out = self._logp[shared](params, {k: jax.device_put(v[order], v.sharding)
-                                          for k, v in b.items()})
+            return out
         inv = np.argsort(order)
         return tuple(x[inv] for x in out)
 
-    def update(self, state, base, batch):
-        """One jitted policy update (state donated); returns (new state, metrics)."""
-        shared, order = self._update_order(batch)
+    def update_inputs(self, batch):
+        """(the update program's key in `_update`, the batch as that program takes it: rows in
+        its order, with the packed arrays where it packs)."""
+        shared, order, host = self._update_order(batch)
         if order is not None:
             batch = {k: jax.device_put(v[order], v.sharding) for k, v in batch.items()}
+        if shared:
+            shared, batch = self._packed(batch, host, "update", self.n_micro)
+        return shared, batch
+
+    def update(self, state, base, batch):
+        """One jitted policy update (state donated); returns (new state, metrics)."""
+        shared, batch = self.update_inputs(batch)
         return self._update[shared](state, base, batch)
 
     def put_rows(self, arrays: dict) -> dict:
