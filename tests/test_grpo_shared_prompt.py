@@ -104,6 +104,15 @@ def test_a_shuffled_minibatch_is_regrouped(sampled):
     tok = shuffled["tokens"].copy()
     tok[0, 0] = (tok[0, 0] + 1) % 64                    # a prompt of its own: groups of 3 and 1
     assert grpo_step.StepFns._order(fns, {**shuffled, "tokens": tok})[:2] == (False, None)
+    # rows with nothing to train (DAPO's overlong filter zeroes their mask) in two groups: each
+    # joins the prompt it starts with, and the regrouped batch keeps the shared layout
+    mask = shuffled["mask"].copy()
+    gone = [int(np.flatnonzero(perm == r)[0]) for r in (1, G + 2)]
+    mask[gone] = 0
+    shared, order, host = grpo_step.StepFns._order(fns, {**shuffled, "mask": mask})
+    assert shared and grpo_step.shared_prompt_ok(host, G, T)
+    groups = {tuple(sorted(perm[order[i:i + G]] // G)) for i in range(0, len(order), G)}
+    assert groups == {(g,) * G for g in range(len(order) // G)}
 
 
 def test_micro_batches_each_get_whole_groups(sampled):

@@ -246,8 +246,9 @@ def make_update(loss_fn, optimizer, schedule, c, *, partitioner, max_new: int):
 class StepFns:
     """Jitted pieces with explicit shardings: merge, log-probs, update (state donated), each
     built by the functions above. `partitioner` (rossjax.sharding.Partitioner) places rows over
-    the batch axes; `_logp` / `_update` hold the row-wise (False) and shared-prompt (True)
-    programs, which `logp` / `update` choose between per batch."""
+    the batch axes; `_logp` / `_update` hold the row-wise (False), shared-prompt (True) and
+    packed shared-prompt ("packed", packed_prompt.py) programs, which `logp` / `update` choose
+    between per batch."""
 
     def __init__(self, model_cfg, optimizer, schedule, *, partitioner, param_shardings,
                  state_shardings, base_shardings, lora_alpha, loss_cfg, chunk: int, max_new: int):
@@ -300,8 +301,17 @@ class StepFns:
         if shared_prompt_ok(host, self.group, self.max_new):
             return True, None, host
         tok, pos, m = host["tokens"], host["positions"], host["mask"] > 0
-        first = np.argmax(m, axis=1)
-        key = lambda r: (bool(m[r].any()), tok[r, :first[r]].tobytes() + pos[r, :first[r]].tobytes())
+        first, has = np.argmax(m, axis=1), m.any(1)
+        pre = lambda r, n: tok[r, :n].tobytes() + pos[r, :n].tobytes()
+        lens = sorted({int(first[r]) for r in np.flatnonzero(has)}, reverse=True)
+        prompts = {pre(r, first[r]) for r in np.flatnonzero(has)}
+
+        def key(r):
+            # A row with nothing to train (DAPO's overlong filter) joins the longest trained
+            # prompt it starts with, so a shuffled group stays whole.
+            if has[r]:
+                return True, pre(r, first[r])
+            return next(((True, pre(r, n)) for n in lens if pre(r, n) in prompts), (False, b""))
         order = np.asarray(sorted(range(len(tok)), key=key), np.int32)
         host = {k: v[order] for k, v in host.items()}
         if shared_prompt_ok(host, self.group, self.max_new):
