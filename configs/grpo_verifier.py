@@ -49,7 +49,9 @@ continued run appends to history.jsonl and rotates checkpoints (`checkpoint.keep
 
 Memory: an update holds activations for `grpo.minibatch / grpo.micro_batches` rows; at long
 completions raise `--config.grpo.micro_batches` (exact gradient accumulation: the same update for
-every aggregation) and set `--config.model.remat_policy=full`.
+every aggregation) and set `--config.model.remat_policy=full`. On one device each group's prompt
+runs once and, where completions stop early, they are packed after it (`grpo.pack_completions`,
+on by default: the same update in fewer slots; `=False` turns it off).
 """
 
 from rossjax.configs import common
