@@ -136,15 +136,14 @@ def shared_prompt_logprobs(model_cfg, params, batch, chunk: int, with_entropy: b
     (models.transformer.hidden_states_cached). Every block token sees that prefix and its own
     earlier tokens, as in the row: the same log-probs (f32 rounding apart) from ~1/G of the
     prompt's forward and backward; the prefix's gradient is the sum over its G uses."""
-    b, s = batch["tokens"].shape
-    n, c, pp = b // group, max_new + 1, s - max_new - 1      # pp >= p0 when s >= prompt + max_new
+    s = batch["tokens"].shape[1]
+    c, pp = max_new + 1, s - max_new - 1      # pp >= p0 when s >= prompt + max_new
     tok, pos, seg, tgt, mask = (jnp.asarray(batch[k]) for k in BATCH_KEYS)
     col = jnp.arange(s, dtype=jnp.int32)
     take = lambda x, idx: jnp.take_along_axis(x, jnp.clip(idx, 0, s - 1), axis=1)
-    cache, per_layer = packed_prompt.prompt_cache(model_cfg, params, tok, pos, mask, group, pp, s)
-    has = jnp.any(mask > 0, axis=1)
-    first = jnp.argmax(mask > 0, axis=1).astype(jnp.int32)
-    p0 = jnp.repeat(jnp.max(jnp.where(has, first, 0).reshape(n, group), axis=1), group)
+    cache, per_layer, p0g = packed_prompt.prompt_cache(model_cfg, params, tok, pos, mask, group,
+                                                       pp, s)
+    p0 = jnp.repeat(p0g, group)
     end = jnp.sum(seg > 0, axis=1, dtype=jnp.int32)
     rep = lambda x, ax: jnp.repeat(x, group, axis=ax)
     kv = (lambda x: tuple(rep(a, 0) for a in x)) if per_layer else (lambda x: rep(x, 1))

@@ -100,7 +100,8 @@ def plan(host: dict, group: int, max_new: int, n_micro: int = 1, floor: int = 0)
 
 def prompt_cache(model_cfg, params, tok, pos, mask, group: int, pp: int, slots: int):
     """Each group's prompt [0, p0) prefilled once, left-padded to end at slot pp, into a cache of
-    `slots` slots: (cache over groups, per_layer). Rows i*G .. i*G+G-1 form group i."""
+    `slots` slots: (cache over groups, per_layer, p0 per group). Rows i*G .. i*G+G-1 form
+    group i."""
     s = tok.shape[1]
     has = jnp.any(mask > 0, axis=1)
     first = jnp.argmax(mask > 0, axis=1).astype(jnp.int32)
@@ -116,7 +117,7 @@ def prompt_cache(model_cfg, params, tok, pos, mask, group: int, pp: int, slots: 
     _, cache = models.forward_cached(model_cfg, params, jnp.where(pvalid, take(lead_tok, src), 0),
                                      jnp.where(pvalid, take(lead_pos, src), 0), cache, 0,
                                      pvalid, logits_to_keep=1)
-    return cache, per_layer
+    return cache, per_layer, p0g
 
 
 def cache_rows(cache, idx, per_layer: bool):
@@ -132,7 +133,7 @@ def logprobs(model_cfg, params, batch, chunk: int, with_entropy: bool, temperatu
     completions' blocks)."""
     tok, pos, mask = (jnp.asarray(batch[k]) for k in ("tokens", "positions", "mask"))
     s, c = tok.shape[1], max_new + 1
-    cache, per_layer = prompt_cache(model_cfg, params, tok, pos, mask, group, s - c, s)
+    cache, per_layer, _ = prompt_cache(model_cfg, params, tok, pos, mask, group, s - c, s)
     cache = cache_rows(cache, batch["pk_group"], per_layer)
     segs = batch["pk_segments"]
     h, _ = models.transformer.hidden_states_cached(
